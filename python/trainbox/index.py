@@ -1,0 +1,111 @@
+"""Package index queries (PEP 691 JSON simple API) and artifact selection per platform (host module)."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from .errors import TrainboxError
+from .stack import PLATFORM_MACHINE
+
+ACCEPT = "application/vnd.pypi.simple.v1+json"
+
+
+class IndexUnreachable(TrainboxError):
+    def __init__(self, index_name: str, url: str, reason: str):
+        super().__init__(f"index {index_name!r} ({url}) unreachable: {reason}")
+        self.index_name, self.url, self.reason = index_name, url, reason
+
+
+@dataclass(frozen=True)
+class Artifact:
+    filename: str
+    url: str
+    sha256: str
+
+
+def _ssl_context() -> ssl.SSLContext:
+    # Same trust as pip on this machine: PIP_CERT / REQUESTS_CA_BUNDLE when set.
+    cafile = os.environ.get("PIP_CERT") or os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("SSL_CERT_FILE")
+    return ssl.create_default_context(cafile=cafile if cafile and os.path.exists(cafile) else None)
+
+
+def project_files(index_name: str, index_url: str, project: str, timeout: float = 30) -> list[dict]:
+    url = f"{index_url.rstrip('/')}/{canonicalize_name(project)}/"
+    req = urllib.request.Request(url, headers={"Accept": ACCEPT, "User-Agent": "trainbox"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=_ssl_context()) as resp:
+            ctype = resp.headers.get("Content-Type", "")
+            body = resp.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise TrainboxError(f"index {index_name!r} ({index_url}) has no project {project!r}") from None
+        raise IndexUnreachable(index_name, index_url, f"HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise IndexUnreachable(index_name, index_url, str(getattr(exc, "reason", exc))) from None
+    if "json" not in ctype:
+        raise IndexUnreachable(index_name, index_url, f"answered {ctype or 'no content type'}, not PEP 691 JSON")
+    return json.loads(body).get("files", [])
+
+
+def _wheel_fits(filename: str, python: str, platform: str) -> bool:
+    machine = PLATFORM_MACHINE[platform]
+    _, _, _, tags = parse_wheel_filename(filename)
+    major, minor = python.split(".")
+    cp = f"cp{major}{minor}"
+    for t in tags:
+        py_ok = (
+            t.interpreter in (cp, f"py{major}", f"py{major}{minor}")
+            or (t.abi == "abi3" and t.interpreter.startswith("cp3") and int(t.interpreter[3:]) <= int(minor))
+        )
+        plat_ok = t.platform == "any" or (
+            t.platform.endswith(machine) and (t.platform.startswith("manylinux") or t.platform.startswith("linux"))
+        )
+        if py_ok and plat_ok:
+            return True
+    return False
+
+
+def artifacts_for(files: list[dict], project: str, version: str, python: str, platform: str) -> list[Artifact]:
+    """Wheels that fit the platform and Python, else the sdist: the artifacts pip may choose from."""
+    want = Version(version)
+    wheels, sdists = [], []
+    for f in files:
+        fn = f["filename"]
+        sha = (f.get("hashes") or {}).get("sha256")
+        if not sha or f.get("yanked"):
+            continue
+        try:
+            if fn.endswith(".whl"):
+                name, ver, _, _ = parse_wheel_filename(fn)
+                if ver == want and canonicalize_name(name) == canonicalize_name(project) and \
+                        _wheel_fits(fn, python, platform):
+                    wheels.append(Artifact(fn, f["url"], sha))
+            elif fn.endswith((".tar.gz", ".zip")):
+                name, ver = parse_sdist_filename(fn)
+                if ver == want and canonicalize_name(name) == canonicalize_name(project):
+                    sdists.append(Artifact(fn, f["url"], sha))
+        except (InvalidVersion, ValueError):
+            continue
+    return sorted(wheels or sdists, key=lambda a: a.filename)
+
+
+def versions(files: list[dict]) -> list[str]:
+    out = set()
+    for f in files:
+        fn = f["filename"]
+        try:
+            if fn.endswith(".whl"):
+                out.add(str(parse_wheel_filename(fn)[1]))
+            elif fn.endswith((".tar.gz", ".zip")):
+                out.add(str(parse_sdist_filename(fn)[1]))
+        except (InvalidVersion, ValueError):
+            continue
+    return sorted(out, key=Version)

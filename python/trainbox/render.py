@@ -1,0 +1,286 @@
+"""Stack -> Dockerfile text, hash-pinned requirements and the image manifest (host module).
+
+Jinja2 with StrictUndefined: a template that names something the stack does not have is an error, not an
+empty string. The same input always gives the same bytes (sorted keys, no timestamps). The default stacks are
+rendered to the top-level Dockerfile.npu / Dockerfile.cuda (and every stack's build/generated/<stack>/ files),
+committed, and drift-checked with `trainbox render --check`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+from . import __version__
+from .errors import TrainboxError
+from .paths import PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
+from .stack import PLATFORM_MACHINE, Stack, list_stacks, load_stack
+
+# Stacks whose Dockerfile is rendered to the repo root (the rest live under build/generated/ only).
+DEFAULT_DOCKERFILES = {"npu-910b": "Dockerfile.npu", "cuda": "Dockerfile.cuda"}
+GENERATED_DIR = "build/generated"
+
+
+@dataclass
+class RenderedStack:
+    stack: Stack
+    dockerfile: str
+    manifest: dict
+    requirements: str
+    deps: str
+    # repo-relative path -> bytes, placed in the build context (and committed for the default stacks)
+    context_files: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def generated_dir(self) -> str:
+        return f"{GENERATED_DIR}/{self.stack.name}"
+
+
+def _marker(platform: str, platforms: list[str]) -> str:
+    return "" if len(platforms) == 1 else f' ; platform_machine == "{PLATFORM_MACHINE[platform]}"'
+
+
+def _require_lines(stack: Stack) -> list[str]:
+    """name==version --hash=... per platform group; one line per distinct pin."""
+    lines = []
+    for key, c in sorted(stack.installed_components.items()):
+        if c.source == "pypi":
+            groups: dict[tuple, list[str]] = {}
+            for plat in stack.platforms:
+                pin = c.pin_for(plat)
+                if not pin.sha256:
+                    raise TrainboxError(
+                        f"{stack.source_file}: components.{key}: no sha256 for {plat}; run "
+                        f"`trainbox stack lock {stack.name}` (every artifact is installed in hash-checking mode)")
+                groups.setdefault((pin.version, tuple(sorted(pin.sha256))), []).append(plat)
+            extras = f"[{','.join(c.extras)}]" if c.extras else ""
+            for (version, shas), plats in sorted(groups.items()):
+                marker = "" if len(plats) == len(stack.platforms) else \
+                    " ; " + " or ".join(f'platform_machine == "{PLATFORM_MACHINE[p]}"' for p in plats)
+                hashes = " ".join(f"--hash=sha256:{h}" for h in shas)
+                lines.append(f"{c.dist_name}{extras}=={version}{marker} {hashes}")
+        elif c.source == "url":
+            if not c.sha256:
+                raise TrainboxError(f"{stack.source_file}: components.{key}: a url source needs sha256")
+            lines.append(f"{c.dist_name} @ {c.url} " + " ".join(f"--hash=sha256:{h}" for h in c.sha256))
+    return lines
+
+
+def _dep_lines(stack: Stack) -> list[str]:
+    """The locked dependency closure, or [] when some platform has none (then the build resolves deps)."""
+    per_plat = {p: stack.locked_deps(p) for p in stack.platforms}
+    if not all(per_plat.values()):
+        return []
+    groups: dict[tuple, list[str]] = {}
+    for plat, deps in per_plat.items():
+        for name, d in deps.items():
+            groups.setdefault((name, d["version"], tuple(sorted(d.get("sha256") or []))), []).append(plat)
+    lines = []
+    for (name, version, shas), plats in sorted(groups.items()):
+        if not shas:
+            continue
+        marker = "" if len(plats) == len(stack.platforms) else \
+            " ; " + " or ".join(f'platform_machine == "{PLATFORM_MACHINE[p]}"' for p in plats)
+        lines.append(f"{name}=={version}{marker} " + " ".join(f"--hash=sha256:{h}" for h in shas))
+    return lines
+
+
+def _patch_list(stack: Stack) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for key, c in sorted(stack.installed_components.items()):
+        if not c.patches:
+            continue
+        series_dir = PATCHES_DIR / c.patches
+        series = series_dir / "series"
+        if not series.is_file():
+            raise TrainboxError(f"{stack.source_file}: components.{key}.patches: {series} does not exist")
+        entries = []
+        for line in series.read_text().splitlines():
+            name = line.split("#", 1)[0].strip()
+            if not name:
+                continue
+            f = series_dir / name
+            if not f.is_file():
+                raise TrainboxError(f"{series}: names {name!r}, which does not exist in {series_dir}")
+            entries.append({"file": name, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()})
+        out[key] = entries
+    return out
+
+
+def manifest(stack: Stack, patches: dict[str, list[dict]]) -> dict:
+    comps = {}
+    for key, c in sorted(stack.installed_components.items()):
+        entry: dict = {"name": c.dist_name, "source": c.source}
+        if c.source == "pypi":
+            pins = {p: c.pin_for(p) for p in stack.platforms}
+            entry["version"] = c.version
+            entry["index"] = c.index
+            entry["sha256"] = sorted({h for pin in pins.values() for h in pin.sha256})
+            variants = {p: pin.version for p, pin in pins.items() if pin.version != c.version}
+            if variants:
+                entry["platform_versions"] = variants
+        elif c.source == "git":
+            entry.update({"git": c.git, "commit": c.commit, "ref": c.ref})
+        else:
+            entry.update({"url": c.url, "sha256": c.sha256})
+        if c.patches:
+            entry["patches"] = c.patches
+        comps[key] = entry
+    return {
+        "schema": 1,
+        "trainbox_version": __version__,
+        "stack": stack.name,
+        "description": stack.description,
+        "device": stack.device,
+        "python": stack.python,
+        "platforms": stack.platforms,
+        # image: the stack's own base; substituted: what the image was really built on, when not that
+        "base": {"image": stack.declared_base or stack.base.image, "cann": stack.base.cann,
+                 "chip": stack.base.chip, "substituted": stack.base.image if stack.declared_base else None},
+        "components": comps,
+        "env": dict(sorted(stack.env.items())),
+        "patches": patches,
+        "deps_locked": bool(_dep_lines(stack)),
+        "overrides": dict(sorted(stack.overrides.items())),
+    }
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["tojson_compact"] = lambda v: json.dumps(v, sort_keys=True)
+    return env
+
+
+def render_stack(stack: Stack, template: str = "Dockerfile.j2") -> RenderedStack:
+    patches = _patch_list(stack)
+    req_lines = _require_lines(stack)
+    dep_lines = _dep_lines(stack)
+    man = manifest(stack, patches)
+    gen = f"{GENERATED_DIR}/{stack.name}"
+    header = "# GENERATED by `trainbox stack lock`/`trainbox render` from build/stacks/{}.yaml; do not edit.\n"
+    requirements = header.format(stack.name) + "".join(line + "\n" for line in req_lines)
+    deps = header.format(stack.name) + "".join(line + "\n" for line in dep_lines)
+    manifest_text = json.dumps(man, indent=2, sort_keys=True) + "\n"
+    names = sorted({c.dist_name + (f"[{','.join(c.extras)}]" if c.extras else "")
+                    for c in stack.installed_components.values() if c.source == "pypi"})
+    src = stack.source_file.relative_to(REPO_ROOT) if stack.source_file and \
+        stack.source_file.is_relative_to(REPO_ROOT) else stack.source_file
+    try:
+        text = _env().get_template(template).render(
+            stack=stack,
+            base=stack.base,
+            gen=gen,
+            source=str(src),
+            dockerfile_name=DEFAULT_DOCKERFILES.get(stack.name, f"{gen}/Dockerfile"),
+            deps_locked=bool(dep_lines),
+            dep_names=names,
+            patched={k: stack.components[k] for k in patches},
+            patches=patches,
+            env=dict(sorted(stack.env.items())),
+            env_lines=[f"{k}={json.dumps(v)}" for k, v in sorted(stack.env.items())],
+            label_lines=[f"{k}={json.dumps(v)}" for k, v in _labels(stack).items()],
+            trainbox_version=__version__,
+        )
+    except jinja2.TemplateError as exc:
+        raise TrainboxError(f"{_template_location(exc, template)}: template error: {exc}") from None
+    files = {
+        f"{gen}/requirements.txt": requirements.encode(),
+        f"{gen}/deps.txt": deps.encode(),
+        f"{gen}/stack.json": manifest_text.encode(),
+    }
+    return RenderedStack(stack, text, man, requirements, deps, files)
+
+
+def _template_location(exc: jinja2.TemplateError, template: str) -> str:
+    """file:line of a template error; runtime errors (undefined names) carry it only in the traceback."""
+    if getattr(exc, "lineno", None):
+        return f"{getattr(exc, 'filename', None) or TEMPLATES_DIR / template}:{exc.lineno}"
+    where = f"{TEMPLATES_DIR / template}:?"
+    tb = exc.__traceback__
+    while tb is not None:
+        fname = tb.tb_frame.f_code.co_filename
+        if fname.endswith(".j2"):
+            where = f"{fname}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
+
+
+def _labels(stack: Stack) -> dict[str, str]:
+    torch = stack.components.get("torch")
+    labels = {
+        "org.opencontainers.image.title": f"trainbox-{stack.name}",
+        "org.opencontainers.image.description": stack.description,
+        "org.opencontainers.image.version": __version__,
+        "org.opencontainers.image.base.name": stack.base.image,
+        "io.trainbox.stack": stack.name,
+        "io.trainbox.device": stack.device,
+        "io.trainbox.python": stack.python,
+        "io.trainbox.manifest": "/etc/trainbox/stack.json",
+    }
+    if torch and torch.version:
+        labels["io.trainbox.torch"] = torch.version
+    if stack.base.cann:
+        labels["io.trainbox.cann"] = stack.base.cann
+    for key in ("torch-npu", "megatron-core"):
+        c = stack.components.get(key)
+        if c and c.install and c.version:
+            labels[f"io.trainbox.{key}"] = c.version
+    return dict(sorted(labels.items()))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# writing and drift checking
+
+
+def outputs_for(rendered: RenderedStack) -> dict[str, bytes]:
+    out = dict(rendered.context_files)
+    out[f"{rendered.generated_dir}/Dockerfile"] = rendered.dockerfile.encode()
+    top = DEFAULT_DOCKERFILES.get(rendered.stack.name)
+    if top:
+        out[top] = rendered.dockerfile.encode()
+    return out
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def render_all(names: list[str] | None = None) -> dict[str, bytes]:
+    """Every output of every named stack, fully rendered in memory before anything is written."""
+    out: dict[str, bytes] = {}
+    for name in names or list_stacks():
+        out.update(outputs_for(render_stack(load_stack(name))))
+    return out
+
+
+def drift(outputs: dict[str, bytes], root: Path) -> list[str]:
+    bad = []
+    for rel, data in sorted(outputs.items()):
+        p = root / rel
+        if not p.exists():
+            bad.append(f"{rel}: missing")
+        elif p.read_bytes() != data:
+            bad.append(f"{rel}: differs from what the templates produce")
+    return bad

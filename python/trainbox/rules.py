@@ -1,0 +1,174 @@
+"""Compatibility rules for stacks (host module). One place, one function per rule.
+
+Each rule has an id and a one-line explanation, and yields findings for a loaded Stack. To add a rule, write a
+function here decorated with @rule("my-rule-id", "why it matters"); `trainbox stack validate` runs them all.
+`error` findings fail validation; `warning` findings fail it only with --strict.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from packaging.version import InvalidVersion, Version
+
+from .paths import PATCHES_DIR
+from .stack import PLATFORM_MACHINE, Stack
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    level: str  # "error" | "warning"
+    message: str
+
+    def format(self, stack: Stack) -> str:
+        return f"{stack.source_file}: [{self.rule}] {self.level}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    explanation: str
+    check: Callable[[Stack], Iterator[Finding]]
+
+
+RULES: list[Rule] = []
+
+
+def rule(rule_id: str, explanation: str):
+    def deco(fn: Callable[[Stack], Iterator[Finding]]):
+        RULES.append(Rule(rule_id, explanation, fn))
+        return fn
+
+    return deco
+
+
+def _version(v: str | None) -> Version | None:
+    try:
+        return Version(v) if v else None
+    except InvalidVersion:
+        return None
+
+
+def _component(stack: Stack, *names: str):
+    """The installed component whose key or distribution name matches (names compare with - and _ alike)."""
+    want = {n.replace("_", "-").lower() for n in names}
+    for c in stack.installed_components.values():
+        if c.key.replace("_", "-").lower() in want or c.dist_name.replace("_", "-").lower() in want:
+            return c
+    return None
+
+
+@rule("pinned-sources", "every component is pinned: pypi with == and sha256 per platform, git by full commit, url "
+      "with sha256; a moved pin needs `trainbox stack lock`")
+def pinned_sources(stack: Stack) -> Iterator[Finding]:
+    for key, c in stack.installed_components.items():
+        if c.source == "pypi":
+            for plat in stack.platforms:
+                if not c.pin_for(plat).sha256:
+                    yield Finding("pinned-sources", "warning",
+                                  f"components.{key}: no sha256 for {plat}; run `trainbox stack lock {stack.name}`")
+        elif c.source == "git" and not c.commit:
+            yield Finding("pinned-sources", "warning",
+                          f"components.{key}: git ref {c.ref!r} is a tag or branch, not a commit; pin `commit:` to "
+                          "the full 40-hex sha")
+        elif c.source == "url" and not c.sha256:
+            yield Finding("pinned-sources", "warning", f"components.{key}: url without sha256")
+
+
+@rule("torch-npu-match", "torch and torch_npu must be equal in major.minor, else torch_npu fails to import with "
+      "undefined symbols")
+def torch_npu_match(stack: Stack) -> Iterator[Finding]:
+    torch, npu = _component(stack, "torch"), _component(stack, "torch-npu")
+    if not (torch and npu):
+        return
+    for plat in stack.platforms:
+        tv, nv = _version(torch.pin_for(plat).version), _version(npu.pin_for(plat).version)
+        if tv and nv and (tv.major, tv.minor) != (nv.major, nv.minor):
+            yield Finding("torch-npu-match", "error",
+                          f"torch {tv} and torch_npu {nv} differ in major.minor on {plat}; pin torch_npu "
+                          f"{tv.major}.{tv.minor}.x (e.g. {tv.major}.{tv.minor}.0.postN)")
+
+
+@rule("npu-needs-triton-ascend", "NPU stacks ship torch_npu and triton-ascend together (Triton kernels used by "
+      "MindSpeed, sglang and FLA need triton-ascend; the plain triton wheel does not run on NPU)")
+def npu_triton(stack: Stack) -> Iterator[Finding]:
+    if stack.device != "npu":
+        return
+    npu, tri = _component(stack, "torch-npu"), _component(stack, "triton-ascend")
+    if not npu:
+        yield Finding("npu-needs-triton-ascend", "error", "an npu stack needs a torch_npu component")
+    if not tri:
+        yield Finding("npu-needs-triton-ascend", "error",
+                      "an npu stack needs a triton-ascend component next to torch_npu")
+
+
+@rule("npu-no-cuda-torch", "a CUDA build of torch next to torch_npu is fatal: NPU stacks take the CPU build on "
+      "x86_64 (PyTorch's CPU index, +cpu) and PyPI's build on aarch64")
+def npu_no_cuda_torch(stack: Stack) -> Iterator[Finding]:
+    if stack.device != "npu":
+        return
+    torch = _component(stack, "torch")
+    if not torch:
+        return
+    for plat in stack.platforms:
+        pin = torch.pin_for(plat)
+        v = pin.version or ""
+        local = v.split("+", 1)[1] if "+" in v else ""
+        if local.startswith("cu") or local.startswith("rocm"):
+            yield Finding("npu-no-cuda-torch", "error", f"components.torch {v} on {plat} is a {local} build")
+        elif PLATFORM_MACHINE[plat] == "x86_64" and local != "cpu":
+            yield Finding("npu-no-cuda-torch", "error",
+                          f"components.torch {v} on {plat}: PyPI's x86_64 torch is the CUDA build; use "
+                          "version X.Y.Z+cpu from PyPI's CPU index (index: pytorch-cpu)")
+
+
+@rule("mindspeed-megatron", "MindSpeed core_rX.Y is made for Megatron X.Y; another pairing breaks its patches")
+def mindspeed_megatron(stack: Stack) -> Iterator[Finding]:
+    ms, mg = _component(stack, "mindspeed"), _component(stack, "megatron-core")
+    if not (ms and mg):
+        return
+    m = re.search(r"core_r(\d+\.\d+)", ms.ref or ms.version or "")
+    mv = _version(mg.version)
+    if not m:
+        yield Finding("mindspeed-megatron", "warning",
+                      f"components.{ms.key}: cannot tell the Megatron line from ref {ms.ref!r} (expected core_rX.Y)")
+        return
+    if mv and m.group(1) != f"{mv.major}.{mv.minor}":
+        yield Finding("mindspeed-megatron", "error",
+                      f"MindSpeed {ms.ref} pairs with Megatron {m.group(1)}, but megatron-core is {mv}; use "
+                      f"MindSpeed core_r{mv.major}.{mv.minor}.x or megatron-core {m.group(1)}.x")
+
+
+@rule("megatron-gdn", "megatron-core < 0.16 has no native Gated-DeltaNet: Qwen3.5 needs USE_MCORE_GDN=0 (the "
+      "transformers GDN: no packing, no GDN TP/CP)")
+def megatron_gdn(stack: Stack) -> Iterator[Finding]:
+    mg = _component(stack, "megatron-core")
+    mv = _version(mg.version) if mg else None
+    if mv and mv < Version("0.16") and stack.env.get("USE_MCORE_GDN") != "0":
+        yield Finding("megatron-gdn", "error",
+                      f"megatron-core {mv} < 0.16: set env.USE_MCORE_GDN: \"0\" in the stack")
+
+
+@rule("python-tag", "the base image's Python must match the Python the wheels are pinned for (cpXY tags)")
+def python_tag(stack: Stack) -> Iterator[Finding]:
+    m = re.search(r"py(\d\.\d+)", stack.base.image.rsplit(":", 1)[-1])
+    if m and m.group(1) != stack.python:
+        yield Finding("python-tag", "error",
+                      f"base {stack.base.image} ships Python {m.group(1)} but the stack pins wheels for Python "
+                      f"{stack.python}; change `python:` or the base tag")
+
+
+@rule("patch-series-exists", "a patched component's series must exist, or the build would silently skip patches")
+def patch_series(stack: Stack) -> Iterator[Finding]:
+    for key, c in stack.installed_components.items():
+        if c.patches and not (PATCHES_DIR / c.patches / "series").is_file():
+            yield Finding("patch-series-exists", "error",
+                          f"components.{key}.patches: {PATCHES_DIR / c.patches / 'series'} does not exist; create "
+                          f"it (`trainbox patches edit {key}` then `export`) or drop `patches:`")
+
+
+def check(stack: Stack) -> list[Finding]:
+    return [f for r in RULES for f in r.check(stack)]

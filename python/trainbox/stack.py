@@ -1,0 +1,408 @@
+"""Stack files: load, merge `extends`, validate (host module).
+
+A stack is one YAML file in build/stacks/. Every error names the file, the key path, what was expected and
+how to fix it; unknown keys are rejected so that a typo cannot silently drop a pin.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import TrainboxError
+from .paths import STACKS_DIR
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+PLATFORM_RE = re.compile(r"^linux/(amd64|arm64)$")
+# pip markers for the platforms a stack can target
+PLATFORM_MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+
+
+def canon(name: str) -> str:
+    """PEP 503 normalised project name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+class StackError(TrainboxError):
+    """A stack file that cannot be used as it is."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class Base(_Strict):
+    image: str = Field(description="FROM image, with tag")
+    # How to get the Python that wheels go into. "image": the base already ships it first on PATH (CANN bases);
+    # "apt": install python3 + venv from the distribution and use /opt/venv.
+    python_from: Literal["image", "apt"] = "image"
+    python: str = Field("python3", description="interpreter command in the base once set up")
+    cann: str | None = None
+    chip: str | None = None
+    os: str | None = None
+    # Image to build on when `image` cannot be pulled (smoke builds, air-gapped CI). Recorded in the manifest.
+    substitute: str | None = None
+    # True only for stacks that must build anywhere (cpu): fall back to `substitute` without being asked.
+    auto_substitute: bool = False
+
+
+class PlatformPin(_Strict):
+    """A per-platform variant of a PyPI component (e.g. torch's CPU build on x86_64, PyPI's on aarch64)."""
+
+    version: str | None = None
+    index: str | None = None
+    sha256: list[str] = Field(default_factory=list)
+
+
+class Component(_Strict):
+    key: str = ""  # filled from the mapping key
+    source: Literal["pypi", "git", "url"]
+    name: str | None = None  # distribution name (pypi), defaults to the key
+    version: str | None = None
+    index: str = "pypi"
+    sha256: list[str] = Field(default_factory=list)
+    extras: list[str] = Field(default_factory=list)
+    platforms: dict[str, PlatformPin] = Field(default_factory=dict)
+    git: str | None = None
+    commit: str | None = None
+    ref: str | None = None  # tag or branch the commit was taken from; informational
+    subdirectory: str | None = None
+    url: str | None = None
+    patches: str | None = None  # series name: a directory under patches/
+    install: bool = True
+    note: str | None = None
+
+    @field_validator("sha256")
+    @classmethod
+    def _hashes(cls, v: list[str]) -> list[str]:
+        for h in v:
+            if not SHA256_RE.match(h):
+                raise ValueError(f"sha256 {h!r} is not 64 lowercase hex digits")
+        return v
+
+    @field_validator("platforms")
+    @classmethod
+    def _platform_keys(cls, v: dict[str, PlatformPin]) -> dict[str, PlatformPin]:
+        for p in v:
+            if not PLATFORM_RE.match(p):
+                raise ValueError(f"platform {p!r} is not one of linux/amd64, linux/arm64")
+        return v
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> "Component":
+        if self.source == "pypi":
+            if not self.version:
+                raise ValueError("a pypi component needs `version` (an exact pin, used as name==version)")
+            if any(ch in self.version for ch in "<>=!~*, "):
+                raise ValueError(f"version {self.version!r} must be one exact version, not a range")
+            for bad in ("git", "commit", "url"):
+                if getattr(self, bad):
+                    raise ValueError(f"`{bad}` does not belong to a pypi component")
+        elif self.source == "git":
+            if not self.git:
+                raise ValueError("a git component needs `git` (the repository URL)")
+            if self.commit and not COMMIT_RE.match(self.commit):
+                raise ValueError(f"commit {self.commit!r} must be a full 40-hex sha")
+            if not self.commit and not self.ref:
+                raise ValueError("a git component needs `commit` (a full sha) or at least `ref`")
+        elif self.source == "url":
+            if not self.url:
+                raise ValueError("a url component needs `url`")
+        return self
+
+    @property
+    def dist_name(self) -> str:
+        return self.name or self.key
+
+    # hashes the lock file recorded for this pin, per platform (filled by load_stack)
+    locked: dict[str, list[str]] = Field(default_factory=dict, exclude=True)
+
+    def pin_for(self, platform: str) -> PlatformPin:
+        """The version / index / hashes in force on one platform (stack file first, then the lock)."""
+        over = self.platforms.get(platform)
+        if over and (over.sha256 or over.version or over.index):
+            # another version or index on this platform: the component-level hashes are for other files
+            sha = over.sha256 or self.locked.get(platform, [])
+        else:
+            sha = self.sha256 or self.locked.get(platform, [])
+        return PlatformPin(
+            version=(over.version if over and over.version else self.version),
+            index=(over.index if over and over.index else self.index),
+            sha256=list(sha),
+        )
+
+    @property
+    def pinned_ref(self) -> str:
+        if self.source == "pypi":
+            return f"{self.dist_name}=={self.version}"
+        if self.source == "git":
+            return f"{self.git}@{self.commit or self.ref}"
+        return str(self.url)
+
+
+class Stack(_Strict):
+    name: str
+    extends: str | None = None
+    description: str = ""
+    device: Literal["npu", "cuda", "cpu"]
+    python: str = Field(pattern=r"^3\.\d+$")
+    platforms: list[str] = Field(default_factory=lambda: ["linux/amd64"])
+    base: Base
+    system_packages: list[str] = Field(default_factory=list)  # runtime apt packages
+    build_packages: list[str] = Field(default_factory=list)  # builder stage only (compilers for sdists ...)
+    indexes: dict[str, str] = Field(default_factory=lambda: {"pypi": "https://pypi.org/simple"})
+    components: dict[str, Component] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    source_file: Path | None = None
+    overrides: dict[str, str] = Field(default_factory=dict)
+    # The machine-written lock (build/stacks/<name>.lock): per-platform hashes and the resolved dependencies.
+    lock: dict | None = None
+    # the stack file's own base when --base substituted another one (recorded in the manifest)
+    declared_base: str | None = None
+
+    @field_validator("platforms")
+    @classmethod
+    def _platforms(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one platform is needed")
+        for p in v:
+            if not PLATFORM_RE.match(p):
+                raise ValueError(f"platform {p!r} is not one of linux/amd64, linux/arm64")
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for k, val in v.items():
+                if not isinstance(val, str):
+                    raise ValueError(f"env {k}: value {val!r} must be a quoted string (YAML turns 0/1/on into "
+                                     "numbers and booleans)")
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> "Stack":
+        for key, comp in self.components.items():
+            comp.key = key
+            if comp.source == "pypi":
+                for plat in [comp.index] + [p.index for p in comp.platforms.values() if p.index]:
+                    if plat not in self.indexes:
+                        raise ValueError(f"components.{key}.index {plat!r} is not defined under `indexes`")
+        return self
+
+    def component(self, key: str) -> Component:
+        try:
+            return self.components[key]
+        except KeyError:
+            raise StackError(
+                f"{self.source_file}: stack {self.name!r} has no component {key!r} "
+                f"(components: {', '.join(sorted(self.components))})"
+            ) from None
+
+    @property
+    def installed_components(self) -> dict[str, Component]:
+        return {k: c for k, c in self.components.items() if c.install}
+
+    def pins_digest(self) -> str:
+        """What the dependency lock depends on: every installed pypi pin per platform."""
+        rows = []
+        for plat in self.platforms:
+            for key, c in sorted(self.installed_components.items()):
+                if c.source == "pypi":
+                    pin = c.pin_for(plat)
+                    rows.append(f"{plat} {c.dist_name}{'[' + ','.join(c.extras) + ']' if c.extras else ''}"
+                                f"=={pin.version} {pin.index}")
+        rows.append(f"python {self.python}")
+        return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
+
+    @property
+    def lock_path(self) -> Path | None:
+        return self.source_file.with_suffix(".lock") if self.source_file else None
+
+    def lock_is_fresh(self) -> bool:
+        return bool(self.lock) and self.lock.get("pins_digest") == self.pins_digest()
+
+    def locked_deps(self, platform: str) -> dict[str, dict]:
+        """Resolved dependencies (not components) for a platform, from a fresh lock; {} otherwise."""
+        if not self.lock_is_fresh():
+            return {}
+        names = {canon(c.dist_name) for c in self.installed_components.values()}
+        deps = (self.lock.get("platforms", {}).get(platform) or {}).get("deps") or {}
+        return {n: d for n, d in deps.items() if canon(n) not in names}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# loading
+
+
+def list_stacks(stacks_dir: Path | None = None) -> list[str]:
+    d = stacks_dir or STACKS_DIR
+    return sorted(p.stem for p in d.glob("*.yaml"))
+
+
+def _stack_path(name_or_path: str | Path, stacks_dir: Path | None) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.exists():
+            raise StackError(f"{p}: no such stack file")
+        return p
+    d = stacks_dir or STACKS_DIR
+    path = d / f"{name_or_path}.yaml"
+    if not path.exists():
+        known = ", ".join(list_stacks(d)) or "none"
+        raise StackError(f"unknown stack {str(name_or_path)!r}: no {path} (known stacks: {known})")
+    return path
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise StackError(f"{path}{where}: malformed YAML: {problem}") from None
+    if not isinstance(data, dict):
+        raise StackError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _merge(parent: dict, child: dict) -> dict:
+    """Child keys win; mappings merge recursively (so a child can change one pin's version only)."""
+    out = copy.deepcopy(parent)
+    for k, v in child.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _raw(path: Path, stacks_dir: Path | None, seen: tuple[Path, ...] = ()) -> dict:
+    if path in seen:
+        chain = " -> ".join(str(p.name) for p in seen + (path,))
+        raise StackError(f"{path}: `extends` loops: {chain}")
+    data = _read_yaml(path)
+    parent = data.get("extends")
+    if parent:
+        if not isinstance(parent, str):
+            raise StackError(f"{path}: extends: expected a stack name, got {parent!r}")
+        ppath = (path.parent / f"{parent}.yaml") if (path.parent / f"{parent}.yaml").exists() else \
+            _stack_path(parent, stacks_dir)
+        base = _raw(ppath, stacks_dir, seen + (path,))
+        base.pop("name", None)
+        base.pop("extends", None)
+        data = _merge(base, data)
+    return data
+
+
+def _format_validation(path: Path, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; unknown keys are rejected so a typo cannot drop a pin)"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        lines.append(f"{path}: {loc}: {msg.removeprefix('Value error, ')}")
+    return "\n".join(lines)
+
+
+def apply_sets(data: dict, sets: dict[str, str], path: Path) -> dict:
+    """`--set COMPONENT.FIELD=VALUE` overrides, before validation so the result is validated too."""
+    data = copy.deepcopy(data)
+    comps = data.setdefault("components", {})
+    for dotted, value in sets.items():
+        if "." not in dotted:
+            raise StackError(f"--set {dotted}={value}: expected COMPONENT.FIELD=VALUE, e.g. torch.version=2.9.0")
+        key, field = dotted.split(".", 1)
+        if key not in comps:
+            raise StackError(
+                f"--set {dotted}: {path.name} has no component {key!r} (components: {', '.join(sorted(comps))})"
+            )
+        comp = comps[key]
+        if field == "version":
+            comp["version"] = value
+            # a moved pin invalidates the hashes and per-platform variants recorded for the old one
+            comp["sha256"] = []
+            comp.pop("platforms", None)
+        elif field == "install":
+            if value.lower() not in ("true", "false"):
+                raise StackError(f"--set {dotted}={value}: expected true or false")
+            comp["install"] = value.lower() == "true"
+        elif field in ("index", "commit", "url", "git", "ref"):
+            comp[field] = value
+            if field in ("commit", "url"):
+                comp["sha256"] = []
+        elif field == "sha256":
+            comp["sha256"] = [h for h in value.split(",") if h]
+        else:
+            raise StackError(
+                f"--set {dotted}: field {field!r} cannot be overridden (use version, install, index, commit, url, "
+                "git, ref or sha256)"
+            )
+    return data
+
+
+def load_stack(
+    name_or_path: str | Path,
+    sets: dict[str, str] | None = None,
+    base: str | None = None,
+    stacks_dir: Path | None = None,
+) -> Stack:
+    path = _stack_path(name_or_path, stacks_dir)
+    data = _raw(path, stacks_dir)
+    if data.get("name") != path.stem:
+        raise StackError(f"{path}: name: expected {path.stem!r} (the file name), got {data.get('name')!r}")
+    overrides: dict[str, str] = {}
+    if sets:
+        data = apply_sets(data, sets, path)
+        overrides.update(sets)
+    declared_base = (data.get("base") or {}).get("image")
+    if base and base != declared_base:
+        data.setdefault("base", {})["image"] = base
+        overrides["base.image"] = base
+    try:
+        stack = Stack.model_validate(data)
+    except ValidationError as exc:
+        raise StackError(_format_validation(path, exc)) from None
+    stack.source_file = path
+    stack.overrides = overrides
+    stack.declared_base = declared_base if "base.image" in overrides else None
+    _attach_lock(stack)
+    return stack
+
+
+def _attach_lock(stack: Stack) -> None:
+    lock_path = stack.lock_path
+    if not lock_path or not lock_path.exists():
+        return
+    try:
+        lock = yaml.safe_load(lock_path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise StackError(f"{lock_path}: malformed lock file ({exc}); regenerate it with "
+                         f"`trainbox stack lock {stack.name}`") from None
+    attach_lock(stack, lock)
+
+
+def attach_lock(stack: Stack, lock: dict) -> None:
+    """Use a lock's hashes for the pins it matches (an entry for another version or index is stale)."""
+    stack.lock = lock
+    for comp in stack.components.values():
+        comp.locked = {}
+    for plat, entry in (lock.get("platforms") or {}).items():
+        for key, rec in ((entry or {}).get("components") or {}).items():
+            comp = stack.components.get(key)
+            if comp is None or comp.source != "pypi":
+                continue
+            pin = comp.pin_for(plat)
+            if rec.get("version") == pin.version and rec.get("index") == pin.index:
+                comp.locked[plat] = list(rec.get("sha256") or [])

@@ -1,0 +1,59 @@
+"""`trainbox stack lock` against the real PyPI (PEP 691 JSON API): pins exist, hashes match, errors are named."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+
+from trainbox.cli import main
+from trainbox.lock import lock_stack
+from trainbox.paths import STACKS_DIR
+from trainbox.stack import load_stack
+
+pytestmark = pytest.mark.network
+
+
+@pytest.mark.parametrize("name", ["npu-910b", "cuda"])
+def test_committed_component_hashes_match_the_index(name):
+    """Every PyPI pin exists and the committed hashes are the index's (no dependency resolution: fast)."""
+    stack = load_stack(name)
+    rep = lock_stack(stack, resolve_deps=False)
+    assert rep.problems == []
+    for plat, entry in rep.lock["platforms"].items():
+        for key, rec in entry["components"].items():
+            assert rec["sha256"] == stack.components[key].pin_for(plat).sha256 or \
+                set(stack.components[key].pin_for(plat).sha256) >= set(rec["sha256"]), (plat, key)
+
+
+def test_unreachable_index_is_reported_by_name():
+    rep = lock_stack(load_stack("npu-910b"), resolve_deps=False)
+    assert any("pytorch-cpu" in u and "download.pytorch.org" in u for u in rep.unreachable) or not rep.unreachable
+
+
+def test_pin_that_does_not_exist(tmp_path, capsys):
+    for f in ("cpu.yaml",):
+        shutil.copy(STACKS_DIR / f, tmp_path / f)
+    data = yaml.safe_load((tmp_path / "cpu.yaml").read_text())
+    data["components"]["numpy"]["version"] = "0.0.999"
+    (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(data))
+    rc = main(["stack", "lock", str(tmp_path / "cpu.yaml"), "--no-deps"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "components.numpy: numpy==0.0.999 has no artifact for Python 3.11 on linux/amd64" in err
+    assert not (tmp_path / "cpu.lock").exists(), "a failed lock writes nothing"
+
+
+def test_lock_fills_hashes_and_deps(tmp_path, capsys):
+    shutil.copy(STACKS_DIR / "cpu.yaml", tmp_path / "cpu.yaml")
+    data = yaml.safe_load((tmp_path / "cpu.yaml").read_text())
+    data["components"]["numpy"]["version"] = "2.3.4"
+    (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(data))
+    assert main(["stack", "lock", str(tmp_path / "cpu.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "linux/amd64 numpy: - -> 2.3.4" in out
+    stack = load_stack(tmp_path / "cpu.yaml")
+    assert stack.lock_is_fresh()
+    assert stack.components["numpy"].pin_for("linux/amd64").sha256
+    assert "sympy" in stack.locked_deps("linux/amd64")  # torch's dependency closure

@@ -1,0 +1,263 @@
+"""Stack loading, validation messages, overrides, and the compatibility rules (each fed a violating stack)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainbox.cli import main
+from trainbox.errors import TrainboxError
+from trainbox.rules import RULES, check
+from trainbox.stack import list_stacks, load_stack
+
+SHA = "a" * 64
+
+
+def write(dir_: Path, name: str, text: str) -> Path:
+    p = dir_ / f"{name}.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+NPU = """\
+name: {name}
+device: npu
+python: "3.11"
+platforms: [linux/amd64]
+base:
+  image: quay.io/ascend/cann:8.5.1-910b-ubuntu22.04-py3.11
+  cann: 8.5.1
+indexes:
+  pypi: https://pypi.org/simple
+  pytorch-cpu: https://download.pytorch.org/whl/cpu
+components:
+  torch: {{source: pypi, version: 2.9.0+cpu, index: pytorch-cpu, sha256: [{sha}]}}
+  torch-npu: {{source: pypi, version: 2.9.0.post2, sha256: [{sha}]}}
+  triton-ascend: {{source: pypi, version: 3.2.0, sha256: [{sha}]}}
+  megatron-core: {{source: pypi, version: 0.15.3, sha256: [{sha}]}}
+  mindspeed: {{source: git, git: https://gitcode.com/Ascend/MindSpeed.git, ref: core_r0.15.3, commit: {commit}}}
+env:
+  USE_MCORE_GDN: "0"
+"""
+
+
+def npu_stack(tmp_path: Path, name: str = "npu-test", edit=None):
+    data = yaml.safe_load(NPU.format(name=name, sha=SHA, commit="b" * 40))
+    if edit:
+        edit(data)
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return load_stack(p)
+
+
+def ids(findings, level=None):
+    return {f.rule for f in findings if level is None or f.level == level}
+
+
+def test_shipped_stacks_load_and_pass_rules():
+    assert {"cpu", "npu-910b", "npu-a3", "cuda"} <= set(list_stacks())
+    for name in list_stacks():
+        stack = load_stack(name)
+        assert not [f for f in check(stack) if f.level == "error"], name
+
+
+def test_shipped_stacks_validate_strict():
+    # every pin hashed (locks committed), every git source by commit
+    assert main(["stack", "validate", "--strict"]) == 0
+
+
+def test_clean_npu_stack_has_no_findings(tmp_path):
+    assert check(npu_stack(tmp_path)) == []
+
+
+def test_extends_writes_pins_once():
+    a3, b = load_stack("npu-a3"), load_stack("npu-910b")
+    assert a3.base.image.endswith("-a3-ubuntu22.04-py3.11")
+    assert a3.base.chip == "a3"
+    assert {k: c.pinned_ref for k, c in a3.components.items()} == {k: c.pinned_ref for k, c in b.components.items()}
+    assert a3.env == b.env
+
+
+def test_unknown_key_is_rejected_with_path(tmp_path):
+    p = write(tmp_path, "typo", """\
+        name: typo
+        device: cpu
+        python: "3.11"
+        base: {image: debian:bookworm-slim}
+        components:
+          torch: {source: pypi, verison: 2.9.0}
+        """)
+    with pytest.raises(TrainboxError) as ei:
+        load_stack(p)
+    msg = str(ei.value)
+    assert str(p) in msg and "components.torch.verison" in msg and "unknown key" in msg
+
+
+def test_malformed_yaml_names_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: bad\ncomponents: [\n  oops: {\n")
+    with pytest.raises(TrainboxError) as ei:
+        load_stack(p)
+    assert f"{p}:" in str(ei.value) and "malformed YAML" in str(ei.value)
+
+
+def test_range_pin_rejected(tmp_path):
+    p = write(tmp_path, "rng", """\
+        name: rng
+        device: cpu
+        python: "3.11"
+        base: {image: debian:bookworm-slim}
+        components:
+          torch: {source: pypi, version: ">=2.9"}
+        """)
+    with pytest.raises(TrainboxError, match=r"components\.torch: .*exact version"):
+        load_stack(p)
+
+
+def test_env_values_must_be_strings(tmp_path):
+    p = write(tmp_path, "envs", """\
+        name: envs
+        device: cpu
+        python: "3.11"
+        base: {image: debian:bookworm-slim}
+        env: {USE_MCORE_GDN: 0}
+        """)
+    with pytest.raises(TrainboxError, match="USE_MCORE_GDN.*quoted string"):
+        load_stack(p)
+
+
+def test_name_must_match_file(tmp_path):
+    p = write(tmp_path, "x", """\
+        name: y
+        device: cpu
+        python: "3.11"
+        base: {image: debian:bookworm-slim}
+        """)
+    with pytest.raises(TrainboxError, match="name: expected 'x'"):
+        load_stack(p)
+
+
+def test_unknown_stack_lists_known():
+    with pytest.raises(TrainboxError, match=r"unknown stack 'nope'.*known stacks: .*cpu"):
+        load_stack("nope")
+
+
+def test_set_override_unknown_component():
+    with pytest.raises(TrainboxError, match="no component 'nosuch'"):
+        load_stack("cpu", sets={"nosuch.version": "1"})
+
+
+def test_set_override_moves_pin_and_drops_stale_hashes():
+    s = load_stack("npu-910b", sets={"torch.version": "2.13.0+cpu"})
+    assert s.components["torch"].version == "2.13.0+cpu"
+    assert s.components["torch"].pin_for("linux/amd64").sha256 == []  # the old hashes were for 2.9.0
+    assert s.overrides == {"torch.version": "2.13.0+cpu"}
+
+
+def test_strict_flags_git_without_commit(tmp_path):
+    def edit(d):
+        del d["components"]["mindspeed"]["commit"]
+    f = check(npu_stack(tmp_path, edit=edit))
+    assert "pinned-sources" in ids(f, "warning")
+    assert any("mindspeed" in x.message and "commit" in x.message for x in f)
+
+
+def test_strict_flags_missing_hash(tmp_path):
+    def edit(d):
+        d["components"]["triton-ascend"]["sha256"] = []
+    f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "pinned-sources"]
+    assert f and "triton-ascend" in f[0].message and "stack lock" in f[0].message
+
+
+# --- one violating stack per compatibility rule -----------------------------------------------------------
+
+def test_rule_torch_npu_match(tmp_path):
+    def edit(d):
+        d["components"]["torch-npu"]["version"] = "2.8.0.post2"
+    f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "torch-npu-match"]
+    assert f and f[0].level == "error"
+    assert "torch 2.9.0+cpu and torch_npu 2.8.0.post2 differ in major.minor" in f[0].message
+
+
+def test_rule_npu_needs_triton(tmp_path):
+    def edit(d):
+        del d["components"]["triton-ascend"]
+    f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "npu-needs-triton-ascend"]
+    assert f and "triton-ascend" in f[0].message
+
+
+def test_rule_npu_no_cuda_torch(tmp_path):
+    def edit(d):
+        d["components"]["torch"] = {"source": "pypi", "version": "2.9.0+cu128", "sha256": [SHA]}
+    f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "npu-no-cuda-torch"]
+    assert f and "cu128 build" in f[0].message
+
+
+def test_rule_npu_no_cuda_torch_plain_pypi_x86(tmp_path):
+    def edit(d):
+        d["components"]["torch"] = {"source": "pypi", "version": "2.9.0", "sha256": [SHA]}
+    f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "npu-no-cuda-torch"]
+    assert f and "PyPI's x86_64 torch is the CUDA build" in f[0].message
+
+
+def test_rule_mindspeed_megatron(tmp_path):
+    def edit(d):
+        d["components"]["mindspeed"]["ref"] = "core_r0.12.1"
+    f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "mindspeed-megatron"]
+    assert f and "MindSpeed core_r0.12.1 pairs with Megatron 0.12, but megatron-core is 0.15.3" in f[0].message
+
+
+def test_rule_megatron_gdn(tmp_path):
+    def edit(d):
+        d["env"] = {}
+    f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "megatron-gdn"]
+    assert f and 'USE_MCORE_GDN: "0"' in f[0].message
+
+
+def test_rule_megatron_gdn_not_needed_from_016(tmp_path):
+    def edit(d):
+        d["env"] = {}
+        d["components"]["megatron-core"]["version"] = "0.16.1"
+        d["components"]["mindspeed"]["ref"] = "core_r0.16.0"
+    assert "megatron-gdn" not in ids(check(npu_stack(tmp_path, edit=edit)))
+
+
+def test_rule_python_tag(tmp_path):
+    def edit(d):
+        d["python"] = "3.10"
+    f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "python-tag"]
+    assert f and "ships Python 3.11 but the stack pins wheels for Python 3.10" in f[0].message
+
+
+def test_rule_patch_series_exists(tmp_path):
+    def edit(d):
+        d["components"]["megatron-core"]["patches"] = "no-such-series"
+    f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "patch-series-exists"]
+    assert f and "no-such-series/series does not exist" in f[0].message
+
+
+def test_every_rule_has_id_and_explanation():
+    assert len({r.id for r in RULES}) == len(RULES) >= 8
+    assert all(r.explanation for r in RULES)
+
+
+def test_validate_cli_exit_2_and_message(tmp_path, capsys):
+    def edit(d):
+        d["components"]["torch-npu"]["version"] = "2.8.0"
+    s = npu_stack(tmp_path, edit=edit)
+    assert main(["stack", "validate", str(s.source_file)]) == 2
+    err = capsys.readouterr().err
+    assert "[torch-npu-match] error" in err and str(s.source_file) in err
+
+
+def test_show_and_diff_json(capsys):
+    import json
+    assert main(["stack", "show", "npu-910b", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert any(r["component"] == "torch-npu" for r in shown["components"])
+    assert main(["stack", "diff", "npu-910b", "npu-a3", "--json"]) == 0
+    diff = json.loads(capsys.readouterr().out)
+    assert {c["what"] for c in diff["changes"]} == {"base.image"}
