@@ -1,0 +1,342 @@
+"""Process-group bring-up, device mesh and Python-object collectives on NPU, CUDA and CPU.
+
+Runtime module: standard library only at import time (torch imported inside the functions).
+
+    from trainbox.dist import init_distributed, all_gather_object, destroy_distributed
+    info = init_distributed()          # torchrun, Ray Train or mpirun environment; or a single process
+    stats = all_gather_object({"rank": info.rank, "loss": 0.5})
+    destroy_distributed()
+
+Environment: TRAINBOX_DEVICE, TRAINBOX_DIST_BACKEND (see trainbox.device); RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun) or the MPI launcher's variables (trainbox.rankenv).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from trainbox import device as _device
+from trainbox.errors import TrainboxError
+from trainbox.rankenv import read_rank_env
+
+__all__ = [
+    "DistInfo",
+    "all_gather_object",
+    "broadcast_object_list",
+    "clear_bound_device_id",
+    "destroy_distributed",
+    "device_mesh",
+    "gather_object",
+    "hccl_socket_port_env",
+    "init_distributed",
+    "is_initialized",
+    "object_group",
+]
+
+# HCCL socket ports per job: slot = MASTER_PORT % _HCCL_SLOTS, _HCCL_WIDTH ports per slot. Both blocks
+# lie below Linux's default ephemeral range (32768-60999) and clear of HCCL's default NPU port 16666.
+_HCCL_HOST_BASE, _HCCL_NPU_BASE, _HCCL_WIDTH, _HCCL_SLOTS = 20480, 24576, 32, 128
+
+# Run-time state, set by init_distributed / object_group and dropped by destroy_distributed. Each entry
+# remembers the default group it was made for, so a group torn down behind our back is never reused.
+_info_cache: tuple | None = None  # (default process group, DistInfo)
+_gloo_cache: tuple | None = None  # (default process group, Gloo group for object collectives)
+# The rendezvous store outlives destroy_distributed() so that init_distributed() again talks to the
+# same store under a new prefix: ((addr, port, rank, world size), store, generation).
+_store_cache: tuple | None = None
+
+
+class DistInfo:
+    """What init_distributed set up: rank, world_size, local_rank, device (torch.device), backend."""
+
+    __slots__ = ("rank", "world_size", "local_rank", "device", "backend", "source")
+
+    def __init__(self, rank, world_size, local_rank, device, backend, source):
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.device, self.backend, self.source = device, backend, source
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+    def as_dict(self) -> dict:
+        return {"rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank,
+                "device": str(self.device), "backend": self.backend, "source": self.source}
+
+    def __repr__(self):
+        return "DistInfo(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
+
+
+def _dist():
+    torch = _device._import_torch()
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise TrainboxError(f"torch {torch.__version__} was built without torch.distributed")
+    return dist
+
+
+def is_initialized() -> bool:
+    """True when a default process group exists (never imports torch to find out)."""
+    if "torch" not in sys.modules:
+        return False
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _world_group(dist):
+    return dist.group.WORLD
+
+
+def hccl_socket_port_env(master_port: int | None = None, environ=None) -> dict:
+    """Derive HCCL_HOST_SOCKET_PORT_RANGE / HCCL_NPU_SOCKET_PORT_RANGE from MASTER_PORT (setdefault:
+    values already set win), so two jobs on one host with different MASTER_PORTs do not collide.
+    Returns the two values in effect (empty when there is no MASTER_PORT to derive from)."""
+    env = os.environ if environ is None else environ
+    keys = ("HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_NPU_SOCKET_PORT_RANGE")
+    port = master_port
+    if port is None and env.get("MASTER_PORT"):
+        try:
+            port = int(env["MASTER_PORT"])
+        except ValueError:
+            raise TrainboxError(f"environment: MASTER_PORT={env['MASTER_PORT']!r}: expected an integer") from None
+    if port is not None:
+        if not 0 < int(port) < 65536:
+            raise TrainboxError(f"MASTER_PORT={port}: expected a port number 1-65535")
+        offset = (int(port) % _HCCL_SLOTS) * _HCCL_WIDTH
+        for key, base in zip(keys, (_HCCL_HOST_BASE, _HCCL_NPU_BASE)):
+            env.setdefault(key, f"{base + offset}-{base + offset + _HCCL_WIDTH - 1}")
+    return {key: env[key] for key in keys if key in env}
+
+
+def _accepts_device_id(init_fn) -> bool:
+    import inspect
+
+    try:
+        return "device_id" in inspect.signature(init_fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _timeout(value):
+    if value is None:
+        return None
+    from datetime import timedelta
+
+    return value if isinstance(value, timedelta) else timedelta(seconds=float(value))
+
+
+def _env_store(dist, rank, world_size, timeout):
+    """The rendezvous store for MASTER_ADDR/MASTER_PORT, with a fresh key prefix on re-initialisation.
+
+    After destroy + init on the same port, a peer could otherwise reach rank 0's old store (still up
+    until rank 0 tears it down) or torchrun's agent store, read the previous group's keys and dial a
+    dead Gloo address. Reusing one store with a per-generation prefix removes that race."""
+    global _store_cache
+    key = (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], rank, world_size)
+    if timeout is None:
+        from torch.distributed import distributed_c10d
+
+        timeout = distributed_c10d.default_pg_timeout
+    if _store_cache is not None and _store_cache[0] == key:
+        base, generation = _store_cache[1], _store_cache[2] + 1
+    else:
+        _store_cache = None  # a different rendezvous: let the old store (and its port) go first
+        base, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+        generation = 0
+    base.set_timeout(timeout)
+    _store_cache = (key, base, generation)
+    return base if generation == 0 else dist.PrefixStore(f"trainbox/generation-{generation}", base)
+
+
+def _existing_info(dist, backend):
+    current = str(dist.get_backend()).lower()
+    if backend is not None and backend.lower() != current:
+        raise TrainboxError(
+            f"init_distributed(backend={backend!r}): the process group already runs {current!r}; "
+            "call destroy_distributed() first to change it"
+        )
+    if _info_cache is not None and _info_cache[0] is _world_group(dist):
+        return _info_cache[1]
+    env = read_rank_env()
+    dev = _device.get_local_device()
+    local_rank = env.local_rank if env.local_rank is not None else (dev.index or 0)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev, current, "existing")
+
+
+def init_distributed(backend: str | None = None, *, rank: int | None = None, world_size: int | None = None,
+                     local_rank: int | None = None, master_addr: str | None = None,
+                     master_port: int | None = None, timeout=None, mixed: bool = False,
+                     bind_device_id: bool = True) -> DistInfo:
+    """Create the default process group on the active device and return a DistInfo.
+
+    Reads torchrun (and Ray Train, which exports the same variables) or MPI environments; arguments
+    override them; with nothing set it starts a one-process group on an in-memory store. Binds the
+    device before the group (HCCL needs it), passes device_id only where the installed torch accepts it,
+    derives HCCL port ranges from MASTER_PORT, and exports RANK / WORLD_SIZE / LOCAL_RANK /
+    MASTER_ADDR / MASTER_PORT for code that reads them later. Idempotent: a second call
+    returns the existing group's DistInfo. `timeout` is seconds or a timedelta.
+    """
+    global _info_cache
+    dist = _dist()
+    if dist.is_initialized():
+        return _existing_info(dist, backend)
+
+    env = read_rank_env()
+    if (rank is None) != (world_size is None):
+        raise TrainboxError("init_distributed: pass rank and world_size together (or neither)")
+    source = "arguments" if rank is not None else env.source
+    if rank is None:
+        rank, world_size = (env.rank, env.world_size) if env.rank is not None else (0, 1)
+    if not 0 <= rank < world_size:
+        raise TrainboxError(f"init_distributed: rank {rank} is outside world size {world_size}")
+    if local_rank is None:
+        local_rank = env.local_rank
+
+    device_type = _device.get_device_type()
+    backend = backend or _device.get_dist_backend(device_type, mixed=mixed)
+    dev = _device.get_local_device(device_type, local_rank=local_rank)
+    if device_type != "cpu":
+        _device.set_device(dev)  # before the group: HCCL binds its communicator to the current device
+    if local_rank is None:
+        local_rank = dev.index if dev.index is not None else 0
+
+    kwargs = {"backend": backend, "rank": rank, "world_size": world_size}
+    if timeout is not None:
+        kwargs["timeout"] = _timeout(timeout)
+    addr = master_addr or env.master_addr
+    port = master_port or env.master_port
+    if addr is None or port is None:
+        if world_size > 1:
+            raise TrainboxError(
+                f"init_distributed: world size {world_size} ({source}) needs MASTER_ADDR and MASTER_PORT "
+                "(torchrun sets them; with mpirun pass -x MASTER_ADDR=<rank-0 host> -x MASTER_PORT=<port>, "
+                "or call init_distributed(master_addr=..., master_port=...))"
+            )
+        kwargs["store"] = dist.HashStore()  # one process: no rendezvous, no port to collide on
+    else:
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = str(addr), str(port)
+        kwargs["store"] = _env_store(dist, rank, world_size, kwargs.get("timeout"))
+        if "hccl" in backend.lower():
+            hccl_socket_port_env(int(port))
+    # What this group really is, for code that reads the torchrun variables later (Megatron, ...).
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
+    if bind_device_id and device_type != "cpu" and _accepts_device_id(dist.init_process_group):
+        kwargs["device_id"] = dev
+
+    dist.init_process_group(**kwargs)
+    info = DistInfo(rank, world_size, local_rank, dev, str(dist.get_backend()).lower(), source)
+    _info_cache = (_world_group(dist), info)
+    return info
+
+
+def destroy_distributed() -> bool:
+    """Destroy every process group (and the cached Gloo group). Idempotent: False when there was none.
+    The rendezvous store stays open (on rank 0, its port stays bound) so that init_distributed() on the
+    same MASTER_ADDR/MASTER_PORT can form a new group without racing against stale keys."""
+    global _info_cache, _gloo_cache
+    _info_cache = _gloo_cache = None
+    if not is_initialized():
+        return False
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return True
+
+
+def device_mesh(shape, names=None):
+    """torch DeviceMesh of `shape` (int or tuple) with optional dim `names` on the active device type.
+    Initialises the process group first when needed."""
+    info = init_distributed()
+    shape = (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    size = 1
+    for s in shape:
+        size *= s
+    if size != info.world_size:
+        raise TrainboxError(f"device_mesh: shape {shape} holds {size} ranks but the world size is "
+                            f"{info.world_size}")
+    if names is not None:
+        names = (names,) if isinstance(names, str) else tuple(names)
+        if len(names) != len(shape):
+            raise TrainboxError(f"device_mesh: {len(names)} names {names} for {len(shape)} dimensions")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(info.device.type, shape, mesh_dim_names=names)
+
+
+def clear_bound_device_id(group=None) -> bool:
+    """Clear `group`'s (default: the default group's) bound_device_id, which on some torch versions
+    is carried into later Gloo subgroups and breaks them. Guarded: the attribute may be missing or
+    read-only; returns True only when it was cleared. Call before code that creates Gloo groups."""
+    if not is_initialized():
+        return False
+    import torch.distributed as dist
+
+    try:
+        pg = group if group is not None else _world_group(dist)
+        if getattr(pg, "bound_device_id", None) is None:
+            return False
+        pg.bound_device_id = None
+    except (AttributeError, TypeError, RuntimeError, ValueError):
+        return False
+    return getattr(pg, "bound_device_id", None) is None
+
+
+def _default_backend_name(dist) -> str:
+    return str(dist.get_backend()).lower()
+
+
+def object_group(group=None):
+    """The group Python-object collectives should use: `group` when given; with an hccl default
+    backend a Gloo group over all ranks (created once, collectively, then cached), because object
+    collectives on the default HCCL group can hang; otherwise None (the default group)."""
+    global _gloo_cache
+    if group is not None:
+        return group
+    dist = _dist()
+    if "hccl" not in _default_backend_name(dist):
+        return None
+    world = _world_group(dist)
+    if _gloo_cache is not None and _gloo_cache[0] is world:
+        return _gloo_cache[1]
+    clear_bound_device_id()
+    gloo = dist.new_group(backend="gloo")
+    _gloo_cache = (world, gloo)
+    return gloo
+
+
+def all_gather_object(obj, group=None) -> list:
+    """Every rank's `obj`, in rank order (a new list; torch's version fills one in place).
+    Without a process group: [obj]."""
+    if not is_initialized():
+        return [obj]
+    import torch.distributed as dist
+
+    g = object_group(group)
+    out = [None] * dist.get_world_size(g)
+    dist.all_gather_object(out, obj, group=g)
+    return out
+
+
+def gather_object(obj, dst: int = 0, group=None):
+    """Every rank's `obj` as a list on global rank `dst`; None on the other ranks. Without a group: [obj]."""
+    if not is_initialized():
+        return [obj]
+    import torch.distributed as dist
+
+    g = object_group(group)
+    out = [None] * dist.get_world_size(g) if dist.get_rank() == dst else None
+    dist.gather_object(obj, out, dst=dst, group=g)
+    return out
+
+
+def broadcast_object_list(objects: list, src: int = 0, group=None) -> list:
+    """Replace `objects` (same length on every rank) with global rank `src`'s, in place; returns it."""
+    if not is_initialized():
+        return objects
+    import torch.distributed as dist
+
+    dist.broadcast_object_list(objects, src=src, group=object_group(group))
+    return objects
