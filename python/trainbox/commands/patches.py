@@ -1,0 +1,108 @@
+"""`trainbox patches ...`: verify patch series against pinned upstreams, edit and export them (stdlib only at
+import time)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("patches", help="verify, edit and export the patch series of patched components")
+    psub = p.add_subparsers(dest="patches_command", metavar="SUBCOMMAND")
+
+    v = psub.add_parser(
+        "verify",
+        help="apply each series to its pinned upstream in a scratch tree and report per patch",
+        description="Fetch each patched component's pinned source (PyPI artifact by version and sha256, or a git "
+        "commit) into the cache, apply its series there with zero fuzz and print one row per patch: clean, offset, "
+        "or fails at FILE hunk N. Exit status 1 when any patch fails. Works offline once the cache holds the "
+        "sources.",
+    )
+    v.add_argument("--stack", action="append", metavar="S", help="stack to check (repeatable; default: all stacks)")
+    v.add_argument("--component", metavar="C", help="only this component")
+    v.add_argument("--json", action="store_true", help="print the results as JSON")
+    v.add_argument("--strict", action="store_true", help="count hunks that apply only at an offset as failures")
+    v.add_argument("--offline", action="store_true", help="use the cache only; never touch the network")
+    v.add_argument("--set", action="append", metavar="C.FIELD=VALUE", dest="sets",
+                   help="override a pin before checking, as in `trainbox render` (e.g. "
+                   "megatron-core.version=0.16.0 then megatron-core.sha256=HEX)")
+    v.set_defaults(func=_verify)
+
+    e = psub.add_parser(
+        "edit",
+        help="make a git working tree of the pinned source with one commit per patch",
+        description="Create a git repository holding the component's pinned source as a first commit (tag "
+        "`upstream`) and each patch of its series as a commit on top. Change patches with ordinary git (commit "
+        "--amend, rebase -i, new commits), then write them back with `trainbox patches export`.",
+    )
+    e.add_argument("component", metavar="C", help="component key, e.g. megatron-core")
+    e.add_argument("--stack", metavar="S", help="take the pin from this stack (needed when stacks disagree)")
+    e.add_argument("--dir", type=Path, help="where to create the tree (default: the cache's edit/C)")
+    e.add_argument("--force", action="store_true", help="discard an existing tree at --dir")
+    e.add_argument("--offline", action="store_true", help="use the cache only")
+    e.set_defaults(func=_edit)
+
+    x = psub.add_parser(
+        "export",
+        help="write an edit tree's commits back as the series (stable names, no timestamp churn)",
+        description="Run git format-patch over the commits above `upstream` with stable options (zero From "
+        "hash, no signature, no numbering in subjects, no diffstat) and replace patches/<series>/ with the "
+        "result, rewriting `series` in commit order. Unchanged commits give byte-identical files.",
+    )
+    x.add_argument("component", metavar="C", help="component key, e.g. megatron-core")
+    x.add_argument("--dir", type=Path, help="the edit tree (default: the cache's edit/C)")
+    x.set_defaults(func=_export)
+
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from trainbox import patches
+
+    from trainbox.errors import TrainboxError
+
+    sets = {}
+    for item in args.sets or []:
+        if "=" not in item:
+            raise TrainboxError(f"--set {item}: expected COMPONENT.FIELD=VALUE")
+        k, val = item.split("=", 1)
+        sets[k.strip()] = val.strip()
+    rows = patches.verify(args.stack, args.component, strict=args.strict, offline=args.offline, sets=sets)
+    if args.json:
+        print(patches.rows_json(rows))
+    else:
+        print(patches.format_table(rows) if rows else "no patched components")
+    bad = [r for r in rows if not r.ok]
+    if bad and not args.json:
+        failed = sum(r.status != "skipped" for r in bad)
+        skipped = len(bad) - failed
+        print(f"\n{failed} of {len(rows)} patch(es) failed" + (f", {skipped} not tried" if skipped else ""),
+              file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _edit(args: argparse.Namespace) -> int:
+    from trainbox import patches
+
+    d, applied, stopped, series = patches.edit_from_stack(args.component, stack=args.stack, directory=args.dir,
+                                                          force=args.force, offline=args.offline)
+    export_cmd = f"trainbox patches export {args.component}" + (f" --dir {args.dir}" if args.dir else "")
+    if stopped:
+        print(f"{d}: applied {len(applied)} patch(es); {stopped} does not apply to this pin.\n"
+              f"Resolve it there: `git -C {d} am --show-current-patch=diff`, `git apply --reject` or edit the files,"
+              f" `git add -A`, `git am --continue` (or `git am --skip` to drop it); then `{export_cmd}`.",
+              file=sys.stderr)
+        return 1
+    print(f"{d}: {len(applied)} patch(es) of patches/{series} as commits on top of tag `upstream`.\n"
+          f"Change them with git (commit --amend, rebase -i upstream, new commits), then `{export_cmd}`.")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from trainbox import patches
+
+    target, names = patches.export(args.dir or patches.default_edit_dir(args.component))
+    print(f"{target}: wrote {len(names)} patch(es) and series")
+    return 0

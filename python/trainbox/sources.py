@@ -1,0 +1,446 @@
+"""Pinned upstream sources, fetched once into a cache and unpacked into scratch trees (host module).
+
+A pin is exact: a PyPI distribution by version *and* sha256 (any of the artifacts the stack pins, wheel or
+sdist), a git repository by 40-hex commit, or a URL by sha256. Artifacts land in
+CACHE_DIR/sources/sha256/<hex>/<filename> only after their hash matched (download to a temporary
+directory, verify, rename), so the cache never holds a partial or unverified file; git repositories are
+kept as bare mirrors under CACHE_DIR/sources/git/. Everything already cached is used without the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import TrainboxError
+from .paths import CACHE_DIR
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+class SourceError(TrainboxError):
+    """A pinned source that cannot be fetched or does not match its pin."""
+
+
+@dataclass(frozen=True)
+class Pin:
+    """What a component pins, reduced to what fetching needs (built from a stack Component)."""
+
+    key: str
+    source: str  # pypi | git | url
+    name: str  # distribution name (pypi) or the component key
+    version: str | None = None
+    index_name: str = "pypi"
+    index_url: str = DEFAULT_INDEX
+    sha256: tuple[str, ...] = ()
+    git: str | None = None
+    commit: str | None = None
+    url: str | None = None
+
+    @property
+    def ref(self) -> str:
+        if self.source == "pypi":
+            return f"{self.name}=={self.version}"
+        if self.source == "git":
+            return f"{self.git}@{self.commit}"
+        return str(self.url)
+
+
+def _index_url(name: str, indexes: dict[str, str] | None) -> str:
+    if "://" in name:
+        return name
+    if indexes and name in indexes:
+        return indexes[name]
+    if name == "pypi":
+        # honour a pip-style override (mirrors, air-gapped proxies) for the default index
+        return os.environ.get("TRAINBOX_PYPI_URL") or os.environ.get("PIP_INDEX_URL") or DEFAULT_INDEX
+    raise SourceError(f"index {name!r} is not defined under the stack's `indexes`")
+
+
+def pin_from_component(comp: Any, stack: Any = None) -> Pin:
+    """A Pin from a trainbox.stack.Component (duck-typed: any object with the same fields works).
+
+    The hashes are the component's own plus, when a stack is given, those in force on each of its
+    platforms (the stack file or its lock), so any pinned artifact of that version can serve.
+    """
+    hashes: list[str] = list(getattr(comp, "sha256", None) or [])
+    if stack is not None and hasattr(comp, "pin_for"):
+        for plat in getattr(stack, "platforms", None) or []:
+            pin = comp.pin_for(plat)
+            if pin.version == comp.version:
+                hashes.extend(pin.sha256)
+    seen: list[str] = []
+    for h in hashes:
+        if h not in seen:
+            seen.append(h)
+    index_name = getattr(comp, "index", None) or "pypi"
+    name = getattr(comp, "dist_name", None) or getattr(comp, "name", None) or comp.key
+    source = comp.source
+    return Pin(
+        key=comp.key,
+        source=source,
+        name=name,
+        version=getattr(comp, "version", None),
+        index_name=index_name,
+        index_url=_index_url(index_name, getattr(stack, "indexes", None)) if source == "pypi" else DEFAULT_INDEX,
+        sha256=tuple(seen),
+        git=getattr(comp, "git", None),
+        commit=getattr(comp, "commit", None),
+        url=getattr(comp, "url", None),
+    )
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A pinned source in the cache: an artifact file, or a bare git mirror plus the commit."""
+
+    pin: Pin
+    path: Path
+    filename: str
+    sha256: str | None = None
+    commit: str | None = None
+
+    @property
+    def kind(self) -> str:
+        if self.commit:
+            return "git"
+        if self.filename.endswith(".whl"):
+            return "wheel"
+        return "sdist" if self.pin.source == "pypi" else "archive"
+
+    @property
+    def upstream_ref(self) -> str:
+        """The `Upstream-Ref:` value for patches made against this source."""
+        if self.commit:
+            return f"{self.pin.git}@{self.commit}"
+        if self.pin.source == "pypi":
+            tree = ("installed package, patch -p1 in site-packages" if self.kind == "wheel"
+                    else "sdist root, patch -p1")
+            return f"{self.pin.name}=={self.pin.version} sha256:{self.sha256} (tree: {tree})"
+        return f"{self.pin.url} sha256:{self.sha256}"
+
+    @property
+    def label(self) -> str:
+        """Short form for tables: the pin and which artifact served it."""
+        if self.commit:
+            return f"{self.pin.git}@{self.commit[:12]}"
+        return f"{self.pin.ref} ({self.kind} {self.sha256[:12]})"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# cache
+
+
+def _cache(cache_dir: Path | None) -> Path:
+    return Path(cache_dir or CACHE_DIR) / "sources"
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def cached_artifact(sha256: str, cache_dir: Path | None = None) -> Path | None:
+    """The cached file with this hash, re-checked; a corrupt entry is dropped."""
+    d = _cache(cache_dir) / "sha256" / sha256
+    if not d.is_dir():
+        return None
+    files = [p for p in d.iterdir() if p.is_file()]
+    if len(files) == 1 and _sha256_file(files[0]) == sha256:
+        return files[0]
+    shutil.rmtree(d, ignore_errors=True)
+    return None
+
+
+def _ssl_context():
+    import ssl
+
+    cafile = None
+    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        if os.environ.get(var) and os.path.exists(os.environ[var]):
+            cafile = os.environ[var]
+            break
+    if cafile is None and os.path.exists("/etc/ssl/certs/ca-certificates.crt"):
+        cafile = "/etc/ssl/certs/ca-certificates.crt"
+    return ssl.create_default_context(cafile=cafile)
+
+
+def _download(url: str, sha256: str, filename: str, cache_dir: Path | None, what: str) -> Path:
+    """Download into the cache atomically: temp dir, hash while writing, verify, rename into place."""
+    root = _cache(cache_dir) / "sha256"
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=root))
+    try:
+        dest = tmp / filename
+        h = hashlib.sha256()
+        req = urllib.request.Request(url, headers={"User-Agent": "trainbox"})
+        ctx = _ssl_context() if url.startswith("https:") else None
+        try:
+            with urllib.request.urlopen(req, timeout=120, context=ctx) as resp, open(dest, "wb") as out:
+                for chunk in iter(lambda: resp.read(1 << 20), b""):
+                    h.update(chunk)
+                    out.write(chunk)
+        except urllib.error.HTTPError as exc:
+            raise SourceError(f"{what}: download of {url} failed: HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise SourceError(f"{what}: download of {url} failed: {getattr(exc, 'reason', exc)}") from None
+        got = h.hexdigest()
+        if got != sha256:
+            raise SourceError(
+                f"{what}: {filename} from {url} has sha256 {got}, but the pin says {sha256}; the artifact "
+                "changed upstream or the pin is wrong: check it and fix the stack's sha256 (nothing was cached)"
+            )
+        final = root / sha256
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if cached_artifact(sha256, cache_dir) is None:  # someone else won the race with a bad copy
+                raise
+        return final / filename
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# PyPI
+
+
+def _rank(filename: str) -> tuple:
+    """Preferred artifact: a pure wheel, then a wheel for this interpreter, other wheels, then the sdist."""
+    from packaging.tags import sys_tags
+    from packaging.utils import parse_wheel_filename
+
+    if filename.endswith(".whl"):
+        try:
+            tags = parse_wheel_filename(filename)[3]
+        except ValueError:
+            return (3, filename)
+        if any(t.platform == "any" and t.abi == "none" for t in tags):
+            return (0, filename)
+        here = set(sys_tags())
+        return (1 if tags & here else 2, filename)
+    return (3, filename)
+
+
+def _matches_version(filename: str, name: str, version: str) -> bool:
+    from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        if filename.endswith(".whl"):
+            n, v = parse_wheel_filename(filename)[:2]
+        else:
+            n, v = parse_sdist_filename(filename)
+        return canonicalize_name(n) == canonicalize_name(name) and v == Version(version)
+    except (InvalidVersion, ValueError):
+        return False
+
+
+def _project_files(pin: Pin) -> list[dict]:
+    from .index import project_files
+
+    return project_files(pin.index_name, pin.index_url, pin.name)
+
+
+def _fetch_pypi(pin: Pin, prefer: Iterable[str], offline: bool, cache_dir: Path | None) -> Fetched:
+    what = f"{pin.key} ({pin.ref})"
+    if not pin.sha256:
+        raise SourceError(
+            f"{what}: no sha256 pinned, so there is nothing to check the download against; add `sha256:` to the "
+            "component in the stack file or run `trainbox stack lock` to record the artifacts' hashes"
+        )
+    prefer = [h for h in prefer if h in pin.sha256]
+    cached = []
+    for h in pin.sha256:
+        path = cached_artifact(h, cache_dir)
+        if path is not None and _matches_version(path.name, pin.name, pin.version or ""):
+            cached.append((h not in prefer, _rank(path.name), h, path))
+    if cached:
+        _, _, h, path = min(cached)
+        return Fetched(pin, path, path.name, sha256=h)
+    if offline:
+        raise SourceError(f"{what}: not in the cache ({_cache(cache_dir)}) and --offline was given; run once "
+                          "with network access to fill the cache")
+    files = _project_files(pin)
+    candidates = []
+    listed = []
+    for f in files:
+        fn = f.get("filename", "")
+        sha = (f.get("hashes") or {}).get("sha256")
+        if not _matches_version(fn, pin.name, pin.version or ""):
+            continue
+        listed.append(fn)
+        if sha in pin.sha256:
+            url = urllib.parse.urljoin(f"{pin.index_url.rstrip('/')}/{pin.name}/", f["url"])
+            candidates.append((sha not in prefer, _rank(fn), sha, fn, url))
+    if not candidates:
+        if not listed:
+            raise SourceError(f"{what}: index {pin.index_name!r} ({pin.index_url}) has no files for version "
+                              f"{pin.version}; check the version")
+        raise SourceError(
+            f"{what}: none of the {len(listed)} files of {pin.ref} on {pin.index_url} has a pinned sha256 "
+            f"({', '.join(h[:12] for h in pin.sha256)}); the pin's hashes belong to another version or "
+            "artifact: fix the stack's sha256 or re-run `trainbox stack lock`"
+        )
+    _, _, sha, fn, url = min(candidates)
+    path = _download(url, sha, fn, cache_dir, what)
+    return Fetched(pin, path, fn, sha256=sha)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# git
+
+
+def _git(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
+    if check and proc.returncode != 0:
+        raise SourceError(f"git {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def _has_commit(repo: Path, commit: str) -> bool:
+    return _git("--git-dir", str(repo), "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode == 0
+
+
+def _fetch_git(pin: Pin, offline: bool, cache_dir: Path | None) -> Fetched:
+    what = f"{pin.key} ({pin.git})"
+    if not pin.commit or not COMMIT_RE.match(pin.commit):
+        raise SourceError(f"{what}: patches need an exact `commit` (40 hex digits), not only a ref; pin one")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", pin.git.rstrip("/").rsplit("/", 1)[-1]).strip("-") or "repo"
+    repo = _cache(cache_dir) / "git" / f"{slug}-{hashlib.sha256(pin.git.encode()).hexdigest()[:12]}.git"
+    if repo.is_dir() and _has_commit(repo, pin.commit):
+        return Fetched(pin, repo, repo.name, commit=pin.commit)
+    if offline:
+        raise SourceError(f"{what}: commit {pin.commit} is not in the cache and --offline was given")
+    if not repo.is_dir():
+        repo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=repo.parent))
+        try:
+            _git("clone", "--quiet", "--bare", pin.git, str(tmp / "r.git"))
+            os.rename(tmp / "r.git", repo)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if not _has_commit(repo, pin.commit):
+        _git("--git-dir", str(repo), "fetch", "--quiet", pin.git, "+refs/heads/*:refs/heads/*",
+             "+refs/tags/*:refs/tags/*", check=False)
+    if not _has_commit(repo, pin.commit):
+        # servers that allow it hand out unadvertised commits by id
+        _git("--git-dir", str(repo), "fetch", "--quiet", pin.git, pin.commit, check=False)
+    if not _has_commit(repo, pin.commit):
+        raise SourceError(f"{what}: commit {pin.commit} does not exist in {pin.git}; check the pin")
+    return Fetched(pin, repo, repo.name, commit=pin.commit)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# public
+
+
+def fetch(pin: Pin, *, prefer: Iterable[str] = (), offline: bool = False, cache_dir: Path | None = None) -> Fetched:
+    """The pinned source, from the cache or downloaded into it. `prefer`: sha256s to choose first."""
+    if pin.source == "pypi":
+        return _fetch_pypi(pin, list(prefer), offline, cache_dir)
+    if pin.source == "git":
+        return _fetch_git(pin, offline, cache_dir)
+    if pin.source == "url":
+        what = f"{pin.key} ({pin.url})"
+        if len(pin.sha256) != 1:
+            raise SourceError(f"{what}: a url source needs exactly one sha256 to be fetched for patching")
+        sha = pin.sha256[0]
+        path = cached_artifact(sha, cache_dir)
+        if path is None:
+            if offline:
+                raise SourceError(f"{what}: not in the cache and --offline was given")
+            name = urllib.parse.unquote(urllib.parse.urlparse(pin.url).path.rsplit("/", 1)[-1]) or "download"
+            path = _download(pin.url, sha, name, cache_dir, what)
+        return Fetched(pin, path, path.name, sha256=sha)
+    raise SourceError(f"{pin.key}: unknown source {pin.source!r}")
+
+
+def _safe_members(names: Iterable[str], archive: str) -> None:
+    for n in names:
+        parts = Path(n).parts
+        if n.startswith("/") or ".." in parts:
+            raise SourceError(f"{archive}: member {n!r} would land outside the tree; refusing to unpack it")
+
+
+def _strip_single_top(dest: Path) -> None:
+    entries = list(dest.iterdir())
+    if len(entries) == 1 and entries[0].is_dir():
+        top = entries[0]
+        hold = dest.parent / f".{dest.name}.top"
+        os.rename(top, hold)
+        dest.rmdir()
+        os.rename(hold, dest)
+
+
+def unpack(fetched: Fetched, dest: Path) -> Path:
+    """Unpack the source tree patches apply to into `dest` (which must not exist).
+
+    wheel: its contents, i.e. the installed package tree (megatron/core/...); sdist or archive: the tree
+    under its single top directory; git: the commit's tree. On any error nothing is left at `dest`.
+    """
+    dest = Path(dest)
+    if dest.exists():
+        raise SourceError(f"{dest}: already exists; unpack needs a fresh directory")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir()
+    try:
+        if fetched.commit:
+            env = dict(os.environ, LC_ALL="C")
+            with tempfile.TemporaryFile() as tf:
+                proc = subprocess.run(["git", "--git-dir", str(fetched.path), "archive", "--format=tar",
+                                       fetched.commit], stdout=tf, stderr=subprocess.PIPE, env=env)
+                if proc.returncode != 0:
+                    raise SourceError(f"git archive {fetched.commit} failed: {proc.stderr.decode().strip()}")
+                tf.seek(0)
+                with tarfile.open(fileobj=tf) as tar:
+                    _extract_tar(tar, part, fetched.filename)
+        elif fetched.filename.endswith((".whl", ".zip")):
+            with zipfile.ZipFile(fetched.path) as zf:
+                _safe_members(zf.namelist(), fetched.filename)
+                zf.extractall(part)
+            if not fetched.filename.endswith(".whl"):
+                _strip_single_top(part)
+        elif fetched.filename.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar")):
+            with tarfile.open(fetched.path) as tar:
+                _extract_tar(tar, part, fetched.filename)
+            _strip_single_top(part)
+        else:
+            raise SourceError(f"{fetched.filename}: unknown archive type; patches need a wheel, sdist, tar or zip")
+        os.rename(part, dest)
+    except BaseException:
+        shutil.rmtree(part, ignore_errors=True)
+        raise
+    return dest
+
+
+def _extract_tar(tar: tarfile.TarFile, dest: Path, archive: str) -> None:
+    members = tar.getmembers()
+    _safe_members((m.name for m in members), archive)
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+    else:  # Python without extraction filters: links and devices are refused by hand
+        for m in members:
+            if not (m.isfile() or m.isdir()):
+                raise SourceError(f"{archive}: member {m.name!r} is not a plain file or directory")
+        tar.extractall(dest)
