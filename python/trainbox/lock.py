@@ -164,6 +164,8 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
                 entry["deps"] = deps
             elif old_plat.get("deps"):
                 entry["deps"] = old_plat["deps"]
+        elif old_plat.get("deps"):
+            entry["deps"] = old_plat["deps"]  # --no-deps refreshes hashes only; the closure stays as it was
         new["platforms"][plat] = entry
     rep.lock = new
     return rep

@@ -1,0 +1,67 @@
+# trainbox: `make demo` (build the cpu image and train in it), `make test` (everything, real Docker included).
+SHELL := /bin/bash
+PYTHON ?= python3
+TRAINBOX ?= $(PYTHON) -m trainbox.cli
+# Local wheels pip is already configured to use (pip's find-links) become the build's wheelhouse: this is how
+# the CPU torch wheel reaches image builds on machines that cannot reach PyTorch's index.
+WHEELHOUSE ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null | awk '{print $$1}')
+WHEELHOUSE_ARG = $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE),)
+PYTEST ?= $(PYTHON) -m pytest
+
+.PHONY: help install ensure-installed engine render render-check lint test test-fast image-cpu image-npu image-cuda demo bench bench-build bench-import
+
+help:
+	@echo "make demo        build the cpu image, run the doctor and the cpu-ddp training job in it"
+	@echo "make test        all tests (starts a Docker engine when none answers)"
+	@echo "make test-fast   the inner loop: no Docker, no network"
+	@echo "make render      re-render Dockerfile.npu, Dockerfile.cuda and build/generated/"
+	@echo "make lint        render --check, strict validation, hadolint, shellcheck"
+	@echo "make image-cpu|image-npu|image-cuda, make bench"
+
+install:
+	$(PYTHON) -m pip install -q -e '.[build,dev]'
+
+# install on first use, so that a fresh clone needs only `make demo` / `make test`
+ensure-installed:
+	@$(PYTHON) -c 'import trainbox, jinja2, pydantic, yaml, rich, pytest' 2>/dev/null || $(MAKE) install
+
+engine:
+	bash scripts/ensure-docker.sh
+
+render:
+	$(TRAINBOX) render
+
+render-check:
+	$(TRAINBOX) render --check
+
+lint: render-check
+	$(TRAINBOX) stack validate --strict
+	hadolint Dockerfile.npu Dockerfile.cuda build/generated/*/Dockerfile
+	shellcheck scripts/*.sh .ci/run
+
+test: engine ensure-installed
+	$(PYTEST) -q -ra
+
+test-fast: ensure-installed
+	$(PYTEST) -q -ra -m "not docker and not network"
+
+image-cpu: engine ensure-installed
+	$(TRAINBOX) image build --stack cpu $(WHEELHOUSE_ARG)
+
+image-npu: engine
+	$(TRAINBOX) image build --stack npu-910b $(WHEELHOUSE_ARG)
+
+image-cuda: engine
+	$(TRAINBOX) image build --stack cuda $(WHEELHOUSE_ARG)
+
+demo: image-cpu
+	docker run --rm --network none --shm-size 8g trainbox/cpu:latest trainbox doctor
+	$(TRAINBOX) run cpu-ddp --image trainbox/cpu:latest
+
+bench: bench-import bench-build
+
+bench-import:
+	$(PYTHON) bench/import_time.py
+
+bench-build: engine
+	$(PYTHON) bench/build.py $(WHEELHOUSE_ARG)

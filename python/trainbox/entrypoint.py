@@ -1,0 +1,270 @@
+"""trainbox-entrypoint: prepare the environment, then exec the command (runtime: stdlib only).
+
+The image runs it under tini: ENTRYPOINT ["/usr/bin/tini", "-s", "-g", "--", "trainbox-entrypoint"].
+In order, it:
+
+1. loads the stack manifest (/etc/trainbox/stack.json, or $TRAINBOX_MANIFEST);
+2. applies the stack's environment defaults: a variable already set (by the image's ENV or by the user's
+   `docker run -e`) keeps its value, so the precedence is stack default < image ENV < user -e;
+   TRAINBOX_DEVICE=cpu also defaults TORCH_DEVICE_BACKEND_AUTOLOAD=0, so torch_npu is not auto-loaded;
+3. sources the CANN and NNAL set_env.sh scripts that exist (list: $TRAINBOX_SET_ENV_SCRIPTS, colon
+   separated, empty to skip) in one `bash` with `set +u` (the scripts read unset variables) and imports
+   what they export; a variable that was already set keeps its value unless the script only extended
+   it (PATH-like prepends, which are then de-duplicated);
+4. with TRAINBOX_CHECK=1 prints the quick doctor checks' problems to stderr and goes on; with
+   TRAINBOX_CHECK=strict refuses to start (exit 78) when one FAILs;
+5. replaces itself with the command (os.execvpe: no Python process stays behind, so signals from tini
+   reach the command and its exit status is the container's). No command: an interactive shell
+   (bash, else sh). A command that is not found exits 127, one that cannot be executed 126.
+
+TRAINBOX_DEBUG=1 prints what it changed. It imports nothing heavy so that `docker run IMAGE true` costs
+little more than `docker run --entrypoint true IMAGE` (bench/entrypoint_overhead.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+PROG = "trainbox-entrypoint"
+SET_ENV_SCRIPTS = (
+    "/usr/local/Ascend/ascend-toolkit/set_env.sh",
+    "/usr/local/Ascend/cann/set_env.sh",
+    "/usr/local/Ascend/nnal/atb/set_env.sh",
+)
+EXIT_CHECK_FAILED = 78  # EX_CONFIG from sysexits.h: the environment, not the command, is wrong
+EXIT_NOT_FOUND = 127
+EXIT_NOT_EXECUTABLE = 126
+SOURCE_TIMEOUT_S = 60
+
+# Set by bash itself, not by the scripts: never import them.
+_SHELL_VARS = {"_", "SHLVL", "PWD", "OLDPWD"}
+
+HELP = f"""usage: {PROG} [COMMAND [ARG...]]
+
+The trainbox image's entrypoint (run by tini). It applies the stack's environment defaults, sources
+the CANN/NNAL set_env.sh scripts that exist, optionally runs quick checks, then execs COMMAND.
+Without COMMAND it starts an interactive shell (bash, else sh).
+
+environment:
+  TRAINBOX_CHECK=0|1|strict   1: print problems found by the quick checks; strict: refuse to start
+                              (exit {EXIT_CHECK_FAILED}) when a check fails. Full report: trainbox doctor
+  TRAINBOX_DEVICE=cpu         run without an accelerator on purpose (also sets
+                              TORCH_DEVICE_BACKEND_AUTOLOAD=0 unless it is set)
+  TRAINBOX_MANIFEST=PATH      stack manifest to read (default /etc/trainbox/stack.json)
+  TRAINBOX_SET_ENV_SCRIPTS=A:B  scripts to source instead of the CANN/NNAL defaults ('' for none)
+  TRAINBOX_DEBUG=1            say what was changed
+"""
+
+
+def _say(msg: str) -> None:
+    sys.stderr.write(f"{PROG}: {msg}\n")
+
+
+def apply_defaults(env: dict, manifest: dict | None) -> list[str]:
+    """Set the stack's env defaults where unset; return the names that were set."""
+    applied = []
+    for key, value in ((manifest or {}).get("env") or {}).items():
+        if key not in env:
+            env[key] = value
+            applied.append(key)
+    if env.get("TRAINBOX_DEVICE", "").strip().lower() == "cpu" and "TORCH_DEVICE_BACKEND_AUTOLOAD" not in env:
+        # torch auto-loads torch_npu at `import torch`; without CANN that import fails.
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+        applied.append("TORCH_DEVICE_BACKEND_AUTOLOAD")
+    return applied
+
+
+def set_env_scripts(env: dict) -> list[str]:
+    """The set_env scripts to source that exist."""
+    listed = env.get("TRAINBOX_SET_ENV_SCRIPTS")
+    candidates = SET_ENV_SCRIPTS if listed is None else [p for p in listed.split(":") if p]
+    return [p for p in candidates if os.path.isfile(p)]
+
+
+def _quote(s: str) -> str:
+    return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+def _find_bash(env: dict) -> str | None:
+    for d in (env.get("PATH") or "/usr/bin:/bin").split(":") + ["/bin", "/usr/bin"]:
+        p = os.path.join(d or ".", "bash")
+        if os.access(p, os.X_OK):
+            return p
+    return None
+
+
+def _dedupe(value: str) -> str:
+    seen, out = set(), []
+    for part in value.split(":"):
+        if part and part not in seen:  # an empty entry would mean "current directory"
+            seen.add(part)
+            out.append(part)
+    return ":".join(out)
+
+
+def _extends(old: str, new: str) -> bool:
+    """True when `new` is `old` with entries added (what `export X=/a:$X` does)."""
+    old_parts = [p for p in old.split(":") if p]
+    new_parts = set(new.split(":"))
+    return bool(old_parts) and all(p in new_parts for p in old_parts)
+
+
+def source_scripts(env: dict, scripts: list[str]) -> tuple[dict, list[str]]:
+    """Source `scripts` in one bash and merge what they export into `env` (returns env, changed names)."""
+    if not scripts:
+        return env, []
+    bash = _find_bash(env)
+    if bash is None:
+        _say(f"warning: bash not found; not sourcing {', '.join(scripts)}")
+        return env, []
+    import subprocess
+
+    # Script output goes to stderr (captured); their `env -0` to stdout. </dev/null: a script must not eat
+    # the command's stdin. Each failure is reported, the rest still run.
+    lines = ["set +u"]
+    for s in scripts:
+        q = _quote(s)
+        lines.append(f". {q} >&2 </dev/null || echo \"{PROG}: warning: {q} returned $?\" >&2")
+    lines.append("exec env -0")
+    child_env = {k: v for k, v in env.items() if k not in ("BASH_ENV", "ENV")}
+    try:
+        proc = subprocess.run([bash, "--noprofile", "--norc", "-c", "\n".join(lines)], env=child_env,
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=SOURCE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _say(f"warning: sourcing {', '.join(scripts)} took over {SOURCE_TIMEOUT_S} s; starting without it")
+        return env, []
+    for line in proc.stderr.decode(errors="replace").splitlines():
+        if line.startswith(f"{PROG}: warning:"):
+            sys.stderr.write(line + "\n")
+    if proc.returncode != 0 or not proc.stdout:
+        _say(f"warning: sourcing {', '.join(scripts)} failed (bash exited {proc.returncode}; a script may call "
+             "`exit`); starting without it")
+        return env, []
+    sourced = {}
+    for item in proc.stdout.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            sourced[os.fsdecode(key)] = os.fsdecode(value)
+    changed = []
+    for key, value in sourced.items():
+        if key in _SHELL_VARS:
+            continue
+        old = env.get(key)
+        if old == value:
+            continue
+        if old is None:
+            env[key] = _dedupe(value) if key.endswith("PATH") else value
+        elif _extends(old, value):
+            env[key] = _dedupe(value)
+        else:
+            continue  # a value the image or the user set wins over the script's
+        changed.append(key)
+    return env, changed
+
+
+def _check_mode(env: dict) -> str:
+    raw = (env.get("TRAINBOX_CHECK") or "0").strip().lower()
+    if raw in ("0", "", "false", "no", "off"):
+        return "off"
+    if raw == "strict":
+        return "strict"
+    if raw not in ("1", "true", "yes", "on"):
+        _say(f"warning: TRAINBOX_CHECK={raw!r} is not 0, 1 or strict; running the checks as for 1")
+    return "report"
+
+
+def run_checks(env: dict, manifest: dict | None, manifest_error: str | None, strict: bool) -> bool:
+    """Run the quick doctor checks; print problems; return False when strict and a check FAILs."""
+    from . import doctor
+
+    ctx = doctor.Context(env=env, manifest=manifest, manifest_error=manifest_error,
+                         manifest_file=env.get("TRAINBOX_MANIFEST") or "/etc/trainbox/stack.json", quick=True)
+    results = doctor.run_checks(ctx)
+    for r in results:
+        if r.status in (doctor.WARN, doctor.FAIL):
+            _say(r.line())
+    s = doctor.summarize(results)
+    _say(f"checks: {s['status']} ({s['pass']} pass, {s['warn']} warn, {s['fail']} fail, {s['skip']} skip); "
+         "full report: trainbox doctor")
+    if strict and s["fail"]:
+        _say(f"refusing to start: {s['fail']} check(s) failed and TRAINBOX_CHECK=strict; fix them, or set "
+             "TRAINBOX_CHECK=1 to start anyway")
+        return False
+    return True
+
+
+def _restore_signals() -> None:
+    # Python ignores SIGPIPE and SIGXFSZ at startup, and ignored signals survive exec: give the command
+    # the defaults it would get from a shell (`yes | head` must end by SIGPIPE, not by EPIPE errors).
+    import signal
+
+    for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+def exec_command(argv: list[str], env: dict) -> int:
+    """Replace this process with argv; only returns (an exit status) when exec fails."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _restore_signals()
+    try:
+        os.execvpe(argv[0], argv, env)
+    except FileNotFoundError:
+        where = "" if "/" in argv[0] else f" on PATH={env.get('PATH', '')}"
+        _say(f"error: command not found: {argv[0]!r}{where}")
+        return EXIT_NOT_FOUND
+    except PermissionError:
+        _say(f"error: cannot execute {argv[0]!r}: permission denied (is it executable? a directory?)")
+        return EXIT_NOT_EXECUTABLE
+    except OSError as exc:
+        _say(f"error: cannot execute {argv[0]!r}: {exc.strerror or exc}")
+        return EXIT_NOT_EXECUTABLE
+    return EXIT_NOT_EXECUTABLE  # not reached: exec does not return
+
+
+def default_command(env: dict) -> list[str]:
+    return ["bash"] if _find_bash(env) else ["sh"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        sys.stdout.write(HELP)
+        return 0
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    env = dict(os.environ)
+    debug = env.get("TRAINBOX_DEBUG") == "1"
+
+    from .manifest import ManifestError, load_manifest
+
+    manifest, manifest_error = None, None
+    try:
+        manifest = load_manifest()
+    except ManifestError as exc:
+        manifest_error = str(exc)
+        _say(f"warning: {exc}; starting without the stack's environment defaults")
+
+    applied = apply_defaults(env, manifest)
+    scripts = set_env_scripts(env)
+    env, changed = source_scripts(env, scripts)
+    if debug:
+        _say(f"defaults applied: {', '.join(applied) or 'none'}; sourced: {', '.join(scripts) or 'none'}; "
+             f"set by the scripts: {', '.join(sorted(changed)) or 'none'}")
+
+    mode = _check_mode(env)
+    if mode != "off" and not run_checks(env, manifest, manifest_error, strict=mode == "strict"):
+        return EXIT_CHECK_FAILED
+
+    if not argv:
+        argv = default_command(env)
+    if debug:
+        _say(f"exec {argv!r}")
+    return exec_command(argv, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

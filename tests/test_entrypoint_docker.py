@@ -1,0 +1,229 @@
+"""Real `docker run` / `docker stop` tests of the image entrypoint (tini -> trainbox-entrypoint -> exec).
+
+Needs the `cpu_image` fixture (tests/conftest.py): the tag of a built trainbox cpu image. Containers are
+labelled trainbox.test=1 and removed; they run with --network none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.docker
+
+DOCKER = os.environ.get("TRAINBOX_DOCKER") or shutil.which("docker") or "/usr/bin/docker"
+RUN = [DOCKER, "run", "--rm", "--network", "none", "--label", "trainbox.test=1"]
+
+
+def drun(image, *cmd, opts=(), timeout=120, input=None):
+    return subprocess.run([*RUN, *opts, image, *cmd], capture_output=True, text=True, timeout=timeout,
+                          input=input)
+
+
+def start(image, *cmd, opts=()):
+    name = f"trainbox-test-{uuid.uuid4().hex[:12]}"
+    subprocess.run([DOCKER, "run", "-d", "--name", name, "--network", "none", "--label", "trainbox.test=1",
+                    *opts, image, *cmd], check=True, capture_output=True, timeout=60)
+    return name
+
+
+def wait_for_log(name, text, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        logs = subprocess.run([DOCKER, "logs", name], capture_output=True, text=True, timeout=30)
+        if text in logs.stdout + logs.stderr:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{name} never printed {text!r}")
+
+
+def exit_code(name):
+    out = subprocess.run([DOCKER, "inspect", "-f", "{{.State.ExitCode}}", name], capture_output=True, text=True,
+                         timeout=30, check=True)
+    return int(out.stdout.strip())
+
+
+def remove(name):
+    subprocess.run([DOCKER, "rm", "-f", name], capture_output=True, timeout=60)
+
+
+def stop_and_time(name, grace=5):
+    t0 = time.monotonic()
+    subprocess.run([DOCKER, "stop", "-t", str(grace), name], check=True, capture_output=True, timeout=grace + 60)
+    return time.monotonic() - t0
+
+
+# ----------------------------------------------------------------------------------------------- exit codes
+
+
+def test_exit_code_is_the_commands(cpu_image):
+    assert drun(cpu_image, "sh", "-c", "exit 7").returncode == 7
+    assert drun(cpu_image, "true").returncode == 0
+
+
+def test_death_by_signal_is_128_plus_signal(cpu_image):
+    assert drun(cpu_image, "sh", "-c", "kill -KILL $$").returncode == 137
+
+
+def test_command_not_found(cpu_image):
+    proc = drun(cpu_image, "no-such-command-xyz")
+    assert proc.returncode == 127
+    assert "trainbox-entrypoint: error: command not found: 'no-such-command-xyz'" in proc.stderr
+
+
+def test_tini_is_pid1_and_no_python_stays_behind(cpu_image):
+    script = 'cat /proc/1/comm; for p in /proc/[0-9]*; do [ "$p" = /proc/1 ] || cat "$p/comm"; done 2>/dev/null'
+    proc = drun(cpu_image, "sh", "-c", script)
+    names = proc.stdout.split()
+    assert names[0] == "tini", names
+    assert not [n for n in names[1:] if n.startswith(("python", "trainbox-entry"))], names
+
+
+# ----------------------------------------------------------------------------------------------- signals
+
+
+def test_docker_stop_reaches_a_python_handler(cpu_image):
+    prog = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(600)\n")
+    name = start(cpu_image, "python3", "-c", prog)
+    try:
+        wait_for_log(name, "ready")
+        elapsed = stop_and_time(name, grace=5)
+        assert exit_code(name) == 42  # the command's own status, not docker's SIGKILL (137)
+        assert elapsed < 5, f"docker stop took {elapsed:.1f}s: SIGTERM did not reach the command"
+    finally:
+        remove(name)
+
+
+def test_docker_stop_reaches_the_whole_process_group(cpu_image):
+    # The shell waits on a foreground `sleep 600`: only a signal to the group (tini -g) ends the sleep
+    # early enough for the trap to run before the stop timeout.
+    name = start(cpu_image, "sh", "-c", 'trap "echo trapped; exit 143" TERM; echo ready; sleep 600; echo never')
+    try:
+        wait_for_log(name, "ready")
+        elapsed = stop_and_time(name, grace=5)
+        assert exit_code(name) == 143
+        assert elapsed < 5, f"docker stop took {elapsed:.1f}s"
+        logs = subprocess.run([DOCKER, "logs", name], capture_output=True, text=True, timeout=30).stdout
+        assert "trapped" in logs and "never" not in logs
+    finally:
+        remove(name)
+
+
+ORPHANS = """
+import os, subprocess, time
+for _ in range(3):
+    subprocess.run(["sh", "-c", "sleep 0.2 &"])   # the shell exits at once; its sleep is orphaned
+time.sleep(1.5)
+zombies = 0
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        zombies += state == "Z"
+print(zombies)
+"""
+
+
+def test_zombies_are_reaped(cpu_image):
+    assert drun(cpu_image, "python3", "-c", ORPHANS).stdout.strip() == "0"
+    # Control: without tini the command is PID 1, never waits for the orphans, and they stay <defunct>.
+    control = drun(cpu_image, "python3", "-c", ORPHANS, opts=("--entrypoint", "trainbox-entrypoint"))
+    assert int(control.stdout.strip()) == 3
+
+
+# ----------------------------------------------------------------------------------------------- environment
+
+
+def image_env(image) -> dict:
+    out = subprocess.run([DOCKER, "image", "inspect", image], capture_output=True, text=True, check=True, timeout=60)
+    env = json.loads(out.stdout)[0]["Config"].get("Env") or []
+    return dict(e.split("=", 1) for e in env)
+
+
+def test_environment_precedence(cpu_image, tmp_path):
+    """stack default < image ENV < user -e."""
+    baked = image_env(cpu_image)
+    key = next((k for k in sorted(baked) if k not in ("PATH", "HOME", "HOSTNAME")), "PATH")
+    man = json.loads(drun(cpu_image, "cat", "/etc/trainbox/stack.json").stdout)
+    man["env"] = {"TB_STACK_ONLY": "stack", key: "stack-value", "TB_USER": "stack"}
+    path = tmp_path / "stack.json"
+    path.write_text(json.dumps(man))
+    path.chmod(0o644)
+    proc = drun(cpu_image, "python3", "-c", "import json, os; print(json.dumps(dict(os.environ)))",
+                opts=("-v", f"{path}:/tmp/tb-stack.json:ro", "-e", "TRAINBOX_MANIFEST=/tmp/tb-stack.json",
+                      "-e", "TB_USER=user"))
+    assert proc.returncode == 0, proc.stderr
+    env = json.loads(proc.stdout)
+    assert env["TB_STACK_ONLY"] == "stack"      # default applies where nothing else is set
+    assert env[key] == baked[key]              # the image's ENV beats the stack default
+    assert env["TB_USER"] == "user"            # the user's -e beats both
+
+
+def test_stack_env_is_baked_into_the_image(cpu_image):
+    """A Kubernetes `command:` that bypasses the entrypoint still gets the stack's environment."""
+    baked = image_env(cpu_image)
+    own = json.loads(drun(cpu_image, "cat", "/etc/trainbox/stack.json").stdout).get("env") or {}
+    for k, v in own.items():
+        assert baked.get(k) == v, f"stack env {k}={v} is not baked into the image ENV"
+    if own:
+        k = sorted(own)[0]
+        proc = drun(cpu_image, "-c", f"import os; print(os.environ.get({k!r}))", opts=("--entrypoint", "python3"))
+        assert proc.stdout.strip() == own[k]
+
+
+def test_set_env_script_is_sourced_in_the_image(cpu_image, tmp_path):
+    # Stand-in for CANN's set_env.sh at its real path; it reads an unset variable like the real ones do.
+    script = tmp_path / "set_env.sh"
+    script.write_text('echo noise\nif [ -z "$NOT_SET_ANYWHERE" ]; then :; fi\n'
+                      "export ASCEND_TOOLKIT_HOME=/usr/local/Ascend/ascend-toolkit/latest\n"
+                      "export LD_LIBRARY_PATH=${ASCEND_TOOLKIT_HOME}/lib64:${LD_LIBRARY_PATH}\n")
+    script.chmod(0o644)
+    proc = drun(cpu_image, "sh", "-c", 'echo "$ASCEND_TOOLKIT_HOME|$LD_LIBRARY_PATH"',
+                opts=("-v", f"{script}:/usr/local/Ascend/ascend-toolkit/set_env.sh:ro"))
+    assert proc.returncode == 0, proc.stderr
+    home, ld = proc.stdout.strip().split("|")
+    assert home == "/usr/local/Ascend/ascend-toolkit/latest"
+    assert ld.split(":")[0] == "/usr/local/Ascend/ascend-toolkit/latest/lib64" and "" not in ld.split(":")
+    assert "noise" not in proc.stdout
+
+
+def test_check_strict_refuses_a_small_shm(cpu_image):
+    proc = drun(cpu_image, "sh", "-c", "echo started", opts=("--shm-size", "64m", "-e", "TRAINBOX_CHECK=strict"))
+    assert proc.returncode == 78 and "started" not in proc.stdout
+    assert "FAIL system.shm: /dev/shm is 64 MiB" in proc.stderr and "refusing to start" in proc.stderr
+    ok = drun(cpu_image, "sh", "-c", "echo started", opts=("--shm-size", "8g", "-e", "TRAINBOX_CHECK=strict",
+                                                           "-e", "TRAINBOX_MIN_FREE_GB=0"))
+    assert ok.returncode == 0 and ok.stdout == "started\n", ok.stderr
+
+
+def test_check_1_reports_and_starts(cpu_image):
+    proc = drun(cpu_image, "sh", "-c", "echo started", opts=("--shm-size", "64m", "-e", "TRAINBOX_CHECK=1"))
+    assert proc.returncode == 0 and proc.stdout == "started\n"
+    assert "trainbox-entrypoint: FAIL system.shm" in proc.stderr
+
+
+@pytest.mark.slow
+def test_startup_overhead(cpu_image):
+    """The bench's measurement, with a loose bound for a loaded CI machine (the goal is < 100 ms)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    try:
+        import entrypoint_overhead
+    finally:
+        sys.path.pop(0)
+    res = entrypoint_overhead.measure(cpu_image, runs=7, docker=DOCKER)
+    assert statistics.median(res["with"]) - statistics.median(res["without"]) < 0.3, res
