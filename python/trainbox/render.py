@@ -164,6 +164,15 @@ def _env() -> jinja2.Environment:
     return env
 
 
+def _template_base(stack: Stack):
+    """The base as the templates see it. A base.substitute is a plain distribution image (Debian from `trainbox
+    base bootstrap`): a stack whose own base ships its Python (CANN) gets python3 from apt when built on it."""
+    b = stack.base
+    if b.substitute and b.image == b.substitute and b.python_from == "image":
+        return b.model_copy(update={"python_from": "apt", "python": "python3"})
+    return b
+
+
 def render_stack(stack: Stack, template: str = "Dockerfile.j2") -> RenderedStack:
     patches = _patch_list(stack)
     req_lines = _require_lines(stack)
@@ -181,7 +190,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2") -> RenderedStack
     try:
         text = _env().get_template(template).render(
             stack=stack,
-            base=stack.base,
+            base=_template_base(stack),
             gen=gen,
             source=str(src),
             dockerfile_name=DEFAULT_DOCKERFILES.get(stack.name, f"{gen}/Dockerfile"),
