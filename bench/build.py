@@ -1,0 +1,154 @@
+"""Build benchmark (`make bench-build`): what a build of a stack costs, cold and after small edits.
+
+Prints, for one stack (cpu by default):
+  - the cold build time (BuildKit's layer cache ignored; the pip/apt download caches stay warm unless
+    --prune-cache, which empties the engine's whole build cache first);
+  - the no-change rebuild, the package-edit rebuild and the launcher-edit rebuild, each as a ratio of
+    the cold time (the edits are made in a scratch copy of the inputs, never in the checkout);
+  - the final image size and the bytes in it that are caches, duplicate files (the same bytes at
+    several paths) or shadowed files (replaced or deleted by a later layer). The goal for all three: 0.
+
+Not a timed test: it takes minutes and its numbers depend on the machine. Needs a Docker engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _edited_copy(root: Path, edit: str) -> Path:
+    from trainbox import image
+    from trainbox.paths import REPO_ROOT
+
+    for item in image.CONTEXT_ITEMS:
+        src = REPO_ROOT / item
+        if src.is_dir():
+            shutil.copytree(src, root / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        elif src.exists():
+            (root / item).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, root / item)
+    target = root / edit
+    target.write_text(target.read_text() + f"\n# bench edit {time.time()}\n")
+    return root
+
+
+def _timed_build(opts, repo_root: Path | None = None):
+    from trainbox import image
+
+    saved = image.REPO_ROOT
+    if repo_root is not None:
+        image.REPO_ROOT = repo_root
+    try:
+        t0 = time.monotonic()
+        out = image.build(opts)
+        return out, time.monotonic() - t0
+    finally:
+        image.REPO_ROOT = saved
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stack", default="cpu")
+    ap.add_argument("--wheelhouse", default=None, help="passed to every build (e.g. the CPU torch wheel)")
+    ap.add_argument("--ca-bundle", default=None)
+    ap.add_argument("--prune-cache", action="store_true",
+                    help="empty the engine's build cache first (also the pip/apt cache mounts; affects every "
+                    "other build on this engine)")
+    ap.add_argument("--json", default=None, help="also write the figures here (default: build/reports/bench-build.json)")
+    args = ap.parse_args(argv)
+
+    from trainbox import image
+    from trainbox.engine import find_client, scan_image
+    from trainbox.paths import REPO_ROOT
+
+    client = find_client()
+    client.require_engine()
+    if args.prune_cache:
+        client.run("builder", "prune", "-af", timeout=600)
+
+    def opts(**kw):
+        return image.BuildOptions(stack=args.stack, wheelhouse=args.wheelhouse, ca_bundle=args.ca_bundle,
+                                  tag_latest=False, labels={"trainbox.bench": "1"},
+                                  report=str(Path(tempfile.gettempdir()) / f"trainbox-bench-{args.stack}.json"),
+                                  **kw)
+
+    created: list[str] = []
+    try:
+        print(f"bench: cold build of {args.stack} (layer cache ignored)", file=sys.stderr)
+        cold, t_cold = _timed_build(opts(force=True, no_cache=True))
+        created.append(cold.tag)
+        print("bench: rebuild with nothing changed", file=sys.stderr)
+        same, t_same = _timed_build(opts())
+        assert same.skipped, "a no-change rebuild should be answered from the content-hash tag"
+        results = {}
+        for what, edit in (("package", "python/trainbox/__init__.py"), ("launcher", None)):
+            if edit is None:
+                files = sorted(p for p in (REPO_ROOT / "launchers").rglob("*") if p.is_file())
+                edit = str(files[0].relative_to(REPO_ROOT))
+            print(f"bench: rebuild after editing {edit}", file=sys.stderr)
+            with tempfile.TemporaryDirectory(prefix="trainbox-bench-") as tmp:
+                out, took = _timed_build(opts(), _edited_copy(Path(tmp), edit))
+            created.append(out.tag)
+            results[what] = (out, took)
+
+        print("bench: scanning the image's layers", file=sys.stderr)
+        scan = scan_image(client, cold.tag, hash_files=True)
+        cache_bytes = sum(f.size for f in scan.cache_files())
+        dup_bytes, dups = scan.duplicate_bytes()
+        shadow_bytes, shadows = scan.shadowed_bytes()
+        size = cold.report["size"]
+
+        rows = [
+            ("cold build", f"{t_cold:8.1f} s", "1.000"),
+            ("no-change rebuild", f"{t_same:8.1f} s", f"{t_same / t_cold:.3f}"),
+            ("package-edit rebuild", f"{results['package'][1]:8.1f} s", f"{results['package'][1] / t_cold:.3f}"),
+            ("launcher-edit rebuild", f"{results['launcher'][1]:8.1f} s", f"{results['launcher'][1] / t_cold:.3f}"),
+        ]
+        print(f"\ntrainbox build benchmark: stack {args.stack}, {client.describe()}")
+        print(f"{'':24}{'time':>10}  {'x cold':>7}")
+        for name, t, ratio in rows:
+            print(f"{name:24}{t:>10}  {ratio:>7}")
+        print(f"\nimage {cold.tag}: {_mb(size)} in {scan.layer_count} layers")
+        print(f"  caches (pip, apt, /tmp, debconf backups): {_mb(cache_bytes)}")
+        print(f"  duplicate files (same bytes, several paths): {_mb(dup_bytes)} in {len(dups)} groups")
+        for sha, fsize, n in dups[:5]:
+            paths = [f.path for f in scan.files if f.sha256 == sha][:2]
+            print(f"    {_mb(fsize * (n - 1)):>10}  {n} x {paths[0]}" + (f" = {paths[1]}" if len(paths) > 1 else ""))
+        print(f"  shadowed files (replaced or deleted by a later layer): {_mb(shadow_bytes)}")
+        for path, fsize, layer in shadows[:5]:
+            print(f"    {_mb(fsize):>10}  layer {layer}: {path}")
+
+        figures = {
+            "stack": args.stack, "client": client.describe(), "cold_s": round(t_cold, 2),
+            "no_change_s": round(t_same, 2), "no_change_ratio": round(t_same / t_cold, 4),
+            "package_edit_s": round(results["package"][1], 2),
+            "package_edit_ratio": round(results["package"][1] / t_cold, 4),
+            "launcher_edit_s": round(results["launcher"][1], 2),
+            "launcher_edit_ratio": round(results["launcher"][1] / t_cold, 4),
+            "package_edit_steps_run": results["package"][0].report["rebuilt_steps"],
+            "launcher_edit_steps_run": results["launcher"][0].report["rebuilt_steps"],
+            "image_bytes": size, "layers": scan.layer_count, "cache_bytes": cache_bytes,
+            "duplicate_bytes": dup_bytes, "shadowed_bytes": shadow_bytes,
+        }
+        out_path = Path(args.json) if args.json else REPO_ROOT / "build" / "reports" / "bench-build.json"
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(figures, indent=2) + "\n")
+        print(f"\nfigures: {out_path}")
+    finally:
+        for tag in created:
+            client.remove_image(tag)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

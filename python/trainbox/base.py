@@ -1,0 +1,234 @@
+"""Base images that do not come from a registry: `trainbox base bootstrap` builds a minimal Debian
+root filesystem with debootstrap from Debian's archive and imports it as a one-layer image.
+
+Host module. This is how the cpu stack gets a base where no registry is reachable (only Debian's
+archive and PyPI are, on the machines this project is developed on), and how air-gapped sites that
+mirror Debian make their own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from .engine import Client, EngineError, find_client, registry_reachable
+from .errors import TrainboxError
+
+DEFAULT_TAG = "local/debian:bookworm"
+DEFAULT_SUITE = "bookworm"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+DEFAULT_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
+
+# What docker's official Debian images configure (debuerreotype): no recommends, no kept .debs, no
+# services started by package scripts. Without these every image built FROM it grows apt caches.
+_APT_CONF = {
+    "etc/apt/apt.conf.d/docker-clean": (
+        'DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb '
+        '/var/cache/apt/*.bin || true"; };\n'
+        'APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb '
+        '/var/cache/apt/*.bin || true"; };\n'
+        'Dir::Cache::pkgcache ""; Dir::Cache::srcpkgcache "";\n'
+    ),
+    "etc/apt/apt.conf.d/docker-no-recommends": 'APT::Install-Recommends "false";\nAPT::Install-Suggests "false";\n',
+    "etc/apt/apt.conf.d/docker-gzip-indexes": 'Acquire::GzipIndexes "true";\nAcquire::CompressionTypes::Order:: "gz";\n',
+    "etc/apt/apt.conf.d/docker-autoremove-suggests": 'Apt::AutoRemove::SuggestsImportant "false";\n',
+    # Like debian:*-slim: no documentation, manuals or translations in a training image.
+    "etc/dpkg/dpkg.cfg.d/docker-slim": (
+        "path-exclude /usr/share/doc/*\npath-include /usr/share/doc/*/copyright\n"
+        "path-exclude /usr/share/man/*\npath-exclude /usr/share/groff/*\npath-exclude /usr/share/info/*\n"
+        "path-exclude /usr/share/lintian/*\npath-exclude /usr/share/linda/*\n"
+        "path-exclude /usr/share/locale/*\npath-include /usr/share/locale/locale.alias\n"
+    ),
+    "usr/sbin/policy-rc.d": "#!/bin/sh\n# containers run no services at install time\nexit 101\n",
+}
+
+
+def _say(msg: str) -> None:
+    print(f"trainbox: {msg}", file=sys.stderr, flush=True)
+
+
+def base_available(image: str, client: Client | None = None, timeout: float = 8.0) -> tuple[bool, str]:
+    """(True, how) when `image` is present locally or its registry answers; (False, why) otherwise.
+
+    Never hangs: a registry probe with a short timeout instead of a pull (a real pull of a large
+    base may rightly take many minutes and is left to the build)."""
+    client = client or find_client()
+    if client.image_exists(image):
+        return True, "present locally"
+    ok, detail = registry_reachable(image, timeout=timeout)
+    return (True, f"registry answers ({detail})") if ok else (False, f"registry unreachable: {detail}")
+
+
+def default_mirror() -> str:
+    return os.environ.get("TRAINBOX_DEBIAN_MIRROR") or DEFAULT_MIRROR
+
+
+def bootstrap(tag: str = DEFAULT_TAG, suite: str = DEFAULT_SUITE, mirror: str | None = None,
+              security_mirror: str | None = DEFAULT_SECURITY_MIRROR, force: bool = False,
+              include: list[str] | None = None, client: Client | None = None,
+              say: Callable[[str], None] = _say, verbose: bool = False) -> str:
+    """Make `tag` from Debian's archive with debootstrap (--variant=minbase) and `docker import`.
+
+    Idempotent: returns the existing image id when `tag` exists, unless `force`. Returns the image id."""
+    client = client or find_client()
+    client.require_engine()
+    existing = client.image_id(tag)
+    if not force:
+        if existing:
+            say(f"base {tag} exists ({existing[:19]}); nothing to do (--force rebuilds it)")
+            return existing
+    mirror = mirror or default_mirror()
+    debootstrap = shutil.which("debootstrap")
+    if not debootstrap:
+        raise TrainboxError("debootstrap is not installed: `apt-get install debootstrap` "
+                            "(scripts/ensure-docker.sh installs it)")
+    if os.geteuid() != 0:
+        raise TrainboxError("`trainbox base bootstrap` runs debootstrap, which needs root: run it as root "
+                            "(or with sudo)")
+
+    t0 = time.monotonic()
+    # /var/tmp, not /tmp: a tmpfs /tmp may be too small or mounted nodev/noexec, which debootstrap needs.
+    workdir = Path(tempfile.mkdtemp(prefix="trainbox-debootstrap-", dir=_tmp_parent()))
+    rootfs = workdir / "rootfs"
+    try:
+        say(f"bootstrapping Debian {suite} from {mirror} into {rootfs} (debootstrap --variant=minbase)")
+        cmd = [debootstrap, "--variant=minbase", "--force-check-gpg"]
+        if include:
+            cmd.append("--include=" + ",".join(include))
+        cmd += [suite, str(rootfs), mirror]
+        _run_debootstrap(cmd, say, verbose)
+        _finish_rootfs(rootfs, suite, mirror, security_mirror)
+        say(f"importing the root filesystem as {tag}")
+        image_id = _import(client, rootfs, tag, suite, mirror)
+    finally:
+        _cleanup(workdir)
+    if existing and existing != image_id:
+        client.remove_image(existing)  # the replaced base, now untagged; kept if something still uses it
+    say(f"base {tag} ready ({image_id[:19]}) in {time.monotonic() - t0:.0f}s")
+    return image_id
+
+
+def _tmp_parent() -> str:
+    p = os.environ.get("TRAINBOX_BOOTSTRAP_TMP") or "/var/tmp"
+    return p if os.path.isdir(p) else tempfile.gettempdir()
+
+
+def _run_debootstrap(cmd: list[str], say: Callable[[str], None], verbose: bool) -> None:
+    """Run debootstrap, showing one line per phase (not one per package) unless verbose."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    assert proc.stdout is not None
+    tail: list[str] = []
+    per_package = 0
+    for line in proc.stdout:
+        line = line.rstrip()
+        if not line:
+            continue
+        tail = (tail + [line])[-20:]
+        if not verbose and _PER_PACKAGE.match(line):
+            per_package += 1
+            if per_package % 100 == 0:
+                say(f"  ... {per_package} package steps")
+            continue
+        say("  " + line)
+    rc = proc.wait()
+    if rc != 0:
+        joined = "\n  ".join(tail)
+        raise TrainboxError(f"debootstrap failed (exit {rc}); its last lines:\n  {joined}\n"
+                            "check that the mirror is reachable (--mirror URL) and the suite exists (--suite)")
+
+
+# "I: Retrieving libc6 2.36-9" and the like: one per package, hundreds of them.
+_PER_PACKAGE = re.compile(r"^I: ((Retrieving|Validating) [^ ]+ [^ ]+|(Extracting|Unpacking|Configuring) [^ ]+\.\.\.)$")
+
+
+def _finish_rootfs(rootfs: Path, suite: str, mirror: str, security_mirror: str | None) -> None:
+    lines = [f"deb {mirror} {suite} main", f"deb {mirror} {suite}-updates main"]
+    if security_mirror and security_mirror != "none":
+        lines.append(f"deb {security_mirror} {suite}-security main")
+    (rootfs / "etc/apt/sources.list").write_text("\n".join(lines) + "\n")
+    for rel, text in _APT_CONF.items():
+        p = rootfs / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        if rel.startswith("usr/sbin/"):
+            p.chmod(0o755)
+    # Caches and indexes debootstrap leaves behind; an image starts with none.
+    for pattern in ("var/cache/apt/archives/*.deb", "var/cache/apt/*.bin", "var/lib/apt/lists/*",
+                    "var/cache/debconf/*-old", "var/log/*.log", "var/log/apt/*", "tmp/*", "var/tmp/*"):
+        for p in rootfs.glob(pattern):
+            if p.is_dir() and not p.is_symlink():
+                if p.name != "partial":
+                    shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+    # What the dpkg excludes above keep out of later installs, removed from the packages already in.
+    for sub in ("usr/share/man", "usr/share/info", "usr/share/groff", "usr/share/lintian", "usr/share/linda"):
+        for p in (rootfs / sub).glob("*"):
+            _rm(p)
+    for p in (rootfs / "usr/share/locale").glob("*"):
+        if p.name != "locale.alias":
+            _rm(p)
+    for d in (rootfs / "usr/share/doc").glob("*"):
+        if d.is_dir() and not d.is_symlink():
+            for p in d.iterdir():
+                if p.name != "copyright":
+                    _rm(p)
+    (rootfs / "etc/hostname").write_text("localhost\n")
+    (rootfs / "etc/resolv.conf").write_text("")  # the engine supplies one at run time
+
+
+def _rm(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+def _import(client: Client, rootfs: Path, tag: str, suite: str, mirror: str) -> str:
+    changes = [
+        'CMD ["bash"]',
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "ENV LANG=C.UTF-8",
+        f"LABEL org.opencontainers.image.description=\"Debian {suite} (debootstrap minbase, imported by trainbox)\"",
+        f"LABEL org.trainbox.base.suite={suite}",
+        f"LABEL org.trainbox.base.mirror={mirror}",
+        f"LABEL org.trainbox.base.created={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
+    ]
+    tar_cmd = ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs),
+               # The engine provides /dev, /proc and /sys in every container.
+               "--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*", "-c", "."]
+    imp_cmd = [client.docker, "import"]
+    for c in changes:
+        imp_cmd += ["--change", c]
+    imp_cmd += ["-", tag]
+    tar = subprocess.Popen(tar_cmd, stdout=subprocess.PIPE)
+    try:
+        imp = subprocess.run(imp_cmd, stdin=tar.stdout, capture_output=True, text=True, timeout=1800)
+    finally:
+        if tar.stdout:
+            tar.stdout.close()
+        tar_rc = tar.wait()
+    if tar_rc != 0 or imp.returncode != 0:
+        raise EngineError(f"importing {rootfs} as {tag} failed (tar exit {tar_rc}, docker import exit "
+                          f"{imp.returncode}): {imp.stderr.strip()}")
+    return imp.stdout.strip().splitlines()[-1].strip()
+
+
+def _cleanup(workdir: Path) -> None:
+    """Unmount what debootstrap may have left mounted (after a failure) before deleting the tree."""
+    try:
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        mounts = []
+    prefix = str(workdir) + "/"
+    for mnt in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mnt], capture_output=True)
+    shutil.rmtree(workdir, ignore_errors=True)

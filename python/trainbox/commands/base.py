@@ -1,0 +1,38 @@
+"""`trainbox base ...`: base images made without a registry (stdlib only at import time)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("base", help="make base images without a registry (debootstrap)")
+    bsub = p.add_subparsers(dest="base_command", metavar="SUBCOMMAND")
+
+    b = bsub.add_parser(
+        "bootstrap",
+        help="build local/debian:bookworm from Debian's archive with debootstrap and import it",
+        description="Build a minimal Debian root filesystem with debootstrap (--variant=minbase) from "
+        "Debian's archive and import it into the engine. Skips the work when the tag exists.",
+    )
+    b.add_argument("--tag", default="local/debian:bookworm", help="image tag (default: %(default)s)")
+    b.add_argument("--suite", default="bookworm", help="Debian suite (default: %(default)s)")
+    b.add_argument("--mirror", default=None,
+                   help="Debian mirror URL (default: $TRAINBOX_DEBIAN_MIRROR or http://deb.debian.org/debian)")
+    b.add_argument("--security-mirror", default="http://deb.debian.org/debian-security",
+                   help="mirror for <suite>-security in the image's sources.list, or 'none' (default: %(default)s)")
+    b.add_argument("--include", action="append", default=[], metavar="PKG",
+                   help="extra package to install (repeatable)")
+    b.add_argument("--force", action="store_true", help="rebuild even when the tag exists")
+    b.add_argument("-v", "--verbose", action="store_true", help="show every debootstrap line")
+    b.set_defaults(func=_bootstrap)
+
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _bootstrap(args: argparse.Namespace) -> int:
+    from trainbox import base
+
+    base.bootstrap(tag=args.tag, suite=args.suite, mirror=args.mirror, security_mirror=args.security_mirror,
+                   force=args.force, include=args.include or None, verbose=args.verbose)
+    return 0

@@ -1,0 +1,55 @@
+"""Shared fixtures. Docker tests need an engine: `make test` starts one (scripts/ensure-docker.sh).
+
+Without an engine, tests marked `docker` are skipped with the reason, except under CI (CI=true), where a
+missing engine is a failure: CI must prove the real builds every time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/docker_helpers.py
+
+
+def _engine_answers() -> bool:
+    docker = shutil.which("docker") or "/usr/bin/docker"
+    try:
+        return subprocess.run([docker, "info"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if not any("docker" in item.keywords for item in items):
+        return
+    if _engine_answers():
+        return
+    if os.environ.get("CI"):
+        pytest.exit("no Docker engine answers, and CI must run the docker tests: run scripts/ensure-docker.sh",
+                    returncode=3)
+    skip = pytest.mark.skip(reason="no Docker engine answers (run `make engine` or scripts/ensure-docker.sh)")
+    for item in items:
+        if "docker" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cpu_image() -> str:
+    """The cpu stack's image, built through `trainbox image build` (content-hash tag: free when unchanged)."""
+    from docker_helpers import build_cpu_image
+
+    return build_cpu_image()
+
+
+@pytest.fixture(scope="session")
+def npu_image() -> str:
+    """Dockerfile.npu's own steps on the cpu base with pins this machine reaches (no CANN: a stand-in host)."""
+    from docker_helpers import build_npu_template_image
+
+    return build_npu_template_image()

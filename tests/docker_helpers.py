@@ -1,0 +1,216 @@
+"""Shared helpers for tests that need a real Docker engine (marker `docker`).
+
+The images built here are the product's own builds (`trainbox.image.build`), tagged by content hash,
+so a second session, or `make image-cpu` before `make test`, reuses them for free. Wire them into
+conftest.py as session fixtures, e.g.::
+
+    @pytest.fixture(scope="session")
+    def cpu_image():
+        return docker_helpers.build_cpu_image()   # the tag; build_cpu_outcome() has the report
+
+Inside CI (CI set) a missing engine or wheelhouse fails the test instead of skipping it: CI must
+prove the build for real every time.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+MARKER_CA = DATA / "marker-ca.pem"
+#: An index URL with credentials the builds get as a secret (PyPI ignores them); it must never show
+#: up in an image's layers, history or labels.
+SECRET_TOKEN = "trainbox-test-secret-5f0c1e9a"
+SECRET_INDEX_URL = f"https://trainbox-test:{SECRET_TOKEN}@pypi.org/simple"
+TEST_LABEL = "trainbox.test=1"
+NPU_OVERRIDES = {
+    # Dockerfile.npu's own steps with pins this machine can reach: the CPU torch from the wheelhouse,
+    # the rest from PyPI. torch_npu then installs, but cannot load without CANN.
+    "torch.version": "2.13.0+cpu",
+    "torch-npu.version": "2.13.0",
+    "triton-ascend.version": "3.2.0",
+    "megatron-core.version": "0.15.3",
+}
+
+
+def _unavailable(msg: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"{msg} (CI must run the docker tests; see scripts/ensure-docker.sh)", pytrace=False)
+    pytest.skip(msg)
+
+
+@functools.cache
+def _client_or_reason():
+    from trainbox.engine import find_client
+    from trainbox.errors import TrainboxError
+
+    try:
+        client = find_client()
+    except TrainboxError as exc:
+        return None, str(exc)
+    ok, detail = client.engine_answers()
+    return (client, "") if ok else (None, f"no Docker engine answers: {detail}")
+
+
+def docker_client():
+    """The BuildKit-capable client; skips (fails under CI) when there is no engine."""
+    client, why = _client_or_reason()
+    if client is None:
+        _unavailable(why)
+    return client
+
+
+def wheelhouse_dir() -> Path:
+    """A directory holding the CPU torch wheel the cpu stack pins: $TRAINBOX_TEST_WHEELHOUSE, else
+    pip's configured find-links directories. The product never looks there by itself."""
+    from trainbox.image import read_wheelhouse
+    from trainbox.stack import load_stack
+
+    torch = load_stack("cpu").components["torch"]
+    want = set(torch.pin_for("linux/amd64").sha256)
+    candidates = [os.environ.get("TRAINBOX_TEST_WHEELHOUSE", "")]
+    try:
+        out = subprocess.run(["python", "-m", "pip", "config", "get", "global.find-links"],
+                             capture_output=True, text=True, timeout=30).stdout
+        candidates += out.split()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    candidates.append(os.environ.get("PIP_FIND_LINKS", ""))
+    for c in filter(None, candidates):
+        p = Path(c.removeprefix("file://"))
+        if p.is_dir() and any(w.sha256 in want for w in read_wheelhouse(p)):
+            return p
+    _unavailable("no wheelhouse with the cpu stack's torch wheel: set TRAINBOX_TEST_WHEELHOUSE")
+    raise AssertionError  # unreachable
+
+
+def _host_bundle() -> Path:
+    from trainbox.image import default_ca_bundle
+
+    return Path(default_ca_bundle() or "/etc/ssl/certs/ca-certificates.crt")
+
+
+@functools.cache
+def marker_ca_bundle() -> Path:
+    """The host's CA bundle plus a marker certificate no image may contain (written once per user)."""
+    from trainbox.paths import CACHE_DIR
+
+    data = _host_bundle().read_bytes().rstrip(b"\n") + b"\n" + MARKER_CA.read_bytes()
+    out = CACHE_DIR / "test" / "ca-bundle-with-marker.pem"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.exists() or out.read_bytes() != data:
+        out.write_bytes(data)
+    return out
+
+
+#: Where Debian keeps a site's own CAs (an interception proxy's, a private index's): the part of the
+#: bundle that is not public, and that no image may carry unless the image asks for it.
+LOCAL_CA_DIR = Path("/usr/local/share/ca-certificates")
+
+
+def secret_needles(image_bundle: bytes = b"") -> dict[str, bytes]:
+    """Byte strings that only a leaked secret could put into an image: a line from the body of the
+    marker certificate and of each site-local CA in the bundle given to the build (public CAs ship in
+    every certifi copy, so they prove nothing), unless the image's own CA store holds it; and the
+    index token."""
+    from trainbox.engine import iter_pem_certificates
+
+    needles = {"index-token": SECRET_TOKEN.encode()}
+    sources = [("marker", MARKER_CA)] + [(f"local-ca:{p.name}", p) for p in sorted(LOCAL_CA_DIR.glob("*.crt"))]
+    for label, path in sources:
+        for i, cert in enumerate(iter_pem_certificates(path.read_bytes())):
+            body = [ln.strip() for ln in cert.splitlines()[1:-1]]
+            if len(body) < 4:
+                continue
+            line = body[len(body) // 2]  # a middle line: unique to this certificate, no PEM header noise
+            if line not in image_bundle:
+                needles[f"{label}#{i}"] = line
+    return needles
+
+
+def build_options(**kw):
+    from trainbox.image import BuildOptions
+
+    return BuildOptions(**kw)
+
+
+@functools.cache
+def ensure_base() -> str:
+    from trainbox.base import DEFAULT_TAG, bootstrap
+
+    client = docker_client()
+    if not client.image_exists(DEFAULT_TAG):
+        bootstrap(tag=DEFAULT_TAG, client=client)
+    return DEFAULT_TAG
+
+
+def build_cpu_image() -> str:
+    """The cpu stack's image tag (trainbox/cpu:<content hash>), built once per session."""
+    return build_cpu_outcome().tag
+
+
+def build_npu_template_image() -> str:
+    """The tag of Dockerfile.npu's steps built on the cpu base (see build_npu_template_outcome)."""
+    return build_npu_template_outcome().tag
+
+
+@functools.cache
+def build_cpu_outcome():
+    """The cpu stack's image as `make image-cpu` builds it, with secrets to look for later (a marker
+    CA in the bundle, credentials in the index URL). Returns trainbox.image.BuildOutcome (.tag, .report)."""
+    from trainbox.image import build
+
+    docker_client()
+    ensure_base()
+    return build(build_options(stack="cpu", wheelhouse=str(wheelhouse_dir()), ca_bundle=str(marker_ca_bundle()),
+                               pip_index_url=SECRET_INDEX_URL, report=str(_report_path("cpu"))))
+
+
+@functools.cache
+def build_npu_template_outcome():
+    """Dockerfile.npu's steps for real: the npu-910b stack with its CANN base replaced by the cpu
+    base and pins this machine can reach, through the user-facing overrides (--base, --set,
+    --wheelhouse). Returns trainbox.image.BuildOutcome."""
+    from trainbox.image import build
+
+    docker_client()
+    base = ensure_base()
+    return build(build_options(stack="npu-910b", base=base, sets=dict(NPU_OVERRIDES),
+                               wheelhouse=str(wheelhouse_dir()), ca_bundle=str(marker_ca_bundle()),
+                               report=str(_report_path("npu-910b"))))
+
+
+def _report_path(stack: str) -> Path:
+    from trainbox.paths import CACHE_DIR
+
+    p = CACHE_DIR / "test" / "reports" / f"{stack}-{os.getpid()}.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def run_in_image(tag: str, *cmd: str, timeout: float = 300, network: str = "none", env: dict | None = None,
+                 entrypoint: str | None = None) -> subprocess.CompletedProcess:
+    """`docker run --rm` with the test label, no network by default, bounded in time."""
+    client = docker_client()
+    name = f"trainbox-test-{uuid.uuid4().hex[:10]}"
+    args = [client.docker, "run", "--rm", "--name", name, "--label", TEST_LABEL, "--network", network]
+    for k, v in (env or {}).items():
+        args += ["-e", f"{k}={v}"]
+    if entrypoint is not None:
+        args += ["--entrypoint", entrypoint]
+    args += [tag, *cmd]
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        subprocess.run([client.docker, "rm", "-f", name], capture_output=True)
+        raise
+
+
+def temporary_tag(prefix: str = "trainbox-test/tmp") -> str:
+    return f"{prefix}:{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,138 @@
+"""trainbox.base: `trainbox base bootstrap` and base availability."""
+
+from __future__ import annotations
+
+import time
+import pytest
+
+from trainbox import base, engine
+from trainbox.errors import TrainboxError
+
+
+class StubClient(engine.Client):
+    """A stand-in client: an engine that answers, with a fixed set of local images."""
+
+    def __init__(self, images: dict[str, str] | None = None):
+        super().__init__("/nonexistent/docker", "20.10.24", "buildkit")
+        self.images = images or {}
+
+    def require_engine(self) -> str:
+        return "20.10.24"
+
+    def image_id(self, ref: str):
+        return self.images.get(ref)
+
+    def image_exists(self, ref: str) -> bool:
+        return ref in self.images
+
+
+def test_bootstrap_is_a_noop_when_the_tag_exists(monkeypatch):
+    monkeypatch.setattr(base.subprocess, "Popen", lambda *a, **k: pytest.fail("must not run anything"))
+    said = []
+    got = base.bootstrap(client=StubClient({base.DEFAULT_TAG: "sha256:" + "a" * 64}), say=said.append)
+    assert got == "sha256:" + "a" * 64
+    assert "exists" in said[0] and "--force" in said[0]
+
+
+def test_bootstrap_without_debootstrap(monkeypatch):
+    monkeypatch.setattr(base.shutil, "which", lambda name: None)
+    with pytest.raises(TrainboxError, match="apt-get install debootstrap"):
+        base.bootstrap(client=StubClient(), say=lambda m: None)
+
+
+def test_progress_filter_keeps_phases_only():
+    per_pkg = ["I: Retrieving libc6 2.36-9+deb12u10", "I: Validating libc6 2.36-9+deb12u10",
+               "I: Extracting adduser...", "I: Unpacking base-files...", "I: Configuring tzdata..."]
+    phases = ["I: Retrieving InRelease", "I: Checking Release signature", "I: Installing core packages...",
+              "I: Unpacking required packages...", "I: Base system installed successfully."]
+    assert all(base._PER_PACKAGE.match(x) for x in per_pkg[:2])
+    assert not any(base._PER_PACKAGE.match(x) for x in phases[2:])
+
+
+def test_finish_rootfs(tmp_path):
+    root = tmp_path / "rootfs"
+    for rel in ["var/lib/apt/lists/deb.debian.org_Packages", "var/cache/apt/archives/libc6.deb",
+                "var/cache/apt/pkgcache.bin", "var/cache/debconf/templates.dat-old", "usr/share/man/man1/ls.1.gz", "usr/share/doc/bash/README",
+                "usr/share/doc/bash/copyright", "usr/share/locale/de/LC_MESSAGES/x.mo",
+                "usr/share/locale/locale.alias", "var/log/dpkg.log", "etc/apt/sources.list"]:
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("x")
+    (root / "var/lib/apt/lists/partial").mkdir()
+    base._finish_rootfs(root, "bookworm", "http://mirror.example/debian", "none")
+    assert (root / "etc/apt/sources.list").read_text() == (
+        "deb http://mirror.example/debian bookworm main\ndeb http://mirror.example/debian bookworm-updates main\n")
+    assert not list((root / "var/lib/apt/lists").glob("*Packages"))
+    assert (root / "var/lib/apt/lists/partial").is_dir()
+    assert not (root / "var/cache/apt/archives/libc6.deb").exists()
+    assert not (root / "var/cache/apt/pkgcache.bin").exists()
+    assert not (root / "var/cache/debconf/templates.dat-old").exists()
+    assert not (root / "usr/share/man/man1").exists()
+    assert (root / "usr/share/doc/bash/copyright").exists() and not (root / "usr/share/doc/bash/README").exists()
+    assert (root / "usr/share/locale/locale.alias").exists() and not (root / "usr/share/locale/de").exists()
+    assert "path-exclude /usr/share/doc/*" in (root / "etc/dpkg/dpkg.cfg.d/docker-slim").read_text()
+    assert (root / "usr/sbin/policy-rc.d").stat().st_mode & 0o111
+    assert not (root / "var/log/dpkg.log").exists()
+
+
+def test_finish_rootfs_security_line(tmp_path):
+    root = tmp_path / "r"
+    (root / "etc/apt").mkdir(parents=True)
+    base._finish_rootfs(root, "bookworm", base.DEFAULT_MIRROR, base.DEFAULT_SECURITY_MIRROR)
+    assert "deb http://deb.debian.org/debian-security bookworm-security main" in \
+        (root / "etc/apt/sources.list").read_text()
+
+
+def test_base_available_local_and_unreachable():
+    ok, how = base.base_available("local/debian:bookworm", StubClient({"local/debian:bookworm": "sha256:1"}))
+    assert ok and how == "present locally"
+    t0 = time.monotonic()
+    ok, why = base.base_available("registry.invalid/ascend/cann:8.5.1", StubClient(), timeout=3)
+    assert not ok and "registry.invalid" in why
+    assert time.monotonic() - t0 < 10  # never hangs
+
+
+def test_npu_base_unreachable_fails_fast_with_hint(capsys, monkeypatch):
+    """`trainbox image build --stack npu-910b` where quay.io cannot be reached: seconds, not minutes,
+    and the message names the base and the --base / mirror options."""
+    from trainbox import image
+    from trainbox.cli import main
+
+    monkeypatch.setattr(image, "find_client", lambda: StubClient())
+    monkeypatch.setattr(base, "find_client", lambda: StubClient())
+    monkeypatch.setattr(engine, "registry_reachable", lambda ref, timeout=8.0: (False, "stand-in: no route"))
+    monkeypatch.setattr(base, "registry_reachable", lambda ref, timeout=8.0: (False, "stand-in: no route"))
+    monkeypatch.setattr(image, "_url_answers", lambda url, timeout: (True, ""))
+    t0 = time.monotonic()
+    rc = main(["image", "build", "--stack", "npu-910b", "--platform", "linux/amd64"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert time.monotonic() - t0 < 30
+    assert "quay.io/ascend/cann:" in err and "cannot be pulled" in err
+    assert "--base IMAGE" in err and "registry-mirrors" in err
+
+
+# -- for real --------------------------------------------------------------------------------------
+
+@pytest.mark.docker
+def test_bootstrapped_base_for_real():
+    import docker_helpers as dh
+
+    client = dh.docker_client()
+    tag = dh.ensure_base()
+    # a second bootstrap answers from the existing tag at once
+    t0 = time.monotonic()
+    said = []
+    assert base.bootstrap(tag=tag, client=client, say=said.append) == client.image_id(tag)
+    assert time.monotonic() - t0 < 15 and "exists" in said[0]
+    labels = client.labels(tag)
+    assert labels["org.trainbox.base.suite"] == "bookworm"
+    proc = dh.run_in_image(tag, "sh", "-c", "cat /etc/debian_version; echo ==; cat /etc/apt/sources.list; echo ==; "
+                           "ls -A /var/lib/apt/lists /var/cache/apt/archives; echo ==; ls -A /usr/share/man | wc -l",
+                           timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    version, sources, caches, man = proc.stdout.split("==\n")
+    assert version.startswith("12.")
+    assert "bookworm main" in sources and "bookworm-security main" in sources
+    assert "Packages" not in caches and ".deb" not in caches  # no apt indexes or packages shipped
+    assert man.strip() == "0"  # no manual pages

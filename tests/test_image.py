@@ -1,0 +1,300 @@
+"""trainbox.image without an engine: input checks (each one clear message, non-zero exit, fast),
+the content hash, the staged context and the wheelhouse rules."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from trainbox import engine, image
+from trainbox.cli import main
+from trainbox.errors import TrainboxError
+
+DATA = Path(__file__).parent / "data"
+
+
+def _cli(capsys, *argv) -> tuple[int, str]:
+    t0 = time.monotonic()
+    rc = main(list(argv))
+    took = time.monotonic() - t0
+    err = capsys.readouterr().err
+    assert took < 30, f"bad input took {took:.0f}s to report; it must fail before any long step"
+    return rc, err
+
+
+@pytest.fixture
+def no_engine(monkeypatch, tmp_path):
+    """A stand-in docker client whose engine never answers (so nothing here can start a build)."""
+    fake = tmp_path / "docker"
+    fake.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo "Docker version 20.10.24, build x"; exit 0; fi\n'
+                    'echo "Cannot connect to the Docker daemon at unix:///nonexistent.sock" >&2\nexit 1\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("TRAINBOX_DOCKER", str(fake))
+    monkeypatch.setattr(engine, "_CLIENT", None)
+    return fake
+
+
+@pytest.fixture
+def wheelhouse(tmp_path):
+    """A wheelhouse holding a stand-in torch wheel file (only its name and hash matter here)."""
+    d = tmp_path / "wh"
+    d.mkdir()
+    return d
+
+
+def _fake_wheel(d: Path, name: str, content: bytes = b"not really a wheel") -> str:
+    (d / name).write_bytes(content)
+    return hashlib.sha256(content).hexdigest()
+
+
+# -- bad input ---------------------------------------------------------------------------------------
+
+def test_unknown_stack(capsys, no_engine):
+    rc, err = _cli(capsys, "image", "build", "--stack", "no-such-stack")
+    assert rc == 2
+    assert "unknown stack 'no-such-stack'" in err and "known stacks:" in err and "cpu" in err
+
+
+def test_override_of_missing_component(capsys, no_engine):
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--set", "flash-attn.version=2.0")
+    assert rc == 2
+    assert "no component 'flash-attn'" in err and "torch" in err
+
+
+def test_malformed_set(capsys, no_engine):
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--set", "torch=2.0")
+    assert rc == 2 and "COMPONENT.FIELD=VALUE" in err
+
+
+def test_ca_file_that_is_not_a_certificate(capsys, no_engine, tmp_path):
+    bad = tmp_path / "ca.pem"
+    bad.write_text("-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBg\n-----END PRIVATE KEY-----\n")
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--ca-bundle", str(bad))
+    assert rc == 2
+    assert f"--ca-bundle {bad}: holds no PEM certificate" in err
+
+
+def test_ca_file_with_a_broken_certificate(tmp_path):
+    bad = tmp_path / "ca.pem"
+    bad.write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n")
+    with pytest.raises(TrainboxError, match="OpenSSL cannot load it"):
+        image.check_ca_bundle(bad)
+
+
+def test_ca_bundle_accepts_real_pem():
+    assert image.check_ca_bundle(DATA / "marker-ca.pem") == DATA / "marker-ca.pem"
+
+
+def test_missing_ca_file(capsys, no_engine, tmp_path):
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--ca-bundle", str(tmp_path / "nope.pem"))
+    assert rc == 2 and "no such file" in err
+
+
+def test_wheelhouse_without_the_pinned_wheel(capsys, no_engine, wheelhouse):
+    # a torch wheel of another version (same name, different file): must be refused by name
+    _fake_wheel(wheelhouse, "torch-2.9.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--wheelhouse", str(wheelhouse),
+                   "--platform", "linux/amd64")
+    assert rc == 2
+    assert "torch-2.9.0+cpu-cp311" in err and "pins torch==2.13.0+cpu" in err and "pip download" in err
+
+
+def test_wheelhouse_with_a_substituted_wheel(capsys, no_engine, wheelhouse):
+    # right file name, wrong bytes: what a tampered mirror looks like
+    _fake_wheel(wheelhouse, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", b"tampered")
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--wheelhouse", str(wheelhouse),
+                   "--platform", "linux/amd64")
+    assert rc == 2
+    assert "pins torch==2.13.0+cpu with sha256 6746dbcbeb52" in err
+
+
+def test_wheelhouse_with_nothing_pinned(capsys, no_engine, wheelhouse):
+    _fake_wheel(wheelhouse, "six-1.16.0-py2.py3-none-any.whl")
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--wheelhouse", str(wheelhouse),
+                   "--platform", "linux/amd64")
+    assert rc == 2 and "holds none of the stack's pinned artifacts" in err
+
+
+def test_empty_or_missing_wheelhouse(capsys, no_engine, tmp_path, wheelhouse):
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--wheelhouse", str(wheelhouse))
+    assert rc == 2 and "holds no wheels" in err
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--wheelhouse", str(tmp_path / "none"))
+    assert rc == 2 and "no such directory" in err
+
+
+def test_unsupported_platform(capsys, no_engine):
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--platform", "linux/s390x")
+    assert rc == 2 and "--platform linux/s390x" in err and "linux/amd64" in err
+
+
+def test_no_engine(capsys, no_engine, monkeypatch):
+    # valid input, every index answers (stand-in probe); only the engine is missing
+    monkeypatch.setattr(image, "_url_answers", lambda url, timeout: (True, ""))
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu")
+    assert rc == 2
+    assert "no Docker engine answers" in err and "scripts/ensure-docker.sh" in err
+
+
+@pytest.fixture
+def answering_engine(monkeypatch):
+    """A stand-in client whose engine answers and holds only the bootstrapped base; registries are
+    unreachable (as on these machines)."""
+    from trainbox import base
+
+    class Stub(engine.Client):
+        def __init__(self):
+            super().__init__("/nonexistent/docker", "20.10.24", "buildkit")
+
+        def require_engine(self):
+            return "20.10.24"
+
+        def image_exists(self, ref):
+            return ref == "local/debian:bookworm"
+
+        def image_id(self, ref):
+            return "sha256:" + "1" * 64 if self.image_exists(ref) else None
+
+    monkeypatch.setattr(image, "find_client", Stub)
+    monkeypatch.setattr(base, "registry_reachable", lambda ref, timeout=8.0: (False, "stand-in: no route"))
+
+
+def test_unreachable_index_without_wheelhouse(capsys, answering_engine, monkeypatch):
+    # the index serving the CPU torch does not answer (as on these machines, or forced here)
+    monkeypatch.setattr(image, "_url_answers",
+                        lambda url, timeout: (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--platform", "linux/amd64")
+    assert rc == 2
+    assert "torch==2.13.0+cpu" in err and "--wheelhouse DIR" in err
+
+
+# -- pieces ----------------------------------------------------------------------------------------
+
+def test_parse_sets():
+    assert image.parse_sets(["torch.version=2.1", "numpy.install=false"]) == \
+        {"torch.version": "2.1", "numpy.install": "false"}
+    for bad in ["torch", "torch=1", "=1", "torch.version="]:
+        with pytest.raises(TrainboxError):
+            image.parse_sets([bad])
+
+
+def test_check_wheelhouse_serves_pinned(tmp_path):
+    sha = _fake_wheel(tmp_path, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    wheels = image.read_wheelhouse(tmp_path)
+    pins = [image.Pin("torch", "torch", "2.13.0+cpu", "https://download.pytorch.org/whl/cpu", [sha]),
+            image.Pin("numpy", "numpy", "2.3.5", "https://pypi.org/simple", ["0" * 64])]
+    served = image.check_wheelhouse(wheels, pins, str(tmp_path))
+    assert [p.key for p in served] == ["torch"]
+
+
+def test_sha256_memo_notices_changes(tmp_path, monkeypatch):
+    monkeypatch.setattr(image, "CACHE_DIR", tmp_path / "cache")
+    f = tmp_path / "a.whl"
+    f.write_bytes(b"one")
+    assert image._sha256_file(f) == hashlib.sha256(b"one").hexdigest()
+    f.write_bytes(b"two!")
+    os.utime(f, ns=(1, 1))  # even with an old mtime: the size differs
+    assert image._sha256_file(f) == hashlib.sha256(b"two!").hexdigest()
+
+
+def _ctx(tmp_path, files: dict[str, bytes], mode: int = 0o644) -> Path:
+    ctx = tmp_path / "ctx"
+    for rel, data in files.items():
+        p = ctx / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        p.chmod(mode)
+    (ctx / image.WHEELHOUSE_DIR).mkdir(exist_ok=True)
+    return ctx
+
+
+def test_content_hash_covers_every_input(tmp_path):
+    base = {"Dockerfile": b"FROM x\n", "python/trainbox/a.py": b"print(1)\n", "launchers/r.yaml": b"a: 1\n"}
+    h0 = image.content_hash(_ctx(tmp_path / "0", base), [], {"base": "sha256:1"})
+    assert h0 == image.content_hash(_ctx(tmp_path / "1", base), [], {"base": "sha256:1"})  # deterministic
+    for rel in base:
+        changed = dict(base, **{rel: base[rel] + b"#"})
+        assert image.content_hash(_ctx(tmp_path / rel, changed), [], {"base": "sha256:1"}) != h0, rel
+    renamed = {("launchers/s.yaml" if k == "launchers/r.yaml" else k): v for k, v in base.items()}
+    assert image.content_hash(_ctx(tmp_path / "r", renamed), [], {"base": "sha256:1"}) != h0
+    assert image.content_hash(_ctx(tmp_path / "x", base, 0o755), [], {"base": "sha256:1"}) != h0
+    assert image.content_hash(_ctx(tmp_path / "b", base), [], {"base": "sha256:2"}) != h0
+    wheel = image.WheelFile("torch-1-py3-none-any.whl", 10, "a" * 64, Path("/nonexistent"))
+    h_w = image.content_hash(_ctx(tmp_path / "w", base), [wheel], {"base": "sha256:1"})
+    assert h_w != h0
+    other = image.WheelFile(wheel.name, 10, "b" * 64, wheel.path)
+    assert image.content_hash(_ctx(tmp_path / "w2", base), [other], {"base": "sha256:1"}) != h_w
+
+
+def test_staged_context_holds_inputs_and_links_wheels(tmp_path, monkeypatch):
+    monkeypatch.setattr(image, "CACHE_DIR", tmp_path / "cache")
+    whdir = tmp_path / "wh"
+    whdir.mkdir()
+    _fake_wheel(whdir, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    wheels = image.read_wheelhouse(whdir)
+    files = {"build/generated/cpu/stack.json": b"{}", "build/generated/cpu/Dockerfile": b"FROM x\n"}
+    with image.staged_context("cpu", files, wheels) as ctx:
+        assert ctx == tmp_path / "cache" / "context" / "cpu"
+        assert (ctx / "build/generated/cpu/stack.json").read_bytes() == b"{}"
+        assert (ctx / "python/trainbox/__init__.py").is_file()
+        assert (ctx / "pyproject.toml").is_file()
+        assert not list(ctx.rglob("__pycache__")) and not list(ctx.rglob("*.egg-info"))
+        staged = ctx / "wheelhouse" / wheels[0].name
+        assert staged.is_file() and staged.stat().st_ino == wheels[0].path.stat().st_ino  # a hard link
+    with image.staged_context("cpu", files, [], private=True) as ctx2:
+        assert ctx2 != ctx and (ctx2 / "wheelhouse").is_dir() and not list((ctx2 / "wheelhouse").iterdir())
+    assert not ctx2.exists()
+
+
+def test_dockerfile_order():
+    from trainbox.engine import Step
+
+    df = "FROM a AS system\nRUN x\nFROM system AS builder\nRUN y\nFROM system AS final\nCOPY z /z\n"
+    steps = [Step(3, "[final 1/1] COPY z /z", "final", 1, 1), Step(2, "[builder 1/1] RUN y", "builder", 1, 1),
+             Step(1, "[system 1/1] RUN x", "system", 1, 1)]
+    assert [s.stage for s in image._dockerfile_order(steps, df)] == ["system", "builder", "final"]
+
+
+def test_summary_line():
+    r = {"tag": "trainbox/cpu:abc", "image_id": "sha256:" + "1" * 64, "size": 1_074_000_000,
+         "layers": [{}] * 14, "wall_s": 40.2, "rebuilt_steps": 11, "cached_steps": 2,
+         "base": {"substituted": "local/debian:bookworm"}}
+    line = image._summary(r)
+    assert "trainbox/cpu:abc" in line and "1074 MB" in line and "14 layers" in line and "11 steps run" in line
+    assert "\n" not in line
+    assert "up to date" in image._summary(dict(r, skipped=True))
+
+
+def test_dry_run_prints_command_and_tag(capsys, monkeypatch, tmp_path):
+    """--dry-run with a stand-in engine that answers: the docker command and the tag, nothing built."""
+    fake = tmp_path / "docker"
+    log = tmp_path / "calls"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {log}\n'
+        'case "$1" in\n'
+        '  --version) echo "Docker version 20.10.24, build x";;\n'
+        '  info) echo 20.10.24;;\n'
+        '  image) [ "$5" = "local/debian:bookworm" ] && echo sha256:feed || exit 1;;\n'
+        '  *) exit 1;;\n'
+        'esac\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("TRAINBOX_DOCKER", str(fake))
+    monkeypatch.setattr(engine, "_CLIENT", None)
+    monkeypatch.setattr(image, "REPORTS_DIR", tmp_path / "reports")
+    monkeypatch.setattr(image, "_url_answers", lambda url, timeout: (True, ""))
+    rc = main(["image", "build", "--stack", "cpu", "--base", "local/debian:bookworm", "--dry-run",
+               "--pip-index-url", "https://pypi.org/simple", "--platform", "linux/amd64"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert out.startswith("DOCKER_BUILDKIT=1 ") and " build --progress plain " in out
+    assert "--network host" in out and "--secret id=pip_cert,src=" in out and "id=pip_index_url" in out
+    assert "-t trainbox/cpu:" in out
+    assert "https://pypi.org/simple" not in out  # the index URL is a secret file, not an argument
+    assert "dry run: would build trainbox/cpu:" in err
+    assert " build " not in log.read_text()  # nothing was built
+    assert not (tmp_path / "reports").exists()
