@@ -8,14 +8,15 @@ WHEELHOUSE ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null 
 WHEELHOUSE_ARG = $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE),)
 PYTEST ?= $(PYTHON) -m pytest
 
-.PHONY: help install ensure-installed engine render render-check lint test test-fast image-cpu image-npu image-cuda demo bench bench-build bench-import
+.PHONY: help install ensure-installed engine render render-check lint test test-fast smoke image-cpu image-npu image-cuda demo bench bench-build bench-import
 
 help:
 	@echo "make demo        build the cpu image, run the doctor and the cpu-ddp training job in it"
 	@echo "make test        all tests (starts a Docker engine when none answers)"
 	@echo "make test-fast   the inner loop: no Docker, no network"
 	@echo "make render      re-render Dockerfile.npu, Dockerfile.cuda and build/generated/"
-	@echo "make lint        render --check, strict validation, hadolint, shellcheck"
+	@echo "make lint        render --check, strict validation, hadolint, shellcheck, launcher checks"
+	@echo "make smoke       trainbox smoke: cpu, and npu-910b on its substitute base (ci/smoke-offline.yaml)"
 	@echo "make image-cpu|image-npu|image-cuda, make bench"
 
 install:
@@ -37,13 +38,17 @@ render-check:
 lint: render-check
 	$(TRAINBOX) stack validate --strict
 	hadolint Dockerfile.npu Dockerfile.cuda build/generated/*/Dockerfile
-	shellcheck scripts/*.sh .ci/run
+	shellcheck scripts/*.sh .ci/run ci/*.sh
+	$(TRAINBOX) launch check
 
 test: engine ensure-installed
 	$(PYTEST) -q -ra
 
 test-fast: ensure-installed
 	$(PYTEST) -q -ra -m "not docker and not network"
+
+smoke: ensure-installed engine
+	$(TRAINBOX) smoke --profile ci/smoke-offline.yaml $(WHEELHOUSE_ARG) --junit build/reports/smoke/junit.xml
 
 image-cpu: engine ensure-installed
 	$(TRAINBOX) image build --stack cpu $(WHEELHOUSE_ARG)
