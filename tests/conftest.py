@@ -48,6 +48,14 @@ def cpu_image() -> str:
 
 
 @pytest.fixture(scope="session")
+def cpu_ray_image() -> str:
+    """The cpu-ray stack's image (ray[default] on top of the cpu stack) for the Ray recipe."""
+    from docker_helpers import build_cpu_ray_image
+
+    return build_cpu_ray_image()
+
+
+@pytest.fixture(scope="session")
 def npu_image() -> str:
     """Dockerfile.npu's own steps on the cpu base with pins this machine reaches (no CANN: a stand-in host)."""
     from docker_helpers import build_npu_template_image

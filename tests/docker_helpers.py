@@ -173,6 +173,17 @@ def build_cpu_outcome():
 
 
 @functools.cache
+def build_cpu_ray_image() -> str:
+    """The cpu-ray stack (cpu + ray[default]) for the Ray recipe; shares the cpu image's first layers."""
+    from trainbox.image import build
+
+    docker_client()
+    ensure_base()
+    return build(build_options(stack="cpu-ray", wheelhouse=str(wheelhouse_dir()),
+                               report=str(_report_path("cpu-ray")))).tag
+
+
+@functools.cache
 def build_npu_template_outcome():
     """Dockerfile.npu's steps for real: the npu-910b stack with its CANN base replaced by the cpu
     base and pins this machine can reach, through the user-facing overrides (--base, --set,

@@ -79,10 +79,10 @@ def free_port_block(n: int) -> int:
     raise RuntimeError("no block of free ports")
 
 
-def test_ray_cpu_recipe_runs_a_real_ray_head(cpu_image):
+def test_ray_cpu_recipe_runs_a_real_ray_head(cpu_ray_image):
     ray_port = free_port_block(8)
     dash = free_port_block(1)
-    proc = trainbox_run("ray-cpu", "--image", cpu_image, "--set", f"RAY_PORT={ray_port}",
+    proc = trainbox_run("ray-cpu", "--image", cpu_ray_image, "--set", f"RAY_PORT={ray_port}",
                         "--set", f"RAY_DASHBOARD_PORT={dash}", timeout=900)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output

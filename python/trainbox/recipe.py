@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import TrainboxError
 from .paths import LAUNCHERS_DIR
+from .stack import format_validation
 
 RECIPES_DIR = LAUNCHERS_DIR / "recipes"
 NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -336,19 +337,6 @@ def recipe_path(name_or_path: str | Path, recipes_dir: Path | None = None) -> Pa
     return path
 
 
-def _format_validation(path: Path, exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; unknown keys are rejected)"
-        elif err["type"] == "missing":
-            msg = "required key is missing"
-        lines.append(f"{path}: {loc}: {msg.removeprefix('Value error, ')}")
-    return "\n".join(lines)
-
-
 def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes: int | None = None) -> Recipe:
     """Load and validate a recipe. `nodes` runs it on another node count: the layout's dp (and devices)
     scale with it, everything else must still fit."""
@@ -377,7 +365,7 @@ def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(_format_validation(path, exc)) from None
+        raise RecipeError(format_validation(path, exc, unknown="unknown keys are rejected")) from None
     recipe.source_file = path
     check_references(recipe, path)
     return recipe

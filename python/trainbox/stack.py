@@ -303,13 +303,15 @@ def _raw(path: Path, stacks_dir: Path | None, seen: tuple[Path, ...] = ()) -> di
     return data
 
 
-def _format_validation(path: Path, exc: ValidationError) -> str:
+def format_validation(path: Path, exc: ValidationError,
+                      unknown: str = "unknown keys are rejected so a typo cannot drop a pin") -> str:
+    """One line per pydantic error: file, dotted key path, what was expected (shared with recipes)."""
     lines = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; unknown keys are rejected so a typo cannot drop a pin)"
+            msg = f"unknown key (check the spelling; {unknown})"
         elif err["type"] == "missing":
             msg = "required key is missing"
         lines.append(f"{path}: {loc}: {msg.removeprefix('Value error, ')}")
@@ -373,7 +375,7 @@ def load_stack(
     try:
         stack = Stack.model_validate(data)
     except ValidationError as exc:
-        raise StackError(_format_validation(path, exc)) from None
+        raise StackError(format_validation(path, exc)) from None
     stack.source_file = path
     stack.overrides = overrides
     stack.declared_base = declared_base if "base.image" in overrides else None
