@@ -53,11 +53,14 @@ smoke: ensure-installed engine
 image-cpu: engine ensure-installed
 	$(TRAINBOX) image build --stack cpu $(WHEELHOUSE_ARG)
 
-image-npu: engine
-	$(TRAINBOX) image build --stack npu-910b $(WHEELHOUSE_ARG)
+# The NPU and CUDA pins are not the machine's local wheels: pass a wheelhouse or a mirror explicitly, e.g.
+# make image-npu IMAGE_ARGS="--base mirror/ascend/cann:8.5.1-910b-ubuntu22.04-py3.11 --wheelhouse DIR"
+IMAGE_ARGS ?=
+image-npu: engine ensure-installed
+	$(TRAINBOX) image build --stack npu-910b $(IMAGE_ARGS)
 
-image-cuda: engine
-	$(TRAINBOX) image build --stack cuda $(WHEELHOUSE_ARG)
+image-cuda: engine ensure-installed
+	$(TRAINBOX) image build --stack cuda $(IMAGE_ARGS)
 
 demo: image-cpu
 	docker run --rm --network none --shm-size 8g trainbox/cpu:latest trainbox doctor
