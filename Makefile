@@ -2,9 +2,11 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 TRAINBOX ?= $(PYTHON) -m trainbox.cli
-# Local wheels pip is already configured to use (pip's find-links) become the build's wheelhouse: this is how
-# the CPU torch wheel reaches image builds on machines that cannot reach PyTorch's index.
-WHEELHOUSE ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null | awk '{print $$1}')
+# A local wheel directory pip is already configured with (its first find-links entry) becomes the cpu build's
+# wheelhouse when it holds a CPU torch wheel: this is how that wheel reaches image builds on machines that
+# cannot reach PyTorch's index. Elsewhere the build takes it from the index; WHEELHOUSE=DIR overrides.
+PIP_LINKS_DIR := $(patsubst file://%,%,$(firstword $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)))
+WHEELHOUSE ?= $(if $(PIP_LINKS_DIR),$(if $(wildcard $(PIP_LINKS_DIR)/torch-*+cpu-*.whl),$(PIP_LINKS_DIR)))
 WHEELHOUSE_ARG = $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE),)
 PYTEST ?= $(PYTHON) -m pytest
 

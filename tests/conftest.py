@@ -7,8 +7,6 @@ missing engine is a failure: CI must prove the real builds every time.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,23 +15,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests/docker_helpers.py
 
 
-def _engine_answers() -> bool:
-    docker = shutil.which("docker") or "/usr/bin/docker"
-    try:
-        return subprocess.run([docker, "info"], capture_output=True, timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def pytest_collection_modifyitems(config, items):
     if not any("docker" in item.keywords for item in items):
         return
-    if _engine_answers():
+    # the same client choice the product and the fixtures make (BuildKit-capable, TRAINBOX_DOCKER honoured)
+    from docker_helpers import _client_or_reason
+
+    client, reason = _client_or_reason()
+    if client is not None:
         return
     if os.environ.get("CI"):
-        pytest.exit("no Docker engine answers, and CI must run the docker tests: run scripts/ensure-docker.sh",
-                    returncode=3)
-    skip = pytest.mark.skip(reason="no Docker engine answers (run `make engine` or scripts/ensure-docker.sh)")
+        pytest.exit(f"{reason}; CI must run the docker tests: run scripts/ensure-docker.sh", returncode=3)
+    skip = pytest.mark.skip(reason=f"{reason} (run `make engine` or scripts/ensure-docker.sh)")
     for item in items:
         if "docker" in item.keywords:
             item.add_marker(skip)

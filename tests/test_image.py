@@ -134,7 +134,7 @@ def test_unsupported_platform(capsys, no_engine):
 
 def test_no_engine(capsys, no_engine, monkeypatch):
     # valid input, every index answers (stand-in probe); only the engine is missing
-    monkeypatch.setattr(image, "_url_answers", lambda url, timeout: (True, ""))
+    monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
     rc, err = _cli(capsys, "image", "build", "--stack", "cpu")
     assert rc == 2
     assert "no Docker engine answers" in err and "scripts/ensure-docker.sh" in err
@@ -166,7 +166,7 @@ def answering_engine(monkeypatch):
 def test_unreachable_index_without_wheelhouse(capsys, answering_engine, monkeypatch):
     # the index serving the CPU torch does not answer (as on these machines, or forced here)
     monkeypatch.setattr(image, "_url_answers",
-                        lambda url, timeout: (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
+                        lambda url, timeout, cafile=None: (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
     rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--platform", "linux/amd64")
     assert rc == 2
     assert "torch==2.13.0+cpu" in err and "--wheelhouse DIR" in err
@@ -175,11 +175,13 @@ def test_unreachable_index_without_wheelhouse(capsys, answering_engine, monkeypa
 # -- pieces ----------------------------------------------------------------------------------------
 
 def test_parse_sets():
-    assert image.parse_sets(["torch.version=2.1", "numpy.install=false"]) == \
+    from trainbox.stack import parse_sets
+
+    assert parse_sets(["torch.version=2.1", "numpy.install=false"]) == \
         {"torch.version": "2.1", "numpy.install": "false"}
     for bad in ["torch", "torch=1", "=1", "torch.version="]:
-        with pytest.raises(TrainboxError):
-            image.parse_sets([bad])
+        with pytest.raises(TrainboxError, match="expected COMPONENT.FIELD=VALUE"):
+            parse_sets([bad])
 
 
 def test_check_wheelhouse_serves_pinned(tmp_path):
@@ -286,7 +288,7 @@ def test_dry_run_prints_command_and_tag(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("TRAINBOX_DOCKER", str(fake))
     monkeypatch.setattr(engine, "_CLIENT", None)
     monkeypatch.setattr(image, "REPORTS_DIR", tmp_path / "reports")
-    monkeypatch.setattr(image, "_url_answers", lambda url, timeout: (True, ""))
+    monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
     rc = main(["image", "build", "--stack", "cpu", "--base", "local/debian:bookworm", "--dry-run",
                "--pip-index-url", "https://pypi.org/simple", "--platform", "linux/amd64"])
     out, err = capsys.readouterr()

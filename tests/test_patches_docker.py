@@ -9,6 +9,7 @@ import json
 import pytest
 
 from trainbox.image import BuildFailed
+from trainbox.patches import applied_patches
 from trainbox.paths import PATCHES_DIR
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -20,9 +21,10 @@ def test_npu_template_image_carries_the_patched_megatron(npu_image):
     proc = run_in_image(npu_image, "cat", "/etc/trainbox/stack.json")
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads(proc.stdout)
-    series = [ln.split("#", 1)[0].strip() for ln in (PATCHES_DIR / "megatron-core" / "series").read_text().splitlines()]
-    expected = [{"file": n, "sha256": hashlib.sha256((PATCHES_DIR / "megatron-core" / n).read_bytes()).hexdigest()}
-                for n in series if n]
+    expected = applied_patches("megatron-core")
+    assert len(expected) == 5
+    assert all(p["sha256"] == hashlib.sha256((PATCHES_DIR / "megatron-core" / p["file"]).read_bytes()).hexdigest()
+               for p in expected)
     assert manifest["patches"]["megatron-core"] == expected
     # the code of patch 0001 is in the installed tree, and the patched module imports and runs on the CPU
     code = ("import megatron.core.utils as u, inspect; "

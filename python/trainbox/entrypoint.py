@@ -199,7 +199,7 @@ def _restore_signals() -> None:
     # the defaults it would get from a shell (`yes | head` must end by SIGPIPE, not by EPIPE errors).
     import signal
 
-    for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
+    for name in ("SIGPIPE", "SIGXFSZ"):
         sig = getattr(signal, name, None)
         if sig is not None:
             signal.signal(sig, signal.SIG_DFL)

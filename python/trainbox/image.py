@@ -28,6 +28,7 @@ from typing import Callable, Iterator
 
 from .engine import Client, ConsoleProgress, find_client, run_build
 from .errors import TrainboxError
+from .index import ca_bundle, ssl_context
 from .paths import CACHE_DIR, REPO_ROOT
 
 #: Top-level parts of the checkout that go into every build context (the rendered files come on top).
@@ -58,17 +59,8 @@ def host_platform() -> str:
 
 
 def default_ca_bundle() -> str | None:
-    """pip's own CA setting (PIP_CERT, then `pip config get global.cert`), else the system bundle."""
-    if os.environ.get("PIP_CERT"):
-        return os.environ["PIP_CERT"]
-    try:
-        proc = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.cert"],
-                              capture_output=True, text=True, timeout=30)
-        if proc.returncode == 0 and proc.stdout.strip():
-            return proc.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return DEFAULT_CA_BUNDLE if os.path.exists(DEFAULT_CA_BUNDLE) else None
+    """pip's own CA setting, else the system bundle (one rule for every HTTPS call trainbox makes)."""
+    return ca_bundle()
 
 
 def check_ca_bundle(path: str | os.PathLike) -> Path:
@@ -212,7 +204,7 @@ def _norm_version(v: str) -> str:
 
 
 def check_indexes(pins: list[Pin], served: list[Pin], indexes: dict[str, str],
-                  timeout: float = 6.0) -> dict[str, str]:
+                  timeout: float = 6.0, cafile: str | None = None) -> dict[str, str]:
     """A pin whose index does not answer and that the wheelhouse does not serve would fail deep
     inside pip after minutes of work: say so now. Returns {index name: why} for the indexes that do
     not answer (pip would spend minutes retrying each of them for every requirement)."""
@@ -220,7 +212,7 @@ def check_indexes(pins: list[Pin], served: list[Pin], indexes: dict[str, str],
     down: dict[str, str] = {}
     for name, url in indexes.items():
         if url.startswith(("http://", "https://")):
-            ok, why = _url_answers(url, timeout)
+            ok, why = _url_answers(url, timeout, cafile)
             if not ok:
                 down[name] = why
     by_url = {url: name for name, url in indexes.items()}
@@ -238,28 +230,19 @@ def check_indexes(pins: list[Pin], served: list[Pin], indexes: dict[str, str],
     return down
 
 
-def _url_answers(url: str, timeout: float) -> tuple[bool, str]:
+def _url_answers(url: str, timeout: float, cafile: str | None = None) -> tuple[bool, str]:
     import urllib.error
     import urllib.request
 
     try:
-        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout)
+        # the CA the build will give pip: behind a TLS-intercepting proxy the system bundle alone would fail
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout,
+                               context=ssl_context(cafile) if url.startswith("https:") else None)
         return True, ""
     except urllib.error.HTTPError:
         return True, ""
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return False, str(getattr(exc, "reason", exc))
-
-
-def parse_sets(items: list[str] | None) -> dict[str, str]:
-    """`--set COMPONENT.FIELD=VALUE` items as a dict (the stack loader validates keys and fields)."""
-    out: dict[str, str] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or "." not in key or not key.strip() or not value.strip():
-            raise TrainboxError(f"--set {item}: expected COMPONENT.FIELD=VALUE, e.g. --set torch.version=2.13.0+cpu")
-        out[key.strip()] = value.strip()
-    return out
 
 
 # -- the build context -----------------------------------------------------------------------------
@@ -387,9 +370,11 @@ class BuildOutcome:
 def _pull_hint(image: str) -> str:
     first, sep, rest = image.partition("/")
     path = rest if sep and ("." in first or ":" in first or first == "localhost") else image
+    # no registry-mirrors advice: the availability check asks the image's own registry, so only a local copy
+    # or an explicit --base helps
     return (f"pass --base IMAGE to build on another image that holds the same contents (a mirror, e.g. "
-            f"--base my-registry.example.com/{path}), configure a registry mirror in the "
-            f"engine (registry-mirrors in /etc/docker/daemon.json), or `docker load` the image first")
+            f"--base my-registry.example.com/{path}), or `docker pull`/`docker load` it first (a local image is "
+            f"used as it is)")
 
 
 def resolve_base(stack, client: Client, say: Callable[[str], None]) -> tuple[str, str | None, bool]:
@@ -523,7 +508,7 @@ def build(opts: BuildOptions, say: Callable[[str], None] = _say) -> BuildOutcome
         names = {_dist_of(w.name) for w in wheels}
         served = [p for p in pins if (_canon(p.name), _norm_version(p.version)) in names]
     indexes = {k: v for k, v in stack.indexes.items() if not (opts.pip_index_url and k == "pypi")}
-    down = check_indexes(pins, served, indexes)
+    down = check_indexes(pins, served, indexes, cafile=str(ca) if ca else None)
     for name in sorted(down):
         if name != "pypi":
             # everything pinned to it is in the wheelhouse (checked above); pip must not wait on it

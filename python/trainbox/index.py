@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import ssl
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -31,9 +34,33 @@ class Artifact:
     sha256: str
 
 
-def _ssl_context() -> ssl.SSLContext:
-    # Same trust as pip on this machine: PIP_CERT / REQUESTS_CA_BUNDLE when set.
-    cafile = os.environ.get("PIP_CERT") or os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("SSL_CERT_FILE")
+SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def ca_bundle() -> str | None:
+    """The CA bundle pip trusts: PIP_CERT, then `pip config get global.cert`, then the requests/OpenSSL
+    variables, then the system bundle. Index queries, source downloads and image builds all use this one, so
+    `stack lock`, `patches verify` and `image build` trust the same certificates (a TLS-intercepting proxy's
+    CA included)."""
+    if os.environ.get("PIP_CERT"):
+        return os.environ["PIP_CERT"]
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.cert"],
+                              capture_output=True, text=True, timeout=30)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return proc.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    for var in ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        if os.environ.get(var) and os.path.exists(os.environ[var]):
+            return os.environ[var]
+    return SYSTEM_CA_BUNDLE if os.path.exists(SYSTEM_CA_BUNDLE) else None
+
+
+@functools.lru_cache(maxsize=8)
+def ssl_context(cafile: str | None = None) -> ssl.SSLContext:
+    """An SSL context trusting `cafile`, else ca_bundle()."""
+    cafile = cafile or ca_bundle()
     return ssl.create_default_context(cafile=cafile if cafile and os.path.exists(cafile) else None)
 
 
@@ -41,7 +68,7 @@ def project_files(index_name: str, index_url: str, project: str, timeout: float 
     url = f"{index_url.rstrip('/')}/{canonicalize_name(project)}/"
     req = urllib.request.Request(url, headers={"Accept": ACCEPT, "User-Agent": "trainbox"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout, context=_ssl_context()) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=ssl_context()) as resp:
             ctype = resp.headers.get("Content-Type", "")
             body = resp.read()
     except urllib.error.HTTPError as exc:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import jinja2
 
-from . import __version__
+from . import __version__, doctor
 from .errors import TrainboxError
 from .paths import CACHE_DIR, LAUNCHERS_DIR, REPO_ROOT
 from .recipe import (
@@ -49,14 +49,9 @@ TEMPLATES_DIR = LAUNCHERS_DIR / "templates"
 JOB_SCRIPT_IN_IMAGE = "/opt/trainbox/job.sh"
 
 # docker run pieces (see DESIGN.md, "Domain facts")
-NPU_CONTROL_DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
-NPU_DRIVER_MOUNTS = (
-    "/usr/local/dcmi",
-    "/usr/local/bin/npu-smi",
-    "/usr/local/Ascend/driver/lib64",
-    "/usr/local/Ascend/driver/version.info",
-    "/etc/ascend_install.info",
-)
+# the doctor checks for exactly these, so both come from one list
+NPU_CONTROL_DEVICES = doctor.NPU_DEVICE_NODES
+NPU_DRIVER_MOUNTS = tuple(doctor.NPU_DRIVER_MOUNTS)
 # memlock: HCCL / NCCL and RDMA pin host memory. CPU jobs pin nothing and get only the stack limit: some
 # hosts (unprivileged CI sandboxes) cannot raise memlock at all, and docker then refuses to start.
 ULIMITS = {"npu": ("memlock=-1", "stack=67108864"), "cuda": ("memlock=-1", "stack=67108864"),
@@ -564,8 +559,7 @@ def execute(plan: RunPlan, node_rank: int = 0) -> int:
     argv = plan.argv_per_node[node_rank]
     if not image_exists(argv[0], plan.image):
         raise TrainboxError(f"image {plan.image} is not present: build it with `trainbox image build --stack "
-                            f"{plan.stack.name}` (or `make image-{plan.stack.name.split('-')[0]}`), or name one "
-                            "with --image")
+                            f"{plan.stack.name}`, or name one with --image")
     for d in plan.host_dirs_to_create:
         os.makedirs(d, exist_ok=True)
     print(f"trainbox run {plan.recipe.name}: {plan.image}, script {plan.script_path}", file=sys.stderr)

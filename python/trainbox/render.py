@@ -92,24 +92,17 @@ def _dep_lines(stack: Stack) -> list[str]:
 
 
 def _patch_list(stack: Stack) -> dict[str, list[dict]]:
+    """{component: [{file, sha256}]} read through the same series parser the image build's applier uses."""
+    from .patches import applied_patches
+
     out: dict[str, list[dict]] = {}
     for key, c in sorted(stack.installed_components.items()):
         if not c.patches:
             continue
-        series_dir = PATCHES_DIR / c.patches
-        series = series_dir / "series"
-        if not series.is_file():
-            raise TrainboxError(f"{stack.source_file}: components.{key}.patches: {series} does not exist")
-        entries = []
-        for line in series.read_text().splitlines():
-            name = line.split("#", 1)[0].strip()
-            if not name:
-                continue
-            f = series_dir / name
-            if not f.is_file():
-                raise TrainboxError(f"{series}: names {name!r}, which does not exist in {series_dir}")
-            entries.append({"file": name, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()})
-        out[key] = entries
+        try:
+            out[key] = applied_patches(c.patches, PATCHES_DIR)
+        except TrainboxError as exc:
+            raise TrainboxError(f"{stack.source_file}: components.{key}.patches: {exc}") from None
     return out
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .errors import TrainboxError
+from .index import ssl_context
 from .paths import CACHE_DIR
 
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -169,19 +170,6 @@ def cached_artifact(sha256: str, cache_dir: Path | None = None) -> Path | None:
     return None
 
 
-def _ssl_context():
-    import ssl
-
-    cafile = None
-    for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
-        if os.environ.get(var) and os.path.exists(os.environ[var]):
-            cafile = os.environ[var]
-            break
-    if cafile is None and os.path.exists("/etc/ssl/certs/ca-certificates.crt"):
-        cafile = "/etc/ssl/certs/ca-certificates.crt"
-    return ssl.create_default_context(cafile=cafile)
-
-
 def _download(url: str, sha256: str, filename: str, cache_dir: Path | None, what: str) -> Path:
     """Download into the cache atomically: temp dir, hash while writing, verify, rename into place."""
     root = _cache(cache_dir) / "sha256"
@@ -191,7 +179,7 @@ def _download(url: str, sha256: str, filename: str, cache_dir: Path | None, what
         dest = tmp / filename
         h = hashlib.sha256()
         req = urllib.request.Request(url, headers={"User-Agent": "trainbox"})
-        ctx = _ssl_context() if url.startswith("https:") else None
+        ctx = ssl_context() if url.startswith("https:") else None
         try:
             with urllib.request.urlopen(req, timeout=120, context=ctx) as resp, open(dest, "wb") as out:
                 for chunk in iter(lambda: resp.read(1 << 20), b""):

@@ -408,3 +408,14 @@ def attach_lock(stack: Stack, lock: dict) -> None:
             pin = comp.pin_for(plat)
             if rec.get("version") == pin.version and rec.get("index") == pin.index:
                 comp.locked[plat] = list(rec.get("sha256") or [])
+
+
+def parse_sets(items: list[str] | None) -> dict[str, str]:
+    """`--set COMPONENT.FIELD=VALUE` items as a dict (load_stack validates the components and fields)."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key or not key.strip() or not value.strip():
+            raise StackError(f"--set {item}: expected COMPONENT.FIELD=VALUE, e.g. --set torch.version=2.13.0+cpu")
+        out[key.strip()] = value.strip()
+    return out

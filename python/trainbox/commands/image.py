@@ -46,8 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _build(args: argparse.Namespace) -> int:
     from trainbox import image
+    from trainbox.stack import parse_sets
     opts = image.BuildOptions(
-        stack=args.stack, tags=args.tag, base=args.base, sets=image.parse_sets(args.sets),
+        stack=args.stack, tags=args.tag, base=args.base, sets=parse_sets(args.sets),
         wheelhouse=args.wheelhouse, pip_index_url=args.pip_index_url, ca_bundle=args.ca_bundle,
         platform=args.platform, force=args.force, dry_run=args.dry_run, report=args.report,
         verbose=args.verbose, no_cache=args.no_cache, cache_from=args.cache_from, cache_to=args.cache_to,

@@ -61,14 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _verify(args: argparse.Namespace) -> int:
     from trainbox import patches
 
-    from trainbox.errors import TrainboxError
+    from trainbox.stack import parse_sets
 
-    sets = {}
-    for item in args.sets or []:
-        if "=" not in item:
-            raise TrainboxError(f"--set {item}: expected COMPONENT.FIELD=VALUE")
-        k, val = item.split("=", 1)
-        sets[k.strip()] = val.strip()
+    sets = parse_sets(args.sets)
     rows = patches.verify(args.stack, args.component, strict=args.strict, offline=args.offline, sets=sets)
     if args.json:
         print(patches.rows_json(rows))
