@@ -112,6 +112,24 @@ def test_npu_base_unreachable_fails_fast_with_hint(capsys, monkeypatch):
     assert "--base IMAGE" in err and "docker load" in err
 
 
+def test_explicit_local_debian_base_is_bootstrapped_not_pulled(monkeypatch):
+    """`--base local/debian:bookworm` (what the unreachable-base hint suggests) on an engine that lacks it:
+    bootstrap it first, whatever a registry would answer for that name."""
+    from trainbox import image
+    from trainbox.stack import load_stack
+
+    asked = []
+    monkeypatch.setattr(base, "base_available", lambda ref, client, **kw: asked.append(ref) or (True, "stand-in"))
+    stack = load_stack("npu-910b", base="local/debian:bookworm")
+    said = []
+    assert image.resolve_base(stack, StubClient(), said.append) == ("local/debian:bookworm", None, True)
+    assert asked == [] and "bootstrapping" in said[0]
+    # present locally: used as it is
+    present = StubClient({"local/debian:bookworm": "sha256:1"})
+    monkeypatch.setattr(base, "base_available", lambda ref, client, **kw: (True, "present locally"))
+    assert image.resolve_base(stack, present, said.append) == ("local/debian:bookworm", None, False)
+
+
 # -- for real --------------------------------------------------------------------------------------
 
 @pytest.mark.docker

@@ -383,10 +383,14 @@ def resolve_base(stack, client: Client, say: Callable[[str], None]) -> tuple[str
     from .base import DEFAULT_TAG, base_available
 
     image = stack.base.image
+    explicit = "base.image" in (stack.overrides or {})
+    if explicit and image.startswith("local/debian:") and not client.image_exists(image):
+        # trainbox's own base namespace (`trainbox base bootstrap`): made here, never pulled
+        say(f"base {image} is not present; bootstrapping it from Debian's archive first")
+        return image, None, True
     ok, why = base_available(image, client)
     if ok:
         return image, None, False
-    explicit = "base.image" in (stack.overrides or {})
     sub = stack.base.substitute
     if stack.base.auto_substitute and sub and not explicit:
         say(f"base {image} cannot be pulled ({why}); building on {sub} instead (stack {stack.name} allows it)")
