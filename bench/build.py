@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -24,15 +23,8 @@ from pathlib import Path
 
 def _edited_copy(root: Path, edit: str) -> Path:
     from trainbox import image
-    from trainbox.paths import REPO_ROOT
 
-    for item in image.CONTEXT_ITEMS:
-        src = REPO_ROOT / item
-        if src.is_dir():
-            shutil.copytree(src, root / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        elif src.exists():
-            (root / item).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, root / item)
+    image.copy_inputs(root)
     target = root / edit
     target.write_text(target.read_text() + f"\n# bench edit {time.time()}\n")
     return root

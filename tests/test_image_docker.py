@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -161,16 +160,9 @@ def test_rebuild_without_change_answers_from_the_hash_tag(cpu_build):
 def _edited_repo(tmp_path: Path, edit: str) -> Path:
     """A copy of the checkout's build inputs with one file changed (the checkout itself is not touched)."""
     from trainbox import image
-    from trainbox.paths import REPO_ROOT
 
     root = tmp_path / "repo"
-    for item in image.CONTEXT_ITEMS:
-        src = REPO_ROOT / item
-        if src.is_dir():
-            shutil.copytree(src, root / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        elif src.exists():
-            (root / item).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, root / item)
+    image.copy_inputs(root)
     target = root / edit
     target.write_text(target.read_text() + "\n# edited by test_image_docker\n")
     return root

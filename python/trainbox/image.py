@@ -18,7 +18,6 @@ import platform as _platform
 import shlex
 import shutil
 import ssl
-import subprocess
 import sys
 import tempfile
 import time
@@ -255,6 +254,14 @@ def _copy_item(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
+def copy_inputs(dst: Path) -> None:
+    """The checkout's build inputs (CONTEXT_ITEMS, caches left out) copied under `dst`."""
+    for item in CONTEXT_ITEMS:
+        src = REPO_ROOT / item
+        if src.exists():
+            _copy_item(src, dst / item)
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.link(src, dst)  # same file system: instant, and BuildKit sees the same mtime every time
@@ -293,10 +300,7 @@ def _populate(ctx: Path, rendered_files: dict[str, bytes], wheels: list[WheelFil
     if ctx.exists():
         shutil.rmtree(ctx)
     ctx.mkdir(parents=True)
-    for item in CONTEXT_ITEMS:
-        src = REPO_ROOT / item
-        if src.exists():
-            _copy_item(src, ctx / item)
+    copy_inputs(ctx)
     for rel, data in rendered_files.items():
         p = ctx / rel
         p.parent.mkdir(parents=True, exist_ok=True)

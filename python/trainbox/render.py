@@ -8,7 +8,6 @@ committed, and drift-checked with `trainbox render --check`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
