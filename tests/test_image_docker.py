@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -164,7 +165,8 @@ def _edited_repo(tmp_path: Path, edit: str) -> Path:
     root = tmp_path / "repo"
     image.copy_inputs(root)
     target = root / edit
-    target.write_text(target.read_text() + "\n# edited by test_image_docker\n")
+    # unique each run: BuildKit's cache outlives the test, and a repeated edit would be answered from it
+    target.write_text(target.read_text() + f"\n# edited by test_image_docker {uuid.uuid4().hex}\n")
     return root
 
 
