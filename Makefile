@@ -21,12 +21,15 @@ help:
 	@echo "make smoke       trainbox smoke: cpu, and npu-910b on its substitute base (ci/smoke-offline.yaml)"
 	@echo "make image-cpu|image-npu|image-cuda, make bench"
 
+# The host tests run real multi-process torch: TORCH_SPEC is the CPU build (pip's configured wheel directory holds
+# it on these machines; elsewhere add PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu).
+TORCH_SPEC ?= torch==2.13.0
 install:
-	$(PYTHON) -m pip install -q -e '.[build,dev]'
+	$(PYTHON) -m pip install -q -e '.[build,dev]' '$(TORCH_SPEC)'
 
 # install on first use, so that a fresh clone needs only `make demo` / `make test`
 ensure-installed:
-	@$(PYTHON) -c 'import trainbox, jinja2, pydantic, yaml, rich, pytest' 2>/dev/null || $(MAKE) install
+	@$(PYTHON) -c 'import trainbox, jinja2, pydantic, yaml, rich, pytest, torch' 2>/dev/null || $(MAKE) install
 
 engine:
 	bash scripts/ensure-docker.sh

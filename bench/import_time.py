@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODULES = ("trainbox.device", "trainbox.dist", "trainbox.markers")
+MODULES = ("trainbox.runtime.device", "trainbox.runtime.dist", "trainbox.runtime.markers")
 GOAL_MS = 20.0
 HEAVY = ("torch", "torch_npu", "numpy")
 

@@ -48,7 +48,7 @@ def _unavailable(msg: str):
 @functools.cache
 def _client_or_reason():
     from trainbox.engine import find_client
-    from trainbox.errors import TrainboxError
+    from trainbox.runtime.errors import TrainboxError
 
     try:
         client = find_client()

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from trainbox import base, engine
-from trainbox.errors import TrainboxError
+from trainbox.runtime.errors import TrainboxError
 
 
 class StubClient(engine.Client):

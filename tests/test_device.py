@@ -1,4 +1,4 @@
-"""trainbox.device on this (CPU-only) host, plus the real torch-npu wheel failing to load for real.
+"""trainbox.runtime.device on this (CPU-only) host, plus the real torch-npu wheel failing to load for real.
 
 NPU branches with a stand-in torch_npu live in test_runtime_npu.py; real multi-process Gloo runs in
 test_dist.py; the CUDA checks in tests/gpu/check_cuda.py.
@@ -19,16 +19,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainbox import device  # noqa: E402
-from trainbox.errors import TrainboxError  # noqa: E402
+from trainbox.runtime import device  # noqa: E402
+from trainbox.runtime.errors import TrainboxError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PYDIR = REPO / "python"
-RUNTIME_MODULES = ("trainbox.device", "trainbox.dist", "trainbox.markers", "trainbox.rankenv")
+RUNTIME_MODULES = ("trainbox.runtime.device", "trainbox.runtime.dist", "trainbox.runtime.markers", "trainbox.runtime.rankenv")
 # everything the image runs besides the helpers: the CLI (for `trainbox doctor`), every command group's
 # registration, the entrypoint and the doctor
 IMAGE_MODULES = RUNTIME_MODULES + (
-    "trainbox.cli", "trainbox.doctor", "trainbox.entrypoint", "trainbox.manifest", "trainbox.errors",
+    "trainbox.cli", "trainbox.runtime.doctor", "trainbox.runtime.entrypoint", "trainbox.runtime.manifest", "trainbox.runtime.errors",
     "trainbox.paths", "trainbox.commands.stack", "trainbox.commands.render", "trainbox.commands.patches",
     "trainbox.commands.base", "trainbox.commands.image", "trainbox.commands.launch", "trainbox.commands.doctor",
     "trainbox.commands.smoke")
@@ -71,7 +71,7 @@ def test_import_pulls_in_no_torch():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
-    assert "trainbox.device" in imported  # the importtime report is really there
+    assert "trainbox.runtime.device" in imported  # the importtime report is really there
     assert not [m for m in imported if m.split(".")[0] == "torch"]
 
 
@@ -91,7 +91,7 @@ def test_runtime_modules_work_on_other_pythons_without_torch(minor):
         pytest.skip(f"no python3.{minor} on this machine")
     code = (
         "import sys\n"
-        "from trainbox import device, dist, markers, rankenv\n"
+        "from trainbox.runtime import device, dist, markers, rankenv\n"
         "assert 'torch' not in sys.modules\n"
         "print(device.get_device_type(), dist.is_initialized(), dist.all_gather_object('x'),\n"
         "      device.capabilities()['sdpa'].reason, device.optional_import('torch')[0])\n"
@@ -103,7 +103,7 @@ def test_runtime_modules_work_on_other_pythons_without_torch(minor):
 
 
 def test_override_answers_without_importing_torch():
-    code = "import sys; from trainbox import device; print(device.get_device_type(), 'torch' in sys.modules)"
+    code = "import sys; from trainbox.runtime import device; print(device.get_device_type(), 'torch' in sys.modules)"
     proc = _run(["-c", code], env=_env(TRAINBOX_DEVICE=" NPU "))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["npu", "False"]
@@ -286,7 +286,7 @@ def test_real_torch_npu_without_cann_explains_itself():
 
     probe = (
         "import sys\n"
-        "from trainbox import device\n"
+        "from trainbox.runtime import device\n"
         "for attempt in (1, 2):\n"
         "    try:\n"
         "        device.get_device_type()\n"
@@ -305,7 +305,7 @@ def test_real_torch_npu_without_cann_explains_itself():
 
     # The way out named in the message works: a deliberate CPU run, torch imports, a process group forms.
     way_out = (
-        "from trainbox import device, dist\n"
+        "from trainbox.runtime import device, dist\n"
         "info = dist.init_distributed()\n"
         "print(device.get_device_type(), info.backend, info.world_size, dist.all_gather_object(7))\n"
         "dist.destroy_distributed()\n"

@@ -1,4 +1,4 @@
-"""trainbox.dist and trainbox.rankenv: unit checks, a one-process group, and real multi-process runs
+"""trainbox.runtime.dist and trainbox.runtime.rankenv: unit checks, a one-process group, and real multi-process runs
 (CPU, Gloo) launched by torchrun and by an MPI-style environment."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainbox import dist as tdist  # noqa: E402
-from trainbox.errors import TrainboxError  # noqa: E402
-from trainbox.rankenv import read_rank_env  # noqa: E402
+from trainbox.runtime import dist as tdist  # noqa: E402
+from trainbox.runtime.errors import TrainboxError  # noqa: E402
+from trainbox.runtime.rankenv import read_rank_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -180,7 +180,7 @@ def test_clear_bound_device_id_is_guarded(saved_environ):
 
 WORKER = r'''
 import json, os, sys
-from trainbox import dist as tdist
+from trainbox.runtime import dist as tdist
 
 out = {}
 info = tdist.init_distributed(timeout=60)
@@ -287,7 +287,7 @@ def test_explicit_arguments_override_environment(tmp_path):
     port = _free_port()
     code = textwrap.dedent(f"""
         import sys
-        from trainbox import dist
+        from trainbox.runtime import dist
         rank = int(sys.argv[1])
         info = dist.init_distributed("gloo", rank=rank, world_size=2, master_addr="127.0.0.1",
                                      master_port={port}, timeout=60)

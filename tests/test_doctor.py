@@ -1,4 +1,4 @@
-"""Unit tests for trainbox.doctor: every check made to fail on purpose, and to pass.
+"""Unit tests for trainbox.runtime.doctor: every check made to fail on purpose, and to pass.
 
 Fake filesystem trees (device nodes as plain files, a CANN toolkit of empty files, dist-info folders)
 are stand-ins built under tmp_path and handed to the doctor through Context(root=..., sys_path=...).
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import doctor
-from trainbox.doctor import FAIL, PASS, SKIP, WARN, Context, versions_match
+from trainbox.runtime import doctor
+from trainbox.runtime.doctor import FAIL, PASS, SKIP, WARN, Context, versions_match
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,7 +131,7 @@ def test_crashing_check_becomes_a_fail(make, monkeypatch):
         raise KeyError("nope")
 
     chk = doctor.Check("test.boom", boom, True, "boom")
-    monkeypatch.setattr(doctor, "CHECKS", doctor.CHECKS + [chk])
+    monkeypatch.setattr(doctor.core, "CHECKS", doctor.CHECKS + [chk])
     res = run(make(), "test.boom")
     assert res.status == FAIL and "KeyError" in res.message and res.fix
 
@@ -847,7 +847,7 @@ def test_cli_json_and_missing_manifest(tmp_path):
 
 
 def test_doctor_does_not_import_torch_in_process():
-    code = ("import sys, trainbox.doctor as d\n"
+    code = ("import sys, trainbox.runtime.doctor as d\n"
             "ctx = d.Context.from_environment(quick=False)\n"
             "d.run_checks(ctx)\n"
             "bad = [m for m in ('torch', 'torch_npu', 'ray', 'numpy') if m in sys.modules]\n"

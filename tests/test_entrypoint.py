@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import entrypoint
+from trainbox.runtime import entrypoint
 
 DUMP_ENV = [sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"]
 
@@ -35,7 +35,7 @@ def base_env(tmp_path: Path, **extra) -> dict:
 
 
 def entry(args, env, **kw):
-    return subprocess.run([sys.executable, "-m", "trainbox.entrypoint", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "trainbox.runtime.entrypoint", *args], env=env, capture_output=True,
                           text=True, timeout=120, **kw)
 
 
@@ -169,7 +169,7 @@ def test_debug_says_what_changed(tmp_path):
 
 
 def test_exec_replaces_the_process(tmp_path):
-    p = subprocess.Popen([sys.executable, "-m", "trainbox.entrypoint", "sh", "-c", "echo $$"],
+    p = subprocess.Popen([sys.executable, "-m", "trainbox.runtime.entrypoint", "sh", "-c", "echo $$"],
                          env=base_env(tmp_path), stdout=subprocess.PIPE, text=True)
     out, _ = p.communicate(timeout=60)
     assert int(out.strip()) == p.pid  # same PID: no Python process stayed behind
@@ -255,10 +255,10 @@ def test_check_unknown_value_warns(tmp_path):
 
 
 def test_entrypoint_import_is_light():
-    code = ("import sys, trainbox.entrypoint\n"
-            "print(sorted(m for m in ('subprocess', 'trainbox.doctor', 'torch', 'json', 'dataclasses', 'typing')"
+    code = ("import sys, trainbox.runtime.entrypoint\n"
+            "print(sorted(m for m in ('subprocess', 'trainbox.runtime.doctor', 'torch', 'json', 'dataclasses', 'typing')"
             " if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path.insert(0, {str(Path(entrypoint.__file__).parents[1])!r})\n" + code],
+    out = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path.insert(0, {str(Path(entrypoint.__file__).parents[2])!r})\n" + code],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

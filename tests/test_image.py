@@ -13,7 +13,7 @@ import pytest
 
 from trainbox import engine, image
 from trainbox.cli import main
-from trainbox.errors import TrainboxError
+from trainbox.runtime.errors import TrainboxError
 
 DATA = Path(__file__).parent / "data"
 

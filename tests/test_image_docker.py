@@ -40,7 +40,7 @@ def test_cpu_labels_and_manifest_match_the_stack(cpu_build):
     client = dh.docker_client()
     labels = client.labels(cpu_build.tag)
     assert labels["io.trainbox.stack"] == "cpu"
-    assert labels["io.trainbox.device"] == "cpu"
+    assert labels["io.trainbox.runtime.device"] == "cpu"
     assert labels["io.trainbox.python"] == stack.python
     assert labels["io.trainbox.torch"] == stack.components["torch"].version
     assert labels["io.trainbox.content-hash"] == cpu_build.report["content_hash"]
@@ -100,6 +100,21 @@ def test_cpu_container_runs_torch_under_tini(cpu_build):
     first, pid1 = proc.stdout.strip().splitlines()[:2]
     assert first.startswith("2.13.0+cpu cpu ")
     assert "tini" in pid1 and "-g" in pid1.split()
+
+
+def test_cpu_image_holds_the_runtime_half_and_no_host_module(cpu_build):
+    proc = dh.run_in_image(
+        cpu_build.tag, "sh", "-c",
+        "python3 -c 'import trainbox.render' 2>&1; echo rc=$?; "
+        "python3 -m trainbox.runtime.doctor --quick --json >/dev/null; echo doctor=$?; "
+        "trainbox doctor --quick >/dev/null; echo cli=$?; ls /opt/trainbox/python/trainbox",
+        timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "No module named 'trainbox.render'" in out and "rc=1" in out
+    assert "doctor=0" in out and "cli=0" in out, out
+    assert sorted(out.split("cli=0", 1)[1].split()) == ["__init__.py", "__pycache__", "cli.py", "commands",
+                                                        "runtime"]
 
 
 def test_cpu_final_stage_has_no_build_tools(cpu_build):

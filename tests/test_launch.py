@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from trainbox.cli import main
-from trainbox.errors import TrainboxError
+from trainbox.runtime.errors import TrainboxError
 from trainbox.launch import (
     NPU_CONTROL_DEVICES,
     NPU_DRIVER_MOUNTS,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbox.dist import hccl_socket_port_env
+from trainbox.runtime.dist import hccl_socket_port_env
 from trainbox.launch import StackInfo, load_stack_info, render_script
 from trainbox.recipe import all_inputs, list_recipes, load_recipe
 
@@ -149,7 +149,7 @@ def test_hostile_values_arrive_intact_and_nothing_executes(name, mode, tmp_path,
     if visible:
         assert job["env"][visible] == ",".join(str(i) for i in range(recipe.devices_per_node))
     if stack.device == "npu":
-        # the launcher and trainbox.dist derive the same per-job HCCL port ranges from MASTER_PORT
+        # the launcher and trainbox.runtime.dist derive the same per-job HCCL port ranges from MASTER_PORT
         want = hccl_socket_port_env(29611, environ={})
         for k, v in want.items():
             assert job["env"][k] == v

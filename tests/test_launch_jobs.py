@@ -1,5 +1,5 @@
 """The shipped cpu-ddp job, rendered and run on this host with its real torch (no Docker): two processes
-over Gloo through trainbox.dist, a loss that falls, metrics written where OUTPUT_DIR says."""
+over Gloo through trainbox.runtime.dist, a loss that falls, metrics written where OUTPUT_DIR says."""
 
 from __future__ import annotations
 

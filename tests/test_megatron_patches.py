@@ -294,7 +294,7 @@ def test_image_applier_fails_when_the_pin_moves(mcore_pin, tmp_path):
 
     fetched = fetch(replace(mcore_pin, version="0.16.0", sha256=(MCORE_016_SHA,)))
     site = unpack(fetched, tmp_path / "site-packages")
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "build" / "scripts" / "apply_patches.py"),
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "python" / "trainbox" / "runtime" / "apply_patches.py"),
                            "--series", str(SERIES / "series"), "--dist", "megatron-core"],
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(site)))
     assert proc.returncode == 1

@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from trainbox import patches
-from trainbox.errors import TrainboxError
+from trainbox.runtime.errors import TrainboxError
 from trainbox.paths import REPO_ROOT
 from trainbox.sources import Pin, SourceError, fetch, unpack
 
 AP = patches.applier()
-APPLIER = REPO_ROOT / "build" / "scripts" / "apply_patches.py"
+APPLIER = REPO_ROOT / "python" / "trainbox" / "runtime" / "apply_patches.py"
 FIXED = {"GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "dev@example.org", "GIT_AUTHOR_DATE": "2024-05-01T10:00:00+0000",
          "GIT_COMMITTER_NAME": "Dev", "GIT_COMMITTER_EMAIL": "dev@example.org",
          "GIT_COMMITTER_DATE": "2024-05-01T10:00:00+0000"}

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from trainbox.errors import TrainboxError
+from trainbox.runtime.errors import TrainboxError
 from trainbox.launch import render
 from trainbox.recipe import list_recipes, load_recipe, shell_word
 

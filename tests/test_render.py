@@ -10,7 +10,7 @@ import pytest
 
 from trainbox import render as render_mod
 from trainbox.cli import main
-from trainbox.errors import TrainboxError
+from trainbox.runtime.errors import TrainboxError
 from trainbox.paths import REPO_ROOT
 from trainbox.render import DEFAULT_DOCKERFILES, render_all, render_stack
 from trainbox.stack import list_stacks, load_stack

@@ -1,4 +1,4 @@
-"""trainbox.markers: patch markers and the MindSpeed import-order guard.
+"""trainbox.runtime.markers: patch markers and the MindSpeed import-order guard.
 
 The MindSpeed / Megatron tests use STAND-IN packages (a `mindspeed.megatron_adaptor` that imports
 `megatron.core`, as the real one does, and an `mcore_bridge`) written to a temporary directory and
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import markers
-from trainbox.errors import TrainboxError
+from trainbox.runtime import markers
+from trainbox.runtime.errors import TrainboxError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -130,7 +130,7 @@ def _child(code: str, pythonpath: Path) -> subprocess.CompletedProcess:
 
 def test_adaptor_first_is_fine(standins):
     proc = _child("""
-        from trainbox.markers import import_mindspeed_adaptor
+        from trainbox.runtime.markers import import_mindspeed_adaptor
         adaptor = import_mindspeed_adaptor()
         import megatron.core, mcore_bridge
         print(adaptor.APPLIED, megatron.core.PATCHED, import_mindspeed_adaptor() is adaptor)
@@ -142,8 +142,8 @@ def test_adaptor_first_is_fine(standins):
 def test_megatron_first_is_a_clear_error(standins):
     proc = _child("""
         import mcore_bridge
-        from trainbox.markers import import_mindspeed_adaptor
-        from trainbox.errors import TrainboxError
+        from trainbox.runtime.markers import import_mindspeed_adaptor
+        from trainbox.runtime.errors import TrainboxError
         try:
             import_mindspeed_adaptor()
         except TrainboxError as exc:
@@ -156,7 +156,7 @@ def test_megatron_first_is_a_clear_error(standins):
 
 def test_import_guard_stops_the_wrong_order_at_the_import(standins):
     proc = _child("""
-        from trainbox.markers import install_mindspeed_import_guard
+        from trainbox.runtime.markers import install_mindspeed_import_guard
         assert install_mindspeed_import_guard() is True
         assert install_mindspeed_import_guard() is False
         try:
@@ -176,7 +176,7 @@ def test_import_guard_stops_the_wrong_order_at_the_import(standins):
 def test_guard_refuses_when_megatron_is_already_loaded(standins):
     proc = _child("""
         import megatron.core
-        from trainbox.markers import install_mindspeed_import_guard
+        from trainbox.runtime.markers import install_mindspeed_import_guard
         install_mindspeed_import_guard()
         """, standins)
     assert proc.returncode != 0
@@ -185,8 +185,8 @@ def test_guard_refuses_when_megatron_is_already_loaded(standins):
 
 def test_missing_mindspeed(tmp_path):
     proc = _child("""
-        from trainbox.markers import import_mindspeed_adaptor
-        from trainbox.errors import TrainboxError
+        from trainbox.runtime.markers import import_mindspeed_adaptor
+        from trainbox.runtime.errors import TrainboxError
         print(import_mindspeed_adaptor(required=False))
         try:
             import_mindspeed_adaptor()

@@ -1,4 +1,4 @@
-"""NPU branches of trainbox.device / trainbox.dist with a STAND-IN torch_npu.
+"""NPU branches of trainbox.runtime.device / trainbox.runtime.dist with a STAND-IN torch_npu.
 
 No NPU exists on this machine. Each test writes a stand-in `torch_npu` package (clearly not the real
 one) into a temporary directory and runs a child process with it on PYTHONPATH. The stand-in does what
@@ -118,7 +118,7 @@ def _python(code: str, env: dict, timeout: int = 120) -> subprocess.CompletedPro
 SCENARIOS = r'''
 import json, os, sys, types
 import torch
-from trainbox import device as d
+from trainbox.runtime import device as d
 
 out = {}
 
@@ -270,7 +270,7 @@ def test_torch_autoload_failure_is_explained(tmp_path):
     assert "Failed to load the backend extension: torch_npu" in control.stderr
 
     proc = _python("""
-        from trainbox import device
+        from trainbox.runtime import device
         for _ in range(2):
             try:
                 device.get_device_type()
@@ -283,7 +283,7 @@ def test_torch_autoload_failure_is_explained(tmp_path):
     assert "libhccl.so" in first and "TRAINBOX_DEVICE=cpu" in first
 
     proc = _python("""
-        from trainbox import dist
+        from trainbox.runtime import dist
         info = dist.init_distributed()
         print(info.device, info.backend)
         dist.destroy_distributed()
@@ -296,7 +296,7 @@ HCCL_WORKER = r'''
 import functools, json, os, sys
 import torch, torch_npu
 import torch.distributed as dist
-from trainbox import dist as tdist
+from trainbox.runtime import dist as tdist
 
 out = {}
 orig_init = dist.init_process_group

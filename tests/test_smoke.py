@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainbox import smoke
-from trainbox.errors import TrainboxError
+from trainbox.runtime.errors import TrainboxError
 
 REPO = Path(__file__).resolve().parents[1]
 NUMPY_SHA = "8cba086a43d54ca804ce711b2a940b16e452807acebe7852ff327f1ecd49b0d4"  # numpy 2.3.5, cp311 x86_64
@@ -32,7 +32,6 @@ def make_checkout(root: Path) -> dict[str, str]:
     cpu (the real one), patched (a git component whose patch does not apply), badpin (numpy==0.0.99)."""
     (root / "build" / "stacks").mkdir(parents=True)
     shutil.copytree(REPO / "build" / "templates", root / "build" / "templates")
-    shutil.copytree(REPO / "build" / "scripts", root / "build" / "scripts")
     shutil.copy(REPO / ".hadolint.yaml", root)
     (root / "launchers" / "recipes").mkdir(parents=True)
     shutil.copytree(REPO / "launchers" / "templates", root / "launchers" / "templates")
@@ -250,7 +249,7 @@ def test_doctor_findings_expected_on_a_substitute_npu_base():
 
 
 def test_expected_findings_name_real_doctor_checks():
-    from trainbox import doctor
+    from trainbox.runtime import doctor
 
     for table in (smoke.EXPECTED_WITHOUT_ACCELERATOR, smoke.EXPECTED_ON_SUBSTITUTE):
         for device, ids in table.items():

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from trainbox.cli import main
-from trainbox.errors import TrainboxError
+from trainbox.runtime.errors import TrainboxError
 from trainbox.rules import RULES, check
 from trainbox.stack import list_stacks, load_stack
 

@@ -1,8 +1,8 @@
-"""A tiny model trained for a few steps with DDP over Gloo, through trainbox.dist (the `cpu-ddp` recipe).
+"""A tiny model trained for a few steps with DDP over Gloo, through trainbox.runtime.dist (the `cpu-ddp` recipe).
 
 Run by torchrun (`torchrun --standalone --nproc-per-node 2 cpu_ddp.py`). Every rank draws its own shard of
 a fixed linear-regression problem; rank 0 prints the world-averaged loss per step and the job fails unless
-the loss fell. It also gathers a Python object from every rank through trainbox.dist.all_gather_object,
+the loss fell. It also gathers a Python object from every rank through trainbox.runtime.dist.all_gather_object,
 the collective that routes through a Gloo group on accelerators.
 """
 
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainbox.dist import all_gather_object, destroy_distributed, init_distributed
+from trainbox.runtime.dist import all_gather_object, destroy_distributed, init_distributed
 
 
 def main(argv: list[str] | None = None) -> int:

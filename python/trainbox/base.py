@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from .engine import Client, EngineError, find_client, registry_reachable
-from .errors import TrainboxError
+from .runtime.errors import TrainboxError
 
 DEFAULT_TAG = "local/debian:bookworm"
 DEFAULT_SUITE = "bookworm"

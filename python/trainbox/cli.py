@@ -13,7 +13,7 @@ import importlib
 import sys
 
 from . import __version__
-from .errors import TrainboxError
+from .runtime.errors import TrainboxError
 
 # Order here is the order of `trainbox --help`.
 COMMAND_MODULES = [

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Iterable, Iterator
 
-from .errors import TrainboxError
+from .runtime.errors import TrainboxError
 
 ENSURE_HINT = "start one with `bash scripts/ensure-docker.sh` (root), or point DOCKER_HOST at a running engine"
 

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .engine import Client, ConsoleProgress, find_client, run_build
-from .errors import TrainboxError
+from .runtime.errors import TrainboxError
 from .index import ca_bundle, ssl_context
 from .paths import CACHE_DIR, REPO_ROOT
 
 #: Top-level parts of the checkout that go into every build context (the rendered files come on top).
-CONTEXT_ITEMS = ["pyproject.toml", "README.md", "LICENSE", "python", "patches", "launchers", "build/scripts"]
+CONTEXT_ITEMS = ["pyproject.toml", "README.md", "LICENSE", "python", "patches", "launchers"]
 #: Where the wheelhouse lies inside the build context (the Dockerfile bind-mounts it for pip).
 WHEELHOUSE_DIR = "wheelhouse"
 REPORTS_DIR = REPO_ROOT / "build" / "reports"

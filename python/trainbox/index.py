@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from .errors import TrainboxError
+from .runtime.errors import TrainboxError
 from .stack import PLATFORM_MACHINE
 
 ACCEPT = "application/vnd.pypi.simple.v1+json"

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import jinja2
 
-from . import __version__, doctor
-from .errors import TrainboxError
+from . import __version__
+from .runtime import npu
+from .runtime.errors import TrainboxError
 from .paths import CACHE_DIR, LAUNCHERS_DIR, REPO_ROOT
 from .recipe import (
     VISIBLE_DEVICES_VARS,
@@ -50,16 +51,15 @@ JOB_SCRIPT_IN_IMAGE = "/opt/trainbox/job.sh"
 
 # docker run pieces (see DESIGN.md, "Domain facts")
 # the doctor checks for exactly these, so both come from one list
-NPU_CONTROL_DEVICES = doctor.NPU_DEVICE_NODES
-NPU_DRIVER_MOUNTS = tuple(doctor.NPU_DRIVER_MOUNTS)
+NPU_CONTROL_DEVICES = npu.NPU_DEVICE_NODES
+NPU_DRIVER_MOUNTS = tuple(npu.NPU_DRIVER_MOUNTS)
 # memlock: HCCL / NCCL and RDMA pin host memory. CPU jobs pin nothing and get only the stack limit: some
 # hosts (unprivileged CI sandboxes) cannot raise memlock at all, and docker then refuses to start.
 ULIMITS = {"npu": ("memlock=-1", "stack=67108864"), "cuda": ("memlock=-1", "stack=67108864"),
            "cpu": ("stack=67108864",)}
 CPU_SHM_SIZE = "8g"  # CPU jobs keep a private IPC namespace; accelerator jobs use --ipc host
 # Ray rewrites the visible-devices variable per actor unless told not to (older Ray reads the second name).
-NOSET_VARS = {"npu": ("RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",
-                      "RAY_EXPERIMENTAL_NOSET_ASCEND_VISIBLE_DEVICES")}
+NOSET_VARS = {"npu": npu.NPU_NOSET}
 ALLOC_VARS = ("PYTORCH_NPU_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 # Host paths a bind mount must not cover inside the container.
 _PROTECTED_TARGETS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
@@ -172,11 +172,9 @@ def node_commands(recipe: Recipe, script: str = "job.sh") -> list[str]:
 
 
 def _hccl() -> dict[str, int]:
-    # The same rule trainbox.dist applies, so a job's script and its processes agree.
-    from . import dist
-
-    return {"host": dist._HCCL_HOST_BASE, "npu": dist._HCCL_NPU_BASE, "width": dist._HCCL_WIDTH,
-            "slots": dist._HCCL_SLOTS}
+    # The same rule trainbox.runtime.dist applies, so a job's script and its processes agree.
+    return {"host": npu.HCCL_HOST_BASE, "npu": npu.HCCL_NPU_BASE, "width": npu.HCCL_WIDTH,
+            "slots": npu.HCCL_SLOTS}
 
 
 def _ray_resources(device: str, n: int) -> str:

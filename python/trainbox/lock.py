@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import TrainboxError
+from .runtime.errors import TrainboxError
 from .index import IndexUnreachable, artifacts_for, project_files, versions
 from .stack import PLATFORM_MACHINE, Stack, canon
 

@@ -4,7 +4,7 @@ Layout: patches/<series>/series lists NNNN-subject.patch files (git format-patch
 patch says why it exists and carries `Upstream-Status:` and `Upstream-Ref:` trailers. A stack component
 names its series with `patches: <series>`.
 
-The applying itself lives in build/scripts/apply_patches.py (standard library only, because it also runs
+The applying itself lives in trainbox/runtime/apply_patches.py (standard library only, because it also runs
 inside image builds); this module loads that same file, so `verify` and the image build cannot disagree
 about what "applies" means.
 """
@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import TrainboxError
+from .runtime.errors import TrainboxError
 from .paths import CACHE_DIR, PATCHES_DIR, REPO_ROOT
 from .sources import Pin, fetch, pin_from_component, unpack
 
-APPLIER = REPO_ROOT / "build" / "scripts" / "apply_patches.py"
 _EDIT_META = "trainbox-edit.json"
 # Fixed identity and dates for the commits trainbox itself makes, so an edit tree is reproducible.
 _PRISTINE_DATE = "2000-01-01T00:00:00+0000"
@@ -40,16 +39,10 @@ class PatchSeriesError(TrainboxError):
 
 
 def applier():
-    """build/scripts/apply_patches.py as a module (loaded once)."""
-    mod = sys.modules.get("trainbox_apply_patches")
-    if mod is None:
-        if not APPLIER.is_file():
-            raise PatchSeriesError(f"{APPLIER}: missing; it is part of the trainbox checkout")
-        spec = importlib.util.spec_from_file_location("trainbox_apply_patches", APPLIER)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["trainbox_apply_patches"] = mod  # dataclasses look their module up while being created
-        spec.loader.exec_module(mod)
-    return mod
+    """The applier the image build runs (trainbox.runtime.apply_patches): one parser for both sides."""
+    from .runtime import apply_patches
+
+    return apply_patches
 
 
 def series_dir(series: str, patches_dir: Path | None = None) -> Path:

@@ -19,7 +19,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import TrainboxError
+from .runtime.errors import TrainboxError
 from .paths import LAUNCHERS_DIR
 from .stack import format_validation
 

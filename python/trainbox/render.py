@@ -17,7 +17,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
-from .errors import TrainboxError
+from .runtime.errors import TrainboxError
 from .paths import PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
 from .stack import PLATFORM_MACHINE, Stack, list_stacks, load_stack
 
@@ -227,9 +227,9 @@ def _labels(stack: Stack) -> dict[str, str]:
         "org.opencontainers.image.version": __version__,
         "org.opencontainers.image.base.name": stack.base.image,
         "io.trainbox.stack": stack.name,
-        "io.trainbox.device": stack.device,
+        "io.trainbox.runtime.device": stack.device,
         "io.trainbox.python": stack.python,
-        "io.trainbox.manifest": "/etc/trainbox/stack.json",
+        "io.trainbox.runtime.manifest": "/etc/trainbox/stack.json",
     }
     if torch and torch.version:
         labels["io.trainbox.torch"] = torch.version

@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import __version__
-from .errors import TrainboxError
+from .runtime.errors import TrainboxError
 from .paths import REPO_ROOT
 
 STEPS = ("validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes")

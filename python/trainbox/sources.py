@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import TrainboxError
+from .runtime.errors import TrainboxError
 from .index import ssl_context
 from .paths import CACHE_DIR
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import TrainboxError
+from .runtime.errors import TrainboxError
 from .paths import STACKS_DIR
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")

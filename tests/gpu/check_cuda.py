@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""trainbox.device / trainbox.dist on a real NVIDIA GPU (not collected by pytest: no GPU in CI).
+"""trainbox.runtime.device / trainbox.runtime.dist on a real NVIDIA GPU (not collected by pytest: no GPU in CI).
 
     python tests/gpu/check_cuda.py            # from the repository root; needs torch with CUDA
 
@@ -48,8 +48,8 @@ def worker() -> int:
     import torch
     import torch.distributed as dist
 
-    from trainbox import device as tdev
-    from trainbox import dist as tdist
+    from trainbox.runtime import device as tdev
+    from trainbox.runtime import dist as tdist
 
     rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     want = torch.device("cuda", local)

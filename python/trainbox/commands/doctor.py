@@ -4,24 +4,12 @@ from __future__ import annotations
 
 
 def register(subparsers) -> None:
+    from ..runtime.doctor import cli
+
     p = subparsers.add_parser(
         "doctor",
         help="check this environment (packages, CANN, devices, limits) and say how to fix what is wrong",
-        description="Check the training environment: installed versions against the stack manifest, CANN, "
-        "NPU/GPU devices and driver mounts, Ray/HCCL/allocator settings, /dev/shm, memlock and disk. "
-        "Prints one PASS/WARN/FAIL/SKIP line per check with the fix. Never imports torch in-process. "
-        "Exit status: 1 when a check fails (with --strict also on a warning), else 0.",
+        description=cli.DESCRIPTION,
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON (schema 1, see trainbox.doctor)")
-    p.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
-    p.add_argument("--manifest", metavar="PATH",
-                   help="stack manifest to check against (default: $TRAINBOX_MANIFEST or /etc/trainbox/stack.json)")
-    p.add_argument("--quick", action="store_true",
-                   help="only the checks that start no child process (what TRAINBOX_CHECK runs at container start)")
-    p.set_defaults(func=_run)
-
-
-def _run(args) -> int:
-    from .. import doctor
-
-    return doctor.main(manifest=args.manifest, as_json=args.json, strict=args.strict, quick=args.quick)
+    cli.add_arguments(p)
+    p.set_defaults(func=cli.run)

@@ -76,7 +76,7 @@ def cmd_render(args) -> int:
 def cmd_check(args) -> int:
     import shutil
 
-    from ..errors import TrainboxError
+    from ..runtime.errors import TrainboxError
     from ..launch import check_script, render
     from ..recipe import list_recipes
 
@@ -107,7 +107,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from ..errors import TrainboxError
+    from ..runtime.errors import TrainboxError
     from ..recipe import list_recipes, load_recipe
 
     rows = []

@@ -40,7 +40,7 @@ def register(sub) -> None:
 
 
 def cmd_validate(args) -> int:
-    from ..errors import TrainboxError
+    from ..runtime.errors import TrainboxError
     from ..rules import check
     from ..stack import list_stacks, load_stack
 

@@ -2,13 +2,13 @@
 
 Runtime module: standard library only at import time (torch imported inside the functions).
 
-    from trainbox.dist import init_distributed, all_gather_object, destroy_distributed
+    from trainbox.runtime.dist import init_distributed, all_gather_object, destroy_distributed
     info = init_distributed()          # torchrun, Ray Train or mpirun environment; or a single process
     stats = all_gather_object({"rank": info.rank, "loss": 0.5})
     destroy_distributed()
 
-Environment: TRAINBOX_DEVICE, TRAINBOX_DIST_BACKEND (see trainbox.device); RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun) or the MPI launcher's variables (trainbox.rankenv).
+Environment: TRAINBOX_DEVICE, TRAINBOX_DIST_BACKEND (see trainbox.runtime.device); RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun) or the MPI launcher's variables (trainbox.runtime.rankenv).
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 import sys
 
-from trainbox import device as _device
-from trainbox.errors import TrainboxError
-from trainbox.rankenv import read_rank_env
+from trainbox.runtime import device as _device
+from trainbox.runtime.errors import TrainboxError
+from trainbox.runtime.npu import HCCL_HOST_BASE, HCCL_NPU_BASE, HCCL_SLOTS, HCCL_WIDTH
+from trainbox.runtime.rankenv import read_rank_env
 
 __all__ = [
     "DistInfo",
@@ -33,10 +34,6 @@ __all__ = [
     "is_initialized",
     "object_group",
 ]
-
-# HCCL socket ports per job: slot = MASTER_PORT % _HCCL_SLOTS, _HCCL_WIDTH ports per slot. Both blocks
-# lie below Linux's default ephemeral range (32768-60999) and clear of HCCL's default NPU port 16666.
-_HCCL_HOST_BASE, _HCCL_NPU_BASE, _HCCL_WIDTH, _HCCL_SLOTS = 20480, 24576, 32, 128
 
 # Run-time state, set by init_distributed / object_group and dropped by destroy_distributed. Each entry
 # remembers the default group it was made for, so a group torn down behind our back is never reused.
@@ -105,9 +102,9 @@ def hccl_socket_port_env(master_port: int | None = None, environ=None) -> dict:
     if port is not None:
         if not 0 < int(port) < 65536:
             raise TrainboxError(f"MASTER_PORT={port}: expected a port number 1-65535")
-        offset = (int(port) % _HCCL_SLOTS) * _HCCL_WIDTH
-        for key, base in zip(keys, (_HCCL_HOST_BASE, _HCCL_NPU_BASE)):
-            env.setdefault(key, f"{base + offset}-{base + offset + _HCCL_WIDTH - 1}")
+        offset = (int(port) % HCCL_SLOTS) * HCCL_WIDTH
+        for key, base in zip(keys, (HCCL_HOST_BASE, HCCL_NPU_BASE)):
+            env.setdefault(key, f"{base + offset}-{base + offset + HCCL_WIDTH - 1}")
     return {key: env[key] for key in keys if key in env}
 
 

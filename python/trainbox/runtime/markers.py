@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import weakref
 
-from trainbox.errors import TrainboxError
+from trainbox.runtime.errors import TrainboxError
 
 __all__ = [
     "MINDSPEED_ADAPTOR",
@@ -109,7 +109,7 @@ def _order_error(loaded, importing: bool = False) -> TrainboxError:
     return TrainboxError(
         f"{what} {MINDSPEED_ADAPTOR}: MindSpeed's NPU patches must be applied first. Import it at the very top of "
         "the entry script (`import mindspeed.megatron_adaptor`, or "
-        "trainbox.markers.import_mindspeed_adaptor()), before anything that imports megatron.core or "
+        "trainbox.runtime.markers.import_mindspeed_adaptor()), before anything that imports megatron.core or "
         "mcore_bridge (megatron.training, mcore_bridge, swift.megatron, ...)."
     )
 

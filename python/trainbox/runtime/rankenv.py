@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from trainbox.errors import TrainboxError
+from trainbox.runtime.errors import TrainboxError
 
 # (rank, world size, local rank, local world size) variable names per MPI flavour.
 _MPI_FLAVOURS = (

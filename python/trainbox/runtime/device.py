@@ -16,7 +16,7 @@ import importlib
 import os
 import sys
 
-from trainbox.errors import TrainboxError
+from trainbox.runtime.errors import TrainboxError
 
 __all__ = [
     "Capability",
@@ -328,7 +328,7 @@ def _ray_local_index(device_type: str):
 def local_device_index(device_type: str | None = None, local_rank: int | None = None) -> int | None:
     """Index of this process's device: `local_rank`, else LOCAL_RANK (or the MPI local rank), else
     Ray's assignment, else RANK % device count, else 0. Range-checked. None on the CPU."""
-    from trainbox.rankenv import read_rank_env
+    from trainbox.runtime.rankenv import read_rank_env
 
     dt = device_type or get_device_type()
     if dt == "cpu":
