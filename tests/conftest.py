@@ -13,6 +13,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/docker_helpers.py
+# Test this checkout's package, also in subprocesses, whichever checkout the editable install points at
+# (git worktrees share one interpreter).
+_PKG = str(Path(__file__).resolve().parents[1] / "python")
+sys.path.insert(0, _PKG)
+os.environ["PYTHONPATH"] = os.pathsep.join([_PKG] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
 def pytest_collection_modifyitems(config, items):
