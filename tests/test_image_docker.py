@@ -106,15 +106,16 @@ def test_cpu_image_holds_the_runtime_half_and_no_host_module(cpu_build):
     proc = dh.run_in_image(
         cpu_build.tag, "sh", "-c",
         "python3 -c 'import trainbox.render' 2>&1; echo rc=$?; "
-        "python3 -m trainbox.runtime.doctor --quick --json >/dev/null; echo doctor=$?; "
-        "trainbox doctor --quick >/dev/null; echo cli=$?; ls /opt/trainbox/python/trainbox",
+        "python3 -m trainbox.runtime.doctor --quick --json | grep -c '\"schema\": 1'; "
+        "trainbox doctor --quick | grep -c '^summary: '; echo cli; ls /opt/trainbox/python/trainbox",
         timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "No module named 'trainbox.render'" in out and "rc=1" in out
-    assert "doctor=0" in out and "cli=0" in out, out
-    assert sorted(out.split("cli=0", 1)[1].split()) == ["__init__.py", "__pycache__", "cli.py", "commands",
-                                                        "runtime"]
+    lines = out.splitlines()
+    assert lines[lines.index("rc=1") + 1:][:2] == ["1", "1"], out  # both doctor entry points ran and reported (a FAIL on this host is fine)
+    assert sorted(out.split("\ncli\n", 1)[1].split()) == ["__init__.py", "__pycache__", "cli.py", "commands",
+                                                          "runtime"]
 
 
 def test_cpu_final_stage_has_no_build_tools(cpu_build):
