@@ -304,3 +304,15 @@ def test_explicit_arguments_override_environment(tmp_path):
                 os.killpg(p.pid, signal.SIGKILL)
     assert [p.returncode for p in procs] == [0, 0], logs
     assert [log.strip().splitlines()[-1] for log in logs] == ["arguments 0 0 2 [0, 1]", "arguments 1 1 2 [0, 1]"]
+
+
+def test_atlas_a2_gets_an_if_base_port_block_not_socket_ranges():
+    """On 910B the socket ranges break MC2 fused operators; a per-job HCCL_IF_BASE_PORT block is used instead."""
+    a, b = {"MASTER_PORT": "29500"}, {"MASTER_PORT": "29501"}
+    ra = tdist.hccl_socket_port_env(environ=a, chip="910b")
+    rb = tdist.hccl_socket_port_env(environ=b, chip="910b")
+    assert set(ra) == {"HCCL_IF_BASE_PORT"} and "HCCL_HOST_SOCKET_PORT_RANGE" not in a
+    pa, pb = int(ra["HCCL_IF_BASE_PORT"]), int(rb["HCCL_IF_BASE_PORT"])
+    assert abs(pa - pb) >= 32 and all(1024 <= p <= 65520 and p + 31 < 32768 for p in (pa, pb))
+    assert tdist.hccl_socket_port_env(environ={"MASTER_PORT": "29500"}, chip="a3").keys() == {
+        "HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_NPU_SOCKET_PORT_RANGE"}

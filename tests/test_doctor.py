@@ -695,6 +695,8 @@ def test_hccl_options(make, env, status, text):
     ({"HCCL_HOST_SOCKET_PORT_RANGE": "60000-60050"}, WARN, "overlaps the ephemeral range 32768-60999"),
     ({"HCCL_HOST_SOCKET_PORT_RANGE": "61000-61050", "MASTER_PORT": "61010"}, WARN, "MASTER_PORT=61010 lies inside"),
     ({"HCCL_IF_BASE_PORT": "80"}, FAIL, "HCCL_IF_BASE_PORT='80'"),
+    ({"HCCL_IF_BASE_PORT": "65521"}, FAIL, "1024-65520"),
+    ({"HCCL_IF_BASE_PORT": "65520"}, PASS, "HCCL_IF_BASE_PORT=65520"),
 ])
 def test_hccl_ports(make, root, env, status, text):
     touch(root, "/proc/sys/net/ipv4/ip_local_port_range", "32768\t60999\n")
@@ -855,3 +857,13 @@ def test_doctor_does_not_import_torch_in_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_hccl_ports_explain_socket_ranges_on_atlas_a2(make, root):
+    touch(root, "/proc/sys/net/ipv4/ip_local_port_range", "32768\t60999\n")
+    touch(root, "/proc/sys/net/ipv4/ip_local_reserved_ports", "\n")
+    man = {"stack": "npu-910b", "device": "npu", "base": {"chip": "910b"}}
+    res = run(make(env={"HCCL_HOST_SOCKET_PORT_RANGE": "21000-21031"}, man=man), "hccl.ports")
+    assert res.status == WARN and "MC2" in res.message and "HCCL_IF_BASE_PORT" in res.fix, res.line()
+    man["base"]["chip"] = "a3"
+    assert run(make(env={"HCCL_HOST_SOCKET_PORT_RANGE": "21000-21031"}, man=man), "hccl.ports").status == PASS

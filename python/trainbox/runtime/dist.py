@@ -18,7 +18,15 @@ import sys
 
 from trainbox.runtime import device as _device
 from trainbox.runtime.errors import TrainboxError
-from trainbox.runtime.npu import HCCL_HOST_BASE, HCCL_NPU_BASE, HCCL_SLOTS, HCCL_WIDTH
+from trainbox.runtime.npu import (
+    HCCL_HOST_BASE,
+    HCCL_IF_BASE,
+    HCCL_IF_BASE_WIDTH,
+    HCCL_NPU_BASE,
+    HCCL_SLOTS,
+    HCCL_SOCKET_RANGE_CHIPS_EXCLUDED,
+    HCCL_WIDTH,
+)
 from trainbox.runtime.rankenv import read_rank_env
 
 __all__ = [
@@ -87,25 +95,47 @@ def _world_group(dist):
     return dist.group.WORLD
 
 
-def hccl_socket_port_env(master_port: int | None = None, environ=None) -> dict:
-    """Derive HCCL_HOST_SOCKET_PORT_RANGE / HCCL_NPU_SOCKET_PORT_RANGE from MASTER_PORT (setdefault:
-    values already set win), so two jobs on one host with different MASTER_PORTs do not collide.
-    Returns the two values in effect (empty when there is no MASTER_PORT to derive from)."""
+def hccl_socket_port_env(master_port: int | None = None, environ=None, chip: str | None = None) -> dict:
+    """Give a job its own HCCL ports, derived from MASTER_PORT (setdefault: values already set win), so two jobs
+    on one host with different MASTER_PORTs do not collide. Returns the HCCL port values in effect (empty when
+    there is no MASTER_PORT to derive from).
+
+    Most chips get HCCL_HOST_SOCKET_PORT_RANGE / HCCL_NPU_SOCKET_PORT_RANGE. On Atlas A2 (chip 910b, from the
+    argument or the stack manifest) those ranges are not supported with MC2 fused operators and must be set on
+    every card of a communicator, so the job gets an HCCL_IF_BASE_PORT block instead."""
     env = os.environ if environ is None else environ
-    keys = ("HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_NPU_SOCKET_PORT_RANGE")
     port = master_port
     if port is None and env.get("MASTER_PORT"):
         try:
             port = int(env["MASTER_PORT"])
         except ValueError:
             raise TrainboxError(f"environment: MASTER_PORT={env['MASTER_PORT']!r}: expected an integer") from None
+    chip = (chip if chip is not None else _manifest_chip()) or ""
+    if chip.lower() in HCCL_SOCKET_RANGE_CHIPS_EXCLUDED:
+        keys: tuple = ("HCCL_IF_BASE_PORT",)
+    else:
+        keys = ("HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_NPU_SOCKET_PORT_RANGE")
     if port is not None:
         if not 0 < int(port) < 65536:
             raise TrainboxError(f"MASTER_PORT={port}: expected a port number 1-65535")
-        offset = (int(port) % HCCL_SLOTS) * HCCL_WIDTH
-        for key, base in zip(keys, (HCCL_HOST_BASE, HCCL_NPU_BASE)):
-            env.setdefault(key, f"{base + offset}-{base + offset + HCCL_WIDTH - 1}")
+        slot = int(port) % HCCL_SLOTS
+        if keys == ("HCCL_IF_BASE_PORT",):
+            env.setdefault("HCCL_IF_BASE_PORT", str(HCCL_IF_BASE + slot * HCCL_IF_BASE_WIDTH))
+        else:
+            offset = slot * HCCL_WIDTH
+            for key, base in zip(keys, (HCCL_HOST_BASE, HCCL_NPU_BASE)):
+                env.setdefault(key, f"{base + offset}-{base + offset + HCCL_WIDTH - 1}")
     return {key: env[key] for key in keys if key in env}
+
+
+def _manifest_chip() -> str | None:
+    """The chip of the image's stack (None on a bare host or with an unreadable manifest)."""
+    from trainbox.runtime.manifest import ManifestError, load_manifest
+
+    try:
+        return ((load_manifest() or {}).get("base") or {}).get("chip")
+    except ManifestError:
+        return None
 
 
 def _accepts_device_id(init_fn) -> bool:

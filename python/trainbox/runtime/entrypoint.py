@@ -7,10 +7,13 @@ In order, it:
 2. applies the stack's environment defaults: a variable already set (by the image's ENV or by the user's
    `docker run -e`) keeps its value, so the precedence is stack default < image ENV < user -e;
    TRAINBOX_DEVICE=cpu also defaults TORCH_DEVICE_BACKEND_AUTOLOAD=0, so torch_npu is not auto-loaded;
-3. sources the CANN and NNAL set_env.sh scripts that exist (list: $TRAINBOX_SET_ENV_SCRIPTS, colon
-   separated, empty to skip) in one `bash` with `set +u` (the scripts read unset variables) and imports
-   what they export; a variable that was already set keeps its value unless the script only extended
-   it (PATH-like prepends, which are then de-duplicated);
+3. sets up CANN as the cann base image's own ENTRYPOINT would: the toolkit's, BiSheng's (AscendNPU-IR,
+   which triton-ascend needs) and ATB's set_env.sh (ATB told `--cxx_abi=1`, so it does not import torch).
+   When the image build recorded what they export (/etc/trainbox/cann-env.json, trainbox.runtime.cann_env)
+   that record is applied and nothing is sourced; otherwise the scripts that exist (list:
+   $TRAINBOX_SET_ENV_SCRIPTS, colon separated, each `PATH [ARG...]`, empty to skip) are sourced in one
+   `bash` with `set +u` (the scripts read unset variables). Either way a variable that was already set
+   keeps its value unless the scripts only extended it (PATH-like prepends, then de-duplicated);
 4. with TRAINBOX_CHECK=1 prints the quick doctor checks' problems to stderr and goes on; with
    TRAINBOX_CHECK=strict refuses to start (exit 78) when one FAILs;
 5. replaces itself with the command (os.execvpe: no Python process stays behind, so signals from tini
@@ -26,11 +29,14 @@ from __future__ import annotations
 import os
 import sys
 
+from .npu import ASCENDNPU_IR_SET_ENV, ATB_SET_ENV_ARGS, CANN_ENV_FILE, TOOLKIT_HOMES
+
 PROG = "trainbox-entrypoint"
 SET_ENV_SCRIPTS = (
     "/usr/local/Ascend/ascend-toolkit/set_env.sh",
     "/usr/local/Ascend/cann/set_env.sh",
-    "/usr/local/Ascend/nnal/atb/set_env.sh",
+    # BiSheng / AscendNPU-IR under the toolkit home: found by ascendnpu_ir_set_env()
+    "/usr/local/Ascend/nnal/atb/set_env.sh " + " ".join(ATB_SET_ENV_ARGS),
 )
 EXIT_CHECK_FAILED = 78  # EX_CONFIG from sysexits.h: the environment, not the command, is wrong
 EXIT_NOT_FOUND = 127
@@ -52,7 +58,9 @@ environment:
   TRAINBOX_DEVICE=cpu         run without an accelerator on purpose (also sets
                               TORCH_DEVICE_BACKEND_AUTOLOAD=0 unless it is set)
   TRAINBOX_MANIFEST=PATH      stack manifest to read (default /etc/trainbox/stack.json)
-  TRAINBOX_SET_ENV_SCRIPTS=A:B  scripts to source instead of the CANN/NNAL defaults ('' for none)
+  TRAINBOX_SET_ENV_SCRIPTS=A:B  scripts to source instead of the CANN/NNAL defaults ('' for none);
+                              each entry is `PATH [ARG...]`
+  TRAINBOX_CANN_ENV_FILE=PATH the build's record of the CANN environment (default {CANN_ENV_FILE})
   TRAINBOX_DEBUG=1            say what was changed
 """
 
@@ -75,11 +83,28 @@ def apply_defaults(env: dict, manifest: dict | None) -> list[str]:
     return applied
 
 
+def ascendnpu_ir_set_env(env: dict) -> str | None:
+    """BiSheng's (AscendNPU-IR) set_env.sh under the toolkit home the image declares, else the newest one."""
+    homes = [env.get(v) for v in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")] + list(TOOLKIT_HOMES)
+    for home in filter(None, homes):
+        p = os.path.join(home, ASCENDNPU_IR_SET_ENV)
+        if os.path.isfile(p):
+            return p
+    import glob
+
+    found = sorted(glob.glob(os.path.join("/usr/local/Ascend/cann-*", ASCENDNPU_IR_SET_ENV)))
+    return found[-1] if found else None
+
+
 def set_env_scripts(env: dict) -> list[str]:
-    """The set_env scripts to source that exist."""
+    """The set_env scripts to source that exist, each `PATH [ARG...]`."""
     listed = env.get("TRAINBOX_SET_ENV_SCRIPTS")
-    candidates = SET_ENV_SCRIPTS if listed is None else [p for p in listed.split(":") if p]
-    return [p for p in candidates if os.path.isfile(p)]
+    if listed is None:
+        ir = ascendnpu_ir_set_env(env)
+        candidates = list(SET_ENV_SCRIPTS[:2]) + ([ir] if ir else []) + list(SET_ENV_SCRIPTS[2:])
+    else:
+        candidates = [p for p in listed.split(":") if p.strip()]
+    return [p for p in candidates if os.path.isfile(p.split()[0])]
 
 
 def _quote(s: str) -> str:
@@ -124,8 +149,8 @@ def source_scripts(env: dict, scripts: list[str]) -> tuple[dict, list[str]]:
     # the command's stdin. Each failure is reported, the rest still run.
     lines = ["set +u"]
     for s in scripts:
-        q = _quote(s)
-        lines.append(f". {q} >&2 </dev/null || echo \"{PROG}: warning: {q} returned $?\" >&2")
+        q = " ".join(_quote(w) for w in s.split())
+        lines.append(f". {q} >&2 </dev/null || echo \"{PROG}: warning: {_quote(s)} returned $?\" >&2")
     lines.append("exec env -0")
     child_env = {k: v for k, v in env.items() if k not in ("BASH_ENV", "ENV")}
     try:
@@ -146,6 +171,12 @@ def source_scripts(env: dict, scripts: list[str]) -> tuple[dict, list[str]]:
         key, sep, value = item.partition(b"=")
         if sep:
             sourced[os.fsdecode(key)] = os.fsdecode(value)
+    return merge_env(env, sourced)
+
+
+def merge_env(env: dict, sourced: dict) -> tuple[dict, list[str]]:
+    """Merge what set_env scripts export into `env` (returns env, changed names): a value the image or the
+    user set wins, except where the scripts only extended it (PATH-like prepends)."""
     changed = []
     for key, value in sourced.items():
         if key in _SHELL_VARS:
@@ -161,6 +192,25 @@ def source_scripts(env: dict, scripts: list[str]) -> tuple[dict, list[str]]:
             continue  # a value the image or the user set wins over the script's
         changed.append(key)
     return env, changed
+
+
+def recorded_cann_env(env: dict) -> dict | None:
+    """What the image build recorded the CANN scripts to export (None: no usable record, source them)."""
+    path = env.get("TRAINBOX_CANN_ENV_FILE") or CANN_ENV_FILE
+    if "TRAINBOX_SET_ENV_SCRIPTS" in env or not os.path.isfile(path):
+        return None
+    import json  # only here: a plain start must stay light (tests/test_entrypoint.py)
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        recorded = data["env"]
+        if not (isinstance(recorded, dict) and data.get("sourced")):
+            return None  # built where there was nothing to source (a substitute base): look again now
+        return {str(k): str(v) for k, v in recorded.items()}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        _say(f"warning: {path}: unreadable ({exc}); sourcing the CANN scripts instead")
+        return None
 
 
 def _check_mode(env: dict) -> str:
@@ -249,8 +299,13 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"warning: {exc}; starting without the stack's environment defaults")
 
     applied = apply_defaults(env, manifest)
-    scripts = set_env_scripts(env)
-    env, changed = source_scripts(env, scripts)
+    recorded = recorded_cann_env(env)
+    if recorded is not None:
+        scripts = [env.get("TRAINBOX_CANN_ENV_FILE") or CANN_ENV_FILE]
+        env, changed = merge_env(env, recorded)
+    else:
+        scripts = set_env_scripts(env)
+        env, changed = source_scripts(env, scripts)
     if debug:
         _say(f"defaults applied: {', '.join(applied) or 'none'}; sourced: {', '.join(scripts) or 'none'}; "
              f"set by the scripts: {', '.join(sorted(changed)) or 'none'}")

@@ -24,6 +24,29 @@ NPU_DRIVER_MOUNTS = {
 NPU_NOSET = ("RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES", "RAY_EXPERIMENTAL_NOSET_ASCEND_VISIBLE_DEVICES")
 CUDA_NOSET = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 
+# Multi-node NPU containers also need the NIC tool and its configuration (vllm-ascend's multi-node docs).
+NPU_MULTINODE_MOUNTS = {
+    "/usr/local/Ascend/driver/tools/hccn_tool":
+        "-v /usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool:ro",
+    "/etc/hccn.conf": "-v /etc/hccn.conf:/etc/hccn.conf:ro",
+}
+
+# What the cann base image's own ENTRYPOINT sources besides the toolkit's set_env.sh: BiSheng / AscendNPU-IR
+# (triton-ascend needs bishengir-compile on PATH) under the toolkit home, and ATB, told its C++ ABI so that
+# its set_env.sh does not import torch to find out at every container start.
+ASCENDNPU_IR_SET_ENV = "share/info/ascendnpu-ir/bin/set_env.sh"  # relative to the toolkit home
+ATB_SET_ENV_ARGS = ("--cxx_abi=1",)
+# Where `trainbox image build` records what those scripts export (see trainbox.runtime.cann_env).
+CANN_ENV_FILE = "/etc/trainbox/cann-env.json"
+
+# Atlas A2 (910B): the per-job socket port ranges below are not supported with MC2 fused operators (MindSpeed
+# --use-ascend-mc2) and must be set on every card of a communicator, so on 910b a job gets its own
+# HCCL_IF_BASE_PORT block instead (HCCL takes HCCL_IF_BASE_WIDTH ports from it since CANN 8.3; range
+# [1024, 65520]). The blocks lie below Linux's default ephemeral range, clear of the socket ranges.
+HCCL_SOCKET_RANGE_CHIPS_EXCLUDED = ("910b",)
+HCCL_IF_BASE, HCCL_IF_BASE_WIDTH = 28672, 32
+HCCL_IF_BASE_PORT_MIN, HCCL_IF_BASE_PORT_MAX = 1024, 65520
+
 # HCCL socket ports per job: slot = MASTER_PORT % HCCL_SLOTS, HCCL_WIDTH ports per slot. Both blocks
 # lie below Linux's default ephemeral range (32768-60999) and clear of HCCL's default NPU port 16666.
 HCCL_HOST_BASE, HCCL_NPU_BASE, HCCL_WIDTH, HCCL_SLOTS = 20480, 24576, 32, 128

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from ..npu import (
+    HCCL_IF_BASE_PORT_MAX,
+    HCCL_IF_BASE_PORT_MIN,
+    HCCL_IF_BASE_WIDTH,
+    HCCL_SOCKET_RANGE_CHIPS_EXCLUDED,
+)
 from .core import (
     FAIL,
     PASS,
@@ -124,10 +130,17 @@ def check_hccl_ports(ctx: Context) -> Result:
     base = data["HCCL_IF_BASE_PORT"]
     if base is not None:
         b = _int(base)
-        if b is None or not 1024 <= b <= 65535 - 16:
-            return Result(FAIL, f"HCCL_IF_BASE_PORT={base!r} is not a port in 1024-65519",
-                          "set HCCL_IF_BASE_PORT to an unused port (default 60000)", data)
+        if b is None or not HCCL_IF_BASE_PORT_MIN <= b <= HCCL_IF_BASE_PORT_MAX:
+            return Result(FAIL, f"HCCL_IF_BASE_PORT={base!r} is not a port in "
+                          f"{HCCL_IF_BASE_PORT_MIN}-{HCCL_IF_BASE_PORT_MAX}",
+                          f"set HCCL_IF_BASE_PORT to an unused port (HCCL takes {HCCL_IF_BASE_WIDTH} ports from it "
+                          "since CANN 8.3; default 60000)", data)
     warn = []
+    chip = (((ctx.manifest or {}).get("base") or {}).get("chip") or "").lower()
+    if ranges and chip in HCCL_SOCKET_RANGE_CHIPS_EXCLUDED:
+        warn.append(f"HCCL socket port ranges are set on an Atlas A2 ({chip}) stack: they are not supported with "
+                    "MC2 fused operators (MindSpeed --use-ascend-mc2) and must be set identically on every card of "
+                    "a communicator; prefer a per-job HCCL_IF_BASE_PORT (trainbox derives one from MASTER_PORT)")
     for name, spans in ranges.items():
         if any(lo < 1024 for lo, _ in spans):
             warn.append(f"{name} reaches below 1024 (system ports)")
