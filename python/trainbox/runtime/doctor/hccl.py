@@ -165,8 +165,13 @@ def check_hccl_ports(ctx: Context) -> Result:
         except ValueError:
             pass
     if warn:
-        return Result(WARN, "; ".join(warn), "move the ranges above the ephemeral range (e.g. 61000+) or reserve "
-                      "them (sysctl net.ipv4.ip_local_reserved_ports), and keep MASTER_PORT outside them", data)
+        fix = ("move the ranges above the ephemeral range (e.g. 61000+) or reserve them (sysctl "
+               "net.ipv4.ip_local_reserved_ports), and keep MASTER_PORT outside them")
+        if "Atlas A2" in warn[0]:
+            fix = ("unset HCCL_HOST_SOCKET_PORT_RANGE/HCCL_NPU_SOCKET_PORT_RANGE and give each job its own "
+                   "HCCL_IF_BASE_PORT; keep the ranges only if every card of the communicator sets the same ones "
+                   "and MC2 is off")
+        return Result(WARN, "; ".join(warn), fix, data)
     return Result(PASS, ", ".join(f"{k}={v}" for k, v in data.items() if v is not None), data=data)
 
 
