@@ -68,7 +68,7 @@ def test_manifest_lists_pins_env_patches():
     r = render_stack(load_stack("npu-910b"))
     m = r.manifest
     assert m["stack"] == "npu-910b" and m["device"] == "npu"
-    assert m["components"]["torch-npu"]["version"] == "2.9.0.post2"
+    assert m["components"]["torch-npu"]["version"] == "2.9.0"
     assert m["env"]["USE_MCORE_GDN"] == "0"
     assert m["patches"]["megatron-core"], "the megatron series is listed with hashes"
     assert all(len(p["sha256"]) == 64 for p in m["patches"]["megatron-core"])

@@ -35,7 +35,7 @@ indexes:
   pytorch-cpu: https://download.pytorch.org/whl/cpu
 components:
   torch: {{source: pypi, version: 2.9.0+cpu, index: pytorch-cpu, sha256: [{sha}]}}
-  torch-npu: {{source: pypi, version: 2.9.0.post2, sha256: [{sha}]}}
+  torch-npu: {{source: pypi, version: 2.9.0, sha256: [{sha}]}}
   triton-ascend: {{source: pypi, version: 3.2.0, sha256: [{sha}]}}
   megatron-core: {{source: pypi, version: 0.15.3, sha256: [{sha}]}}
   mindspeed: {{source: git, git: https://gitcode.com/Ascend/MindSpeed.git, ref: core_r0.15.3, commit: {commit}}}
@@ -177,9 +177,39 @@ def test_strict_flags_missing_hash(tmp_path):
 def test_rule_torch_npu_match(tmp_path):
     def edit(d):
         d["components"]["torch-npu"]["version"] = "2.8.0.post2"
-    f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "torch-npu-match"]
+    f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "torch-npu-cann"]
     assert f and f[0].level == "error"
-    assert "torch 2.9.0+cpu and torch_npu 2.8.0.post2 differ in major.minor" in f[0].message
+    assert "torch_npu 2.8.0.post2 is built for torch 2.8.0" in f[0].message
+
+
+def test_rule_torch_npu_pairs_with_the_base_cann(tmp_path):
+    """Yesterday's pins: torch_npu 2.9.0.post2 is built for CANN 9.0, not the 8.5.1 base."""
+    def edit(d):
+        d["components"]["torch-npu"]["version"] = "2.9.0.post2"
+    f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "torch-npu-cann"]
+    assert [x.level for x in f] == ["error"] * len(f) and f
+    assert "base.cann: 8.5.1, but torch_npu 2.9.0.post2 is built for CANN 9.0.x" in f[0].message
+    assert "pin torch-npu 2.9.0" in f[0].message
+
+
+def test_rule_torch_npu_checks_python_and_unknown_releases(tmp_path):
+    def py(d):
+        d["python"] = "3.13"
+    assert any("supports Python" in x.message for x in check(npu_stack(tmp_path, edit=py))
+               if x.rule == "torch-npu-cann")
+
+    def unknown(d):
+        d["components"]["torch-npu"]["version"] = "2.9.1"
+    (tmp_path / "u").mkdir()
+    f = [x for x in check(npu_stack(tmp_path / "u", edit=unknown)) if x.rule == "torch-npu-cann"]
+    assert f and f[0].level == "warning" and "not in build/compat/torch-npu.yaml" in f[0].message
+
+
+def test_shipped_npu_stacks_pass_the_pairing_rule():
+    from trainbox.stack import list_stacks
+    for name in list_stacks():
+        s = load_stack(name)
+        assert not [x for x in check(s) if x.rule == "torch-npu-cann"], name
 
 
 def test_rule_npu_needs_triton(tmp_path):
@@ -250,7 +280,7 @@ def test_validate_cli_exit_2_and_message(tmp_path, capsys):
     s = npu_stack(tmp_path, edit=edit)
     assert main(["stack", "validate", str(s.source_file)]) == 2
     err = capsys.readouterr().err
-    assert "[torch-npu-match] error" in err and str(s.source_file) in err
+    assert "[torch-npu-cann] error" in err and str(s.source_file) in err
 
 
 def test_show_and_diff_json(capsys):

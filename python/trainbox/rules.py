@@ -7,13 +7,16 @@ function here decorated with @rule("my-rule-id", "why it matters"); `trainbox st
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import yaml
 from packaging.version import InvalidVersion, Version
 
-from .paths import PATCHES_DIR
+from .paths import COMPAT_DIR, PATCHES_DIR
+from .runtime.errors import TrainboxError
 from .stack import PLATFORM_MACHINE, Stack
 
 
@@ -78,18 +81,61 @@ def pinned_sources(stack: Stack) -> Iterator[Finding]:
             yield Finding("pinned-sources", "warning", f"components.{key}: url without sha256")
 
 
-@rule("torch-npu-match", "torch and torch_npu must be equal in major.minor, else torch_npu fails to import with "
-      "undefined symbols")
-def torch_npu_match(stack: Stack) -> Iterator[Finding]:
-    torch, npu = _component(stack, "torch"), _component(stack, "torch-npu")
-    if not (torch and npu):
+@rule("torch-npu-cann", "torch_npu pairs with exactly one torch and one CANN release line (Ascend's table, "
+      "build/compat/torch-npu.yaml): a mismatch fails at import (undefined symbols) or at run time (missing kernels)")
+def torch_npu_cann(stack: Stack) -> Iterator[Finding]:
+    npu = _component(stack, "torch-npu")
+    if not npu:
         return
+    torch = _component(stack, "torch")
+    cann = stack.base.cann
     for plat in stack.platforms:
-        tv, nv = _version(torch.pin_for(plat).version), _version(npu.pin_for(plat).version)
-        if tv and nv and (tv.major, tv.minor) != (nv.major, nv.minor):
-            yield Finding("torch-npu-match", "error",
-                          f"torch {tv} and torch_npu {nv} differ in major.minor on {plat}; pin torch_npu "
-                          f"{tv.major}.{tv.minor}.x (e.g. {tv.major}.{tv.minor}.0.postN)")
+        nv = npu.pin_for(plat).version or ""
+        tv = _version(torch.pin_for(plat).version) if torch else None
+        row = torch_npu_row(nv)
+        if row is None:
+            yield Finding("torch-npu-cann", "warning",
+                          f"components.torch-npu: {nv} is not in build/compat/torch-npu.yaml (Ascend's pairing "
+                          "table); check https://gitcode.com/Ascend/pytorch and add its row")
+            continue
+        if tv and tv.public.split("+")[0] != row["torch"] and tv.base_version != row["torch"]:
+            yield Finding("torch-npu-cann", "error",
+                          f"components.torch: {tv} on {plat}, but torch_npu {nv} is built for torch {row['torch']} "
+                          f"(branch {row['branch']}); pin torch {row['torch']}")
+        if cann and _cann_line(cann) != row["cann"]:
+            pairs = [r["torch_npu"] for r in _table() if r["cann"] == _cann_line(cann) and tv
+                     and r["torch"] == tv.base_version]
+            hint = f"pin torch-npu {pairs[0]}" if pairs else "pick a torch_npu of that CANN line from the table"
+            yield Finding("torch-npu-cann", "error",
+                          f"base.cann: {cann}, but torch_npu {nv} is built for CANN {row['cann']}.x (branch "
+                          f"{row['branch']}); {hint}, or move the base to CANN {row['cann']}")
+        if row.get("python") and stack.python not in row["python"]:
+            yield Finding("torch-npu-cann", "error",
+                          f"python: {stack.python}, but torch_npu {nv} supports Python {', '.join(row['python'])}")
+
+
+def _cann_line(version: str) -> str:
+    """8.5.1 -> '8.5' (patch releases share their line's torch_npu); 8.3.RC1 -> '8.3'."""
+    return ".".join(str(version).split(".")[:2])
+
+
+@functools.lru_cache(maxsize=1)
+def _table() -> tuple:
+    path = COMPAT_DIR / "torch-npu.yaml"
+    try:
+        rows = (yaml.safe_load(path.read_text()) or {})["rows"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+        raise TrainboxError(f"{path}: unreadable pairing table ({exc}); restore it from git") from None
+    return tuple({k: (str(v) if k not in ("python",) else v) for k, v in r.items()} for r in rows)
+
+
+def torch_npu_row(version: str) -> dict | None:
+    """The row of Ascend's table for this torch_npu release (local labels such as +gitabc ignored)."""
+    want = _version(version)
+    for r in _table():
+        if want is not None and _version(r["torch_npu"]) == Version(want.public):
+            return r
+    return None
 
 
 @rule("npu-needs-triton-ascend", "NPU stacks ship torch_npu and triton-ascend together (Triton kernels used by "

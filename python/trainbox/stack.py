@@ -323,6 +323,9 @@ def apply_sets(data: dict, sets: dict[str, str], path: Path) -> dict:
     data = copy.deepcopy(data)
     comps = data.setdefault("components", {})
     for dotted, value in sets.items():
+        if dotted == "base.cann":  # the CANN a substitute-built smoke image is paired against (no CANN inside)
+            data.setdefault("base", {})["cann"] = value
+            continue
         if "." not in dotted:
             raise StackError(f"--set {dotted}={value}: expected COMPONENT.FIELD=VALUE, e.g. torch.version=2.9.0")
         key, field = dotted.split(".", 1)
