@@ -34,6 +34,7 @@ NPU_OVERRIDES = {
     # the rest from PyPI. torch_npu then installs, but cannot load without CANN.
     "torch.version": "2.13.0+cpu",
     "torch-npu.version": "2.13.0",
+    "base.cann": "9.2.0",  # the CANN line torch_npu 2.13.0 pairs with (rule torch-npu-cann); none is inside
     "triton-ascend.version": "3.2.0",
     "megatron-core.version": "0.15.3",
 }
