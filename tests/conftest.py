@@ -17,6 +17,9 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/docker_helpers.py
 # (git worktrees share one interpreter).
 _PKG = str(Path(__file__).resolve().parents[1] / "python")
 sys.path.insert(0, _PKG)
+# The suite models a CPU host whatever the machine: GPUs are hidden from torch (here and in subprocesses), so a
+# test's device, backend and rank layout do not depend on where it runs. tests/gpu/check_cuda.py covers CUDA.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ["PYTHONPATH"] = os.pathsep.join([_PKG] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
