@@ -14,6 +14,7 @@ import pytest
 from trainbox import engine, image
 from trainbox.cli import main
 from trainbox.runtime.errors import TrainboxError
+from trainbox.sources import Pin
 
 DATA = Path(__file__).parent / "data"
 
@@ -187,20 +188,23 @@ def test_parse_sets():
 def test_check_wheelhouse_serves_pinned(tmp_path):
     sha = _fake_wheel(tmp_path, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
     wheels = image.read_wheelhouse(tmp_path)
-    pins = [image.Pin("torch", "torch", "2.13.0+cpu", "https://download.pytorch.org/whl/cpu", [sha]),
-            image.Pin("numpy", "numpy", "2.3.5", "https://pypi.org/simple", ["0" * 64])]
+    pins = [Pin("torch", "pypi", "torch", "2.13.0+cpu", "pytorch-cpu", "https://download.pytorch.org/whl/cpu", (sha,)),
+            Pin("numpy", "pypi", "numpy", "2.3.5", sha256=("0" * 64,))]
     served = image.check_wheelhouse(wheels, pins, str(tmp_path))
     assert [p.key for p in served] == ["torch"]
 
 
 def test_sha256_memo_notices_changes(tmp_path, monkeypatch):
-    monkeypatch.setattr(image, "CACHE_DIR", tmp_path / "cache")
+    from trainbox import dists
+
+    monkeypatch.setattr(dists, "CACHE_DIR", tmp_path / "cache")
     f = tmp_path / "a.whl"
     f.write_bytes(b"one")
-    assert image._sha256_file(f) == hashlib.sha256(b"one").hexdigest()
+    assert dists.sha256_file(f, remember=True) == hashlib.sha256(b"one").hexdigest()
+    assert (tmp_path / "cache" / "sha256.json").is_file()
     f.write_bytes(b"two!")
     os.utime(f, ns=(1, 1))  # even with an old mtime: the size differs
-    assert image._sha256_file(f) == hashlib.sha256(b"two!").hexdigest()
+    assert dists.sha256_file(f, remember=True) == hashlib.sha256(b"two!").hexdigest()
 
 
 def _ctx(tmp_path, files: dict[str, bytes], mode: int = 0o644) -> Path:

@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .dists import DIST_SUFFIXES, canon, dist_key, norm_version, sha256_file
 from .engine import Client, ConsoleProgress, find_client, run_build
 from .runtime.errors import TrainboxError
 from .index import ca_bundle, ssl_context
 from .paths import CACHE_DIR, REPO_ROOT
+from .sources import Pin, pin_from_component
 
 #: Top-level parts of the checkout that go into every build context (the rendered files come on top).
 CONTEXT_ITEMS = ["pyproject.toml", "README.md", "LICENSE", "python", "patches", "launchers"]
@@ -36,7 +38,6 @@ CONTEXT_ITEMS = ["pyproject.toml", "README.md", "LICENSE", "python", "patches", 
 WHEELHOUSE_DIR = "wheelhouse"
 REPORTS_DIR = REPO_ROOT / "build" / "reports"
 DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-WHEEL_SUFFIXES = (".whl", ".tar.gz", ".zip")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache", ".mypy_cache")
 
 
@@ -88,87 +89,34 @@ class WheelFile:
     path: Path
 
 
-def _sha256_file(path: Path) -> str:
-    """sha256 of a file, remembered by (path, size, mtime) so a 200 MB wheel is hashed once."""
-    st = path.stat()
-    cache = CACHE_DIR / "sha256.json"
-    key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
-    try:
-        memo = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        memo = {}
-    if key in memo:
-        return memo[key]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    memo[key] = h.hexdigest()
-    with contextlib.suppress(OSError):
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(memo))
-        tmp.replace(cache)
-    return memo[key]
-
-
 def read_wheelhouse(path: str | os.PathLike) -> list[WheelFile]:
     d = Path(path)
     if not d.is_dir():
         raise TrainboxError(f"--wheelhouse {d}: no such directory; give a directory of wheels "
                             "(e.g. made with `pip download --only-binary=:all: -d DIR ...`)")
-    files = sorted(p for p in d.iterdir() if p.is_file() and p.name.endswith(WHEEL_SUFFIXES))
+    files = sorted(p for p in d.iterdir() if p.is_file() and p.name.endswith(DIST_SUFFIXES))
     if not files:
         raise TrainboxError(f"--wheelhouse {d}: holds no wheels (*.whl) or sdists; put the pinned wheels there")
-    return [WheelFile(p.name, p.stat().st_size, _sha256_file(p), p) for p in files]
-
-
-def _dist_of(filename: str) -> tuple[str, str]:
-    """(canonical project name, version) from a wheel or sdist file name."""
-    from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
-
-    try:
-        if filename.endswith(".whl"):
-            name, ver, _, _ = parse_wheel_filename(filename)
-        else:
-            name, ver = parse_sdist_filename(filename)
-        return canonicalize_name(name), str(ver)
-    except Exception:  # noqa: BLE001 - an odd file name simply matches nothing
-        return "", ""
-
-
-@dataclass
-class Pin:
-    key: str
-    name: str
-    version: str
-    index_url: str
-    sha256: list[str]
+    return [WheelFile(p.name, p.stat().st_size, sha256_file(p, remember=True), p) for p in files]
 
 
 def pins_for(stack, platform: str) -> list[Pin]:
-    out = []
-    for key, c in stack.installed_components.items():
-        if c.source != "pypi":
-            continue
-        pin = c.pin_for(platform)
-        out.append(Pin(key, c.dist_name, pin.version, stack.indexes.get(pin.index, ""), list(pin.sha256)))
-    return out
+    """The stack's pypi pins as they stand on one platform."""
+    return [pin_from_component(c, stack, platform=platform)
+            for c in stack.installed_components.values() if c.source == "pypi"]
 
 
 def check_wheelhouse(wheels: list[WheelFile], pins: list[Pin], where: str) -> list[Pin]:
     """Every wheel in the wheelhouse for a pinned project must be the pinned artifact, and the
     wheelhouse must hold at least one pinned artifact. Returns the pins it serves."""
-    from packaging.utils import canonicalize_name
-
     served: list[Pin] = []
     for pin in pins:
-        cname = canonicalize_name(pin.name)
-        mine = [w for w in wheels if _dist_of(w.name)[0] == cname]
+        cname = canon(pin.name)
+        mine = [w for w in wheels if dist_key(w.name)[0] == cname]
         if not mine:
             continue
         good = [w for w in mine if w.sha256 in pin.sha256] if pin.sha256 else \
-            [w for w in mine if _dist_of(w.name)[1] == _norm_version(pin.version)]
+            [w for w in mine if dist_key(w.name)[1] == norm_version(pin.version)]
         if good:
             served.append(pin)
             continue
@@ -187,21 +135,6 @@ def check_wheelhouse(wheels: list[WheelFile], pins: list[Pin], where: str) -> li
     return served
 
 
-def _canon(name: str) -> str:
-    from packaging.utils import canonicalize_name
-
-    return canonicalize_name(name)
-
-
-def _norm_version(v: str) -> str:
-    from packaging.version import Version
-
-    try:
-        return str(Version(v))
-    except Exception:  # noqa: BLE001
-        return v
-
-
 def check_indexes(pins: list[Pin], served: list[Pin], indexes: dict[str, str],
                   timeout: float = 6.0, cafile: str | None = None) -> dict[str, str]:
     """A pin whose index does not answer and that the wheelhouse does not serve would fail deep
@@ -214,13 +147,11 @@ def check_indexes(pins: list[Pin], served: list[Pin], indexes: dict[str, str],
             ok, why = _url_answers(url, timeout, cafile)
             if not ok:
                 down[name] = why
-    by_url = {url: name for name, url in indexes.items()}
     missing = []
     for pin in pins:
-        name = by_url.get(pin.index_url)
-        if pin.key in served_keys or name not in down:
+        if pin.key in served_keys or pin.index_name not in down:
             continue
-        missing.append(f"{pin.name}=={pin.version} (index {pin.index_url}: {down[name]})")
+        missing.append(f"{pin.name}=={pin.version} (index {pin.index_url}: {down[pin.index_name]})")
     if missing:
         raise TrainboxError(
             "these pins come from an index that does not answer, and no wheelhouse provides them: "
@@ -440,8 +371,6 @@ def _lock_overrides(stack, plat: str, wheels: list[WheelFile], wheelhouse: str |
     wheelhouse is pinned to that file (the wheelhouse is the trust root the user gave); the others
     get the hashes their index publishes, and the dependency closure is resolved again, exactly as
     `trainbox stack lock` does, so the build still installs everything in hash-checking mode."""
-    from packaging.utils import canonicalize_name
-
     from .lock import lock_stack
     from .stack import attach_lock
 
@@ -454,7 +383,7 @@ def _lock_overrides(stack, plat: str, wheels: list[WheelFile], wheelhouse: str |
     stack.platforms = [plat]
     for c in missing():
         pin = c.pin_for(plat)
-        mine = [w for w in wheels if _dist_of(w.name) == (canonicalize_name(c.dist_name), _norm_version(pin.version))]
+        mine = [w for w in wheels if dist_key(w.name) == (canon(c.dist_name), norm_version(pin.version))]
         if mine:
             c.sha256 = sorted({w.sha256 for w in mine})
             say(f"--set {c.key}: pinned {c.dist_name}=={pin.version} to the wheelhouse's "
@@ -513,8 +442,8 @@ def build(opts: BuildOptions, say: Callable[[str], None] = _say) -> BuildOutcome
     if wheels and opts.check_wheelhouse:
         served = check_wheelhouse(wheels, pins, str(opts.wheelhouse))
     else:  # by name and version only: the hashes are left to pip inside the build
-        names = {_dist_of(w.name) for w in wheels}
-        served = [p for p in pins if (_canon(p.name), _norm_version(p.version)) in names]
+        names = {dist_key(w.name) for w in wheels}
+        served = [p for p in pins if (canon(p.name), norm_version(p.version or "")) in names]
     indexes = {k: v for k, v in stack.indexes.items() if not (opts.pip_index_url and k == "pypi")}
     down = check_indexes(pins, served, indexes, cafile=str(ca) if ca else None)
     for name in sorted(down):

@@ -12,9 +12,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
+from .dists import canon, parse_dist, wheel_tags
 from .runtime.errors import TrainboxError
 from .stack import PLATFORM_MACHINE
 
@@ -65,7 +65,7 @@ def ssl_context(cafile: str | None = None) -> ssl.SSLContext:
 
 
 def project_files(index_name: str, index_url: str, project: str, timeout: float = 30) -> list[dict]:
-    url = f"{index_url.rstrip('/')}/{canonicalize_name(project)}/"
+    url = f"{index_url.rstrip('/')}/{canon(project)}/"
     req = urllib.request.Request(url, headers={"Accept": ACCEPT, "User-Agent": "trainbox"})
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=ssl_context()) as resp:
@@ -84,7 +84,7 @@ def project_files(index_name: str, index_url: str, project: str, timeout: float 
 
 def _wheel_fits(filename: str, python: str, platform: str) -> bool:
     machine = PLATFORM_MACHINE[platform]
-    _, _, _, tags = parse_wheel_filename(filename)
+    tags = wheel_tags(filename)
     major, minor = python.split(".")
     cp = f"cp{major}{minor}"
     for t in tags:
@@ -102,37 +102,20 @@ def _wheel_fits(filename: str, python: str, platform: str) -> bool:
 
 def artifacts_for(files: list[dict], project: str, version: str, python: str, platform: str) -> list[Artifact]:
     """Wheels that fit the platform and Python, else the sdist: the artifacts pip may choose from."""
-    want = Version(version)
+    want = (canon(project), Version(version))
     wheels, sdists = [], []
     for f in files:
         fn = f["filename"]
         sha = (f.get("hashes") or {}).get("sha256")
-        if not sha or f.get("yanked"):
+        if not sha or f.get("yanked") or parse_dist(fn) != want:
             continue
-        try:
-            if fn.endswith(".whl"):
-                name, ver, _, _ = parse_wheel_filename(fn)
-                if ver == want and canonicalize_name(name) == canonicalize_name(project) and \
-                        _wheel_fits(fn, python, platform):
-                    wheels.append(Artifact(fn, f["url"], sha))
-            elif fn.endswith((".tar.gz", ".zip")):
-                name, ver = parse_sdist_filename(fn)
-                if ver == want and canonicalize_name(name) == canonicalize_name(project):
-                    sdists.append(Artifact(fn, f["url"], sha))
-        except (InvalidVersion, ValueError):
-            continue
+        if not fn.endswith(".whl"):
+            sdists.append(Artifact(fn, f["url"], sha))
+        elif _wheel_fits(fn, python, platform):
+            wheels.append(Artifact(fn, f["url"], sha))
     return sorted(wheels or sdists, key=lambda a: a.filename)
 
 
 def versions(files: list[dict]) -> list[str]:
-    out = set()
-    for f in files:
-        fn = f["filename"]
-        try:
-            if fn.endswith(".whl"):
-                out.add(str(parse_wheel_filename(fn)[1]))
-            elif fn.endswith((".tar.gz", ".zip")):
-                out.add(str(parse_sdist_filename(fn)[1]))
-        except (InvalidVersion, ValueError):
-            continue
+    out = {str(parsed[1]) for f in files if (parsed := parse_dist(f["filename"]))}
     return sorted(out, key=Version)

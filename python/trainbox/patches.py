@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .runtime.errors import TrainboxError
+from .dists import canon
 from .paths import CACHE_DIR, PATCHES_DIR, REPO_ROOT
 from .sources import Pin, fetch, pin_from_component, unpack
 
@@ -85,7 +86,7 @@ def _ref_matches(ref: str | None, pin: Pin) -> str | None:
         m = ap.PYPI_REF_RE.match(ref)
         if not m:
             return f"Upstream-Ref {ref!r} is not NAME==VERSION sha256:HEX"
-        if _canon(m.group("name")) != _canon(pin.name) or m.group("version") != pin.version:
+        if canon(m.group("name")) != canon(pin.name) or m.group("version") != pin.version:
             return f"made against {m.group('name')} {m.group('version')}, but the pin is {pin.ref}"
         if m.group("sha256") and pin.sha256 and m.group("sha256") not in pin.sha256:
             return f"made against artifact sha256:{m.group('sha256')[:12]}, which {pin.ref} does not pin"
@@ -103,10 +104,6 @@ def _ref_matches(ref: str | None, pin: Pin) -> str | None:
     if m.group("sha256") not in pin.sha256:
         return f"made against sha256:{m.group('sha256')[:12]}, which the pin does not name"
     return None
-
-
-def _canon(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def header_problems(patch: Any) -> list[str]:

@@ -16,12 +16,11 @@ import shlex
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .runtime.errors import TrainboxError
 from .paths import LAUNCHERS_DIR
-from .stack import format_validation
+from .stack import format_validation, named_file, read_yaml
 
 RECIPES_DIR = LAUNCHERS_DIR / "recipes"
 NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -323,32 +322,15 @@ def list_recipes(recipes_dir: Path | None = None) -> list[str]:
 
 
 def recipe_path(name_or_path: str | Path, recipes_dir: Path | None = None) -> Path:
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or "/" in str(name_or_path):
-        if not p.is_file():
-            raise RecipeError(f"{p}: no such recipe file")
-        return p
-    d = recipes_dir or RECIPES_DIR
-    path = d / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = ", ".join(list_recipes(d)) or "none"
-        raise RecipeError(f"unknown recipe {str(name_or_path)!r}: no {path} (known recipes: {known}; "
-                          "`trainbox launch list` shows them)")
-    return path
+    return named_file(name_or_path, recipes_dir or RECIPES_DIR, "recipe", RecipeError,
+                      hint="; `trainbox launch list` shows them")
 
 
 def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes: int | None = None) -> Recipe:
     """Load and validate a recipe. `nodes` runs it on another node count: the layout's dp (and devices)
     scale with it, everything else must still fit."""
     path = recipe_path(name_or_path, recipes_dir)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        raise RecipeError(f"{path}{where}: malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
-    if not isinstance(data, dict):
-        raise RecipeError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    data = read_yaml(path, RecipeError)
     if "name" in data and data["name"] != path.stem:
         raise RecipeError(f"{path}: name: expected {path.stem!r} (the file name), got {data['name']!r}")
     data["name"] = path.stem

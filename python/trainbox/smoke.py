@@ -902,7 +902,6 @@ def parse_set(item: str, stacks: list[str]) -> tuple[str, str, str]:
 
 def load_profile(path: str | Path) -> dict:
     """A smoke profile: defaults for one kind of runner (which stacks, pins it must move, a wheelhouse)."""
-    import yaml
     from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
     class Profile(BaseModel):
@@ -915,14 +914,13 @@ def load_profile(path: str | Path) -> dict:
         skip: list[str] = Field(default_factory=list)
         set: dict[str, dict[str, str]] = Field(default_factory=dict)
 
+    from .stack import format_validation, read_yaml
+
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except OSError as exc:
-        raise TrainboxError(f"--profile {p}: cannot read it ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise TrainboxError(f"--profile {p}: not valid YAML: {exc}") from None
-    for stack, sets in ((data.get("set") or {}).items() if isinstance(data, dict) else ()):
+    if not p.is_file():
+        raise TrainboxError(f"--profile {p}: no such file")
+    data = read_yaml(p, TrainboxError)
+    for stack, sets in (data.get("set") or {}).items():
         for k, v in (sets.items() if isinstance(sets, dict) else ()):
             if isinstance(v, bool):
                 sets[k] = "true" if v else "false"
@@ -933,9 +931,8 @@ def load_profile(path: str | Path) -> dict:
     try:
         prof = Profile.model_validate(data)
     except ValidationError as exc:
-        where = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise TrainboxError(f"--profile {p}: {where} (keys: description, stacks, keep_going, substitute_base, "
-                            "wheelhouse, skip, set)") from None
+        raise TrainboxError(format_validation(p, exc, unknown="profile keys: description, stacks, keep_going, "
+                                              "substitute_base, wheelhouse, skip, set")) from None
     for stack, sets in prof.set.items():
         for k in sets:
             if "." not in k:

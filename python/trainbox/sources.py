@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from .dists import is_dist_of, sha256_file, wheel_tags
 from .runtime.errors import TrainboxError
 from .index import ssl_context
 from .paths import CACHE_DIR
@@ -72,12 +73,18 @@ def _index_url(name: str, indexes: dict[str, str] | None) -> str:
     raise SourceError(f"index {name!r} is not defined under the stack's `indexes`")
 
 
-def pin_from_component(comp: Any, stack: Any = None) -> Pin:
+def pin_from_component(comp: Any, stack: Any = None, platform: str | None = None) -> Pin:
     """A Pin from a trainbox.stack.Component (duck-typed: any object with the same fields works).
 
     The hashes are the component's own plus, when a stack is given, those in force on each of its
     platforms (the stack file or its lock), so any pinned artifact of that version can serve.
+    With `platform`: the pin as it stands on that one platform (its version, index and hashes only).
     """
+    if platform is not None and hasattr(comp, "pin_for"):
+        pp = comp.pin_for(platform)
+        return Pin(key=comp.key, source=comp.source, name=comp.dist_name, version=pp.version,
+                   index_name=pp.index, index_url=_index_url(pp.index, getattr(stack, "indexes", None)),
+                   sha256=tuple(pp.sha256))
     hashes: list[str] = list(getattr(comp, "sha256", None) or [])
     if stack is not None and hasattr(comp, "pin_for"):
         for plat in getattr(stack, "platforms", None) or []:
@@ -150,21 +157,13 @@ def _cache(cache_dir: Path | None) -> Path:
     return Path(cache_dir or CACHE_DIR) / "sources"
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def cached_artifact(sha256: str, cache_dir: Path | None = None) -> Path | None:
     """The cached file with this hash, re-checked; a corrupt entry is dropped."""
     d = _cache(cache_dir) / "sha256" / sha256
     if not d.is_dir():
         return None
     files = [p for p in d.iterdir() if p.is_file()]
-    if len(files) == 1 and _sha256_file(files[0]) == sha256:
+    if len(files) == 1 and sha256_file(files[0]) == sha256:
         return files[0]
     shutil.rmtree(d, ignore_errors=True)
     return None
@@ -213,32 +212,15 @@ def _download(url: str, sha256: str, filename: str, cache_dir: Path | None, what
 def _rank(filename: str) -> tuple:
     """Preferred artifact: a pure wheel, then a wheel for this interpreter, other wheels, then the sdist."""
     from packaging.tags import sys_tags
-    from packaging.utils import parse_wheel_filename
 
-    if filename.endswith(".whl"):
-        try:
-            tags = parse_wheel_filename(filename)[3]
-        except ValueError:
-            return (3, filename)
-        if any(t.platform == "any" and t.abi == "none" for t in tags):
-            return (0, filename)
-        here = set(sys_tags())
-        return (1 if tags & here else 2, filename)
-    return (3, filename)
-
-
-def _matches_version(filename: str, name: str, version: str) -> bool:
-    from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        if filename.endswith(".whl"):
-            n, v = parse_wheel_filename(filename)[:2]
-        else:
-            n, v = parse_sdist_filename(filename)
-        return canonicalize_name(n) == canonicalize_name(name) and v == Version(version)
-    except (InvalidVersion, ValueError):
-        return False
+    if not filename.endswith(".whl"):
+        return (3, filename)
+    tags = wheel_tags(filename)
+    if not tags:
+        return (3, filename)
+    if any(t.platform == "any" and t.abi == "none" for t in tags):
+        return (0, filename)
+    return (1 if tags & set(sys_tags()) else 2, filename)
 
 
 def _project_files(pin: Pin) -> list[dict]:
@@ -258,7 +240,7 @@ def _fetch_pypi(pin: Pin, prefer: Iterable[str], offline: bool, cache_dir: Path 
     cached = []
     for h in pin.sha256:
         path = cached_artifact(h, cache_dir)
-        if path is not None and _matches_version(path.name, pin.name, pin.version or ""):
+        if path is not None and is_dist_of(path.name, pin.name, pin.version or ""):
             cached.append((h not in prefer, _rank(path.name), h, path))
     if cached:
         _, _, h, path = min(cached)
@@ -272,7 +254,7 @@ def _fetch_pypi(pin: Pin, prefer: Iterable[str], offline: bool, cache_dir: Path 
     for f in files:
         fn = f.get("filename", "")
         sha = (f.get("hashes") or {}).get("sha256")
-        if not _matches_version(fn, pin.name, pin.version or ""):
+        if not is_dist_of(fn, pin.name, pin.version or ""):
             continue
         listed.append(fn)
         if sha in pin.sha256:

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .runtime.errors import TrainboxError
+from .dists import canon  # noqa: F401 - re-exported: stack.canon is used across the host side
 from .paths import STACKS_DIR
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -23,11 +24,6 @@ COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 PLATFORM_RE = re.compile(r"^linux/(amd64|arm64)$")
 # pip markers for the platforms a stack can target
 PLATFORM_MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
-
-
-def canon(name: str) -> str:
-    """PEP 503 normalised project name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 class StackError(TrainboxError):
@@ -247,30 +243,39 @@ def list_stacks(stacks_dir: Path | None = None) -> list[str]:
     return sorted(p.stem for p in d.glob("*.yaml"))
 
 
-def _stack_path(name_or_path: str | Path, stacks_dir: Path | None) -> Path:
+def named_file(name_or_path: str | Path, directory: Path, what: str, error: type[TrainboxError] | None = None,
+               hint: str = "") -> Path:
+    """A NAME in `directory` (NAME.yaml) or a path to a YAML file; `what` (stack, recipe) names it in errors.
+    Shared by stacks and recipes so both look things up, and fail, the same way."""
+    error = error or StackError
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
-        if not p.exists():
-            raise StackError(f"{p}: no such stack file")
+    if p.suffix in (".yaml", ".yml") or "/" in str(name_or_path) or p.is_file():
+        if not p.is_file():
+            raise error(f"{p}: no such {what} file")
         return p
-    d = stacks_dir or STACKS_DIR
-    path = d / f"{name_or_path}.yaml"
-    if not path.exists():
-        known = ", ".join(list_stacks(d)) or "none"
-        raise StackError(f"unknown stack {str(name_or_path)!r}: no {path} (known stacks: {known})")
+    path = directory / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(q.stem for q in directory.glob("*.yaml"))) or "none"
+        raise error(f"unknown {what} {str(name_or_path)!r}: no {path} (known {what}s: {known}{hint})")
     return path
 
 
-def _read_yaml(path: Path) -> dict:
+def _stack_path(name_or_path: str | Path, stacks_dir: Path | None) -> Path:
+    return named_file(name_or_path, stacks_dir or STACKS_DIR, "stack")
+
+
+def read_yaml(path: Path, error: type[TrainboxError] | None = None) -> dict:
+    """A YAML file whose top level is a mapping; errors name the file, line and column."""
+    error = error or StackError
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise StackError(f"{path}{where}: malformed YAML: {problem}") from None
+        raise error(f"{path}{where}: malformed YAML: {problem}") from None
     if not isinstance(data, dict):
-        raise StackError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        raise error(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
 
 
@@ -289,7 +294,7 @@ def _raw(path: Path, stacks_dir: Path | None, seen: tuple[Path, ...] = ()) -> di
     if path in seen:
         chain = " -> ".join(str(p.name) for p in seen + (path,))
         raise StackError(f"{path}: `extends` loops: {chain}")
-    data = _read_yaml(path)
+    data = read_yaml(path)
     parent = data.get("extends")
     if parent:
         if not isinstance(parent, str):

@@ -1,0 +1,50 @@
+"""trainbox.dists: the one home of distribution file names, PEP 503 names and artifact hashes."""
+
+from __future__ import annotations
+
+import hashlib
+
+from trainbox import dists
+
+
+def test_canon_is_pep503():
+    assert dists.canon("Foo.Bar_baz--Qux") == "foo-bar-baz-qux"
+    from trainbox.stack import canon
+
+    assert canon is dists.canon  # the host side has one copy
+
+
+def test_parse_dist_wheels_sdists_and_others():
+    assert dists.dist_key("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl") == ("torch", "2.13.0+cpu")
+    assert dists.dist_key("Megatron_Core-0.15.3.tar.gz") == ("megatron-core", "0.15.3")
+    assert dists.dist_key("numpy-2.3.5.zip") == ("numpy", "2.3.5")
+    assert dists.dist_key("README.md") == ("", "")
+    assert dists.dist_key("broken.whl") == ("", "")
+    assert dists.is_dist_of("megatron_core-0.15.3-py3-none-any.whl", "megatron-core", "0.15.3")
+    assert not dists.is_dist_of("megatron_core-0.15.3-py3-none-any.whl", "megatron-core", "0.15.4")
+    assert not dists.is_dist_of("megatron_core-0.15.3-py3-none-any.whl", "megatron-core", "not a version")
+    assert dists.norm_version("2.13.0+CPU") == "2.13.0+cpu" and dists.norm_version("x y") == "x y"
+    assert {t.platform for t in dists.wheel_tags("a-1-py3-none-any.whl")} == {"any"}
+    assert dists.wheel_tags("a-1.tar.gz") == frozenset()
+
+
+def test_sha256_file_plain_rereads(tmp_path):
+    f = tmp_path / "x.whl"
+    f.write_bytes(b"a")
+    assert dists.sha256_file(f) == hashlib.sha256(b"a").hexdigest()
+    f.write_bytes(b"b")
+    assert dists.sha256_file(f) == hashlib.sha256(b"b").hexdigest()
+
+
+def test_no_second_copy_of_the_helpers():
+    """index, lock, sources and image parse names and hash files only through trainbox.dists."""
+    from pathlib import Path
+
+    import trainbox
+
+    host = Path(trainbox.__file__).parent
+    for mod in ("index.py", "lock.py", "sources.py", "image.py", "patches.py", "stack.py"):
+        text = (host / mod).read_text()
+        for needle in ("parse_wheel_filename", "parse_sdist_filename", "canonicalize_name", "def _sha256_file",
+                       "def _canon", "def canon("):
+            assert needle not in text, f"{mod} repeats {needle}"
