@@ -33,15 +33,10 @@ def _edited_copy(root: Path, edit: str) -> Path:
 def _timed_build(opts, repo_root: Path | None = None):
     from trainbox import image
 
-    saved = image.REPO_ROOT
-    if repo_root is not None:
-        image.REPO_ROOT = repo_root
-    try:
-        t0 = time.monotonic()
-        out = image.build(opts)
-        return out, time.monotonic() - t0
-    finally:
-        image.REPO_ROOT = saved
+    opts.source_root = repo_root
+    t0 = time.monotonic()
+    out = image.build(opts)
+    return out, time.monotonic() - t0
 
 
 def _mb(n: int) -> str:

@@ -4,14 +4,16 @@ the content hash, the staged context and the wheelhouse rules."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shlex
 import stat
 import time
 from pathlib import Path
 
 import pytest
 
-from trainbox import engine, image
+from trainbox import buildrun, engine, image
 from trainbox.cli import main
 from trainbox.runtime.errors import TrainboxError
 from trainbox.sources import Pin
@@ -219,41 +221,50 @@ def _ctx(tmp_path, files: dict[str, bytes], mode: int = 0o644) -> Path:
 
 
 def test_content_hash_covers_every_input(tmp_path):
+    from trainbox.buildplan import tree_files
+
+    def ch(ctx, wheels, extra):
+        return image.content_hash(tree_files(ctx), wheels, extra)
+
     base = {"Dockerfile": b"FROM x\n", "python/trainbox/a.py": b"print(1)\n", "launchers/r.yaml": b"a: 1\n"}
-    h0 = image.content_hash(_ctx(tmp_path / "0", base), [], {"base": "sha256:1"})
-    assert h0 == image.content_hash(_ctx(tmp_path / "1", base), [], {"base": "sha256:1"})  # deterministic
+    h0 = ch(_ctx(tmp_path / "0", base), [], {"base": "sha256:1"})
+    assert h0 == ch(_ctx(tmp_path / "1", base), [], {"base": "sha256:1"})  # deterministic
     for rel in base:
         changed = dict(base, **{rel: base[rel] + b"#"})
-        assert image.content_hash(_ctx(tmp_path / rel, changed), [], {"base": "sha256:1"}) != h0, rel
+        assert ch(_ctx(tmp_path / rel, changed), [], {"base": "sha256:1"}) != h0, rel
     renamed = {("launchers/s.yaml" if k == "launchers/r.yaml" else k): v for k, v in base.items()}
-    assert image.content_hash(_ctx(tmp_path / "r", renamed), [], {"base": "sha256:1"}) != h0
-    assert image.content_hash(_ctx(tmp_path / "x", base, 0o755), [], {"base": "sha256:1"}) != h0
-    assert image.content_hash(_ctx(tmp_path / "b", base), [], {"base": "sha256:2"}) != h0
+    assert ch(_ctx(tmp_path / "r", renamed), [], {"base": "sha256:1"}) != h0
+    assert ch(_ctx(tmp_path / "x", base, 0o755), [], {"base": "sha256:1"}) != h0
+    assert ch(_ctx(tmp_path / "b", base), [], {"base": "sha256:2"}) != h0
     wheel = image.WheelFile("torch-1-py3-none-any.whl", 10, "a" * 64, Path("/nonexistent"))
-    h_w = image.content_hash(_ctx(tmp_path / "w", base), [wheel], {"base": "sha256:1"})
+    h_w = ch(_ctx(tmp_path / "w", base), [wheel], {"base": "sha256:1"})
     assert h_w != h0
     other = image.WheelFile(wheel.name, 10, "b" * 64, wheel.path)
-    assert image.content_hash(_ctx(tmp_path / "w2", base), [other], {"base": "sha256:1"}) != h_w
+    assert ch(_ctx(tmp_path / "w2", base), [other], {"base": "sha256:1"}) != h_w
 
 
 def test_staged_context_holds_inputs_and_links_wheels(tmp_path, monkeypatch):
-    monkeypatch.setattr(image, "CACHE_DIR", tmp_path / "cache")
+    from trainbox import buildplan
+
+    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     whdir = tmp_path / "wh"
     whdir.mkdir()
     _fake_wheel(whdir, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
     wheels = image.read_wheelhouse(whdir)
-    files = {"build/generated/cpu/stack.json": b"{}", "build/generated/cpu/Dockerfile": b"FROM x\n"}
-    with image.staged_context("cpu", files, wheels) as ctx:
-        assert ctx == tmp_path / "cache" / "context" / "cpu"
-        assert (ctx / "build/generated/cpu/stack.json").read_bytes() == b"{}"
-        assert (ctx / "python/trainbox/__init__.py").is_file()
-        assert (ctx / "pyproject.toml").is_file()
-        assert not list(ctx.rglob("__pycache__")) and not list(ctx.rglob("*.egg-info"))
-        staged = ctx / "wheelhouse" / wheels[0].name
-        assert staged.is_file() and staged.stat().st_ino == wheels[0].path.stat().st_ino  # a hard link
-    with image.staged_context("cpu", files, [], private=True) as ctx2:
-        assert ctx2 != ctx and (ctx2 / "wheelhouse").is_dir() and not list((ctx2 / "wheelhouse").iterdir())
-    assert not ctx2.exists()
+    files = {**buildplan.input_files(), "build/generated/cpu/stack.json": b"{}",
+             "build/generated/cpu/Dockerfile": b"FROM x\n"}
+    ctx = tmp_path / "cache" / "build" / "cpu" / "context"
+    buildplan.populate(ctx, files, wheels)
+    assert (ctx / "build/generated/cpu/stack.json").read_bytes() == b"{}"
+    assert (ctx / "python/trainbox/__init__.py").is_file()
+    assert (ctx / "pyproject.toml").is_file()
+    assert not list(ctx.rglob("__pycache__")) and not list(ctx.rglob("*.egg-info"))
+    staged = ctx / "wheelhouse" / wheels[0].name
+    assert staged.is_file() and staged.stat().st_ino == wheels[0].path.stat().st_ino  # a hard link
+    # the staged tree hashes as the file map it was made from
+    assert image.content_hash(buildplan.tree_files(ctx, [i for i in buildplan.CONTEXT_ITEMS + ["build"]
+                                                         if (ctx / i).exists()]), wheels, {}) == \
+        image.content_hash(files, wheels, {})
 
 
 def test_dockerfile_order():
@@ -262,21 +273,24 @@ def test_dockerfile_order():
     df = "FROM a AS system\nRUN x\nFROM system AS builder\nRUN y\nFROM system AS final\nCOPY z /z\n"
     steps = [Step(3, "[final 1/1] COPY z /z", "final", 1, 1), Step(2, "[builder 1/1] RUN y", "builder", 1, 1),
              Step(1, "[system 1/1] RUN x", "system", 1, 1)]
-    assert [s.stage for s in image._dockerfile_order(steps, df)] == ["system", "builder", "final"]
+    assert [s.stage for s in buildrun.dockerfile_order(steps, df)] == ["system", "builder", "final"]
 
 
 def test_summary_line():
     r = {"tag": "trainbox/cpu:abc", "image_id": "sha256:" + "1" * 64, "size": 1_074_000_000,
          "layers": [{}] * 14, "wall_s": 40.2, "rebuilt_steps": 11, "cached_steps": 2,
          "base": {"substituted": "local/debian:bookworm"}}
-    line = image._summary(r)
+    line = buildrun.summary(r)
     assert "trainbox/cpu:abc" in line and "1074 MB" in line and "14 layers" in line and "11 steps run" in line
     assert "\n" not in line
-    assert "up to date" in image._summary(dict(r, skipped=True))
+    assert "up to date" in buildrun.summary(dict(r, skipped=True))
 
 
-def test_dry_run_prints_command_and_tag(capsys, monkeypatch, tmp_path):
-    """--dry-run with a stand-in engine that answers: the docker command and the tag, nothing built."""
+def test_dry_run_prints_plan_and_a_command_that_runs_as_is(capsys, monkeypatch, tmp_path):
+    """--dry-run with a stand-in engine that answers: the plan, a command whose context and secret files
+    exist after the dry run, and nothing built."""
+    from trainbox import buildplan
+
     fake = tmp_path / "docker"
     log = tmp_path / "calls"
     fake.write_text(
@@ -292,15 +306,110 @@ def test_dry_run_prints_command_and_tag(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("TRAINBOX_DOCKER", str(fake))
     monkeypatch.setattr(engine, "_CLIENT", None)
     monkeypatch.setattr(image, "REPORTS_DIR", tmp_path / "reports")
+    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
     rc = main(["image", "build", "--stack", "cpu", "--base", "local/debian:bookworm", "--dry-run",
-               "--pip-index-url", "https://pypi.org/simple", "--platform", "linux/amd64"])
+               "--pip-index-url", "https://user:pw@mirror.example/simple", "--platform", "linux/amd64"])
     out, err = capsys.readouterr()
     assert rc == 0, err
-    assert out.startswith("DOCKER_BUILDKIT=1 ") and " build --progress plain " in out
-    assert "--network host" in out and "--secret id=pip_cert,src=" in out and "id=pip_index_url" in out
-    assert "-t trainbox/cpu:" in out
-    assert "https://pypi.org/simple" not in out  # the index URL is a secret file, not an argument
+    assert "plan: build trainbox/cpu:" in out and "fetch:" in out and "torch==2.13.0+cpu" in out
+    cmd = out.strip().splitlines()[-1].strip()
+    assert cmd.startswith("DOCKER_BUILDKIT=1 ") and " build --progress plain " in cmd
+    assert "--network host" in cmd and "--secret id=pip_cert,src=" in cmd and "id=pip_index_url" in cmd
+    assert "-t trainbox/cpu:" in cmd
+    assert "user:pw" not in out + err  # the index URL is a secret file, not an argument
+    argv = shlex.split(cmd)
+    context = Path(argv[-1])
+    assert context.is_dir() and (context / "build/generated/cpu/Dockerfile").is_file()
+    assert Path(argv[argv.index("-f") + 1]).is_file()
+    secret = Path(next(a for a in argv if a.startswith("id=pip_index_url,src=")).split("src=", 1)[1])
+    assert secret.read_text() == "https://user:pw@mirror.example/simple"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and context not in secret.parents
     assert "dry run: would build trainbox/cpu:" in err
     assert " build " not in log.read_text()  # nothing was built
     assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize("engine_env", [{"TRAINBOX_DOCKER": "/nonexistent/docker"},
+                                        {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}])
+def test_dry_run_offline_without_an_engine(capsys, monkeypatch, tmp_path, engine_env):
+    """No engine (no client, or a dead socket) and no index: the dry run still plans, as JSON with a schema,
+    and says what it could not check."""
+    import json
+
+    from trainbox import buildplan
+
+    if "DOCKER_HOST" in engine_env and not Path("/usr/bin/docker").exists():
+        pytest.skip("needs a docker client to point at a dead socket")
+    for k, v in engine_env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(engine, "_CLIENT", None)
+    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (False, "stand-in: offline"))
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--dry-run", "--json", "--platform", "linux/amd64")
+    assert rc == 0, err
+    # _cli read stderr; the plan went to stdout: run it again to read it (the staged context is reused)
+    main(["image", "build", "--stack", "cpu", "--dry-run", "--json", "--platform", "linux/amd64"])
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["schema"] == "trainbox.build-plan/1"
+    assert plan["tag"].startswith("trainbox/cpu:") and plan["base"]["image_id"] is None
+    assert "no engine answers" in plan["base"]["note"]
+    assert any("would stop here" in n and "torch==2.13.0+cpu" in n for n in plan["notes"])
+    assert Path(plan["context"], plan["dockerfile"]).is_file()
+    assert {f["requirement"] for f in plan["fetch"]} >= {"torch==2.13.0+cpu", "numpy==2.3.5"}
+
+
+def test_plan_is_pure(monkeypatch, tmp_path):
+    """make_plan reads the checkout and nothing else: no process, no network, no file written."""
+    import subprocess
+    import urllib.request
+
+    from trainbox import buildplan
+    from trainbox.stack import load_stack
+
+    def refuse(*a, **k):
+        raise AssertionError("make_plan must not run processes or reach the network")
+
+    monkeypatch.setattr(subprocess, "run", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    stack = load_stack("cpu")
+    base = buildplan.Base(requested="debian:bookworm-slim", used="debian:bookworm-slim")
+    inp = buildplan.PlanInputs(platform="linux/amd64", ca_bundle="/etc/ssl/certs/ca-certificates.crt")
+    p1 = buildplan.make_plan(stack, base, inp)
+    p2 = buildplan.make_plan(load_stack("cpu"), base, inp)
+    assert p1.content_hash == p2.content_hash and p1.tags == ["trainbox/cpu:" + p1.content_hash[:12],
+                                                              "trainbox/cpu:latest"]
+    assert not (tmp_path / "cache").exists()
+    sub = buildplan.make_plan(stack, buildplan.Base("debian:bookworm-slim", "local/debian:bookworm",
+                                                    substituted="local/debian:bookworm"), inp)
+    assert sub.content_hash != p1.content_hash
+    assert b"FROM ${BASE_IMAGE}" in sub.files[sub.dockerfile_rel] and "local/debian:bookworm" in sub.dockerfile
+    manifest = json.loads(sub.files["build/generated/cpu/stack.json"])
+    assert manifest["base"]["image"] == "debian:bookworm-slim"
+    assert manifest["base"]["substituted"] == "local/debian:bookworm"
+    assert sub.labels["io.trainbox.base.substituted"] == "local/debian:bookworm"
+    d = sub.as_dict()
+    assert d["schema"] == "trainbox.build-plan/1" and d["argv"][-1] == str(sub.context)
+
+
+def test_dry_run_names_what_a_wheelhouse_lacks(tmp_path):
+    from trainbox import wheelhouse
+    from trainbox.stack import load_stack
+
+    stack = load_stack("cpu")
+    torch_sha = stack.components["torch"].pin_for("linux/amd64").sha256[0]
+    wheels = [wheelhouse.WheelFile("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", 1, torch_sha,
+                                   tmp_path / "t.whl")]
+    notes = wheelhouse.wheelhouse_notes(stack, "linux/amd64", wheels, str(tmp_path))
+    assert len(notes) == 1 and "numpy==2.3.5" in notes[0] and "torch" not in notes[0].split("(fill")[0]
+    assert f"trainbox image wheelhouse cpu --platform linux/amd64 -o {tmp_path}" in notes[0]
+    fetch = {f["key"]: f["from"] for f in wheelhouse.fetch_plan(stack, "linux/amd64", wheels, str(tmp_path))}
+    assert fetch["torch"].startswith(f"wheelhouse {tmp_path}") and fetch["numpy"].startswith("index pypi")
+    assert wheelhouse.wheelhouse_notes(stack, "linux/amd64", wheels, None) == []
+
+
+def test_json_needs_dry_run(capsys, no_engine):
+    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--json")
+    assert rc == 2 and "--json goes with --dry-run" in err

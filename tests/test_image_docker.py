@@ -204,9 +204,8 @@ def test_edit_rebuilds_only_later_steps(cpu_build, tmp_path, monkeypatch, edit, 
         files = sorted(p for p in (REPO_ROOT / "launchers").rglob("*") if p.is_file())
         assert files, "no launcher files to edit"
         edit = str(files[0].relative_to(REPO_ROOT))
-    monkeypatch.setattr(image, "REPO_ROOT", _edited_repo(tmp_path, edit))
     out = image.build(dh.build_options(
-        stack="cpu", wheelhouse=str(dh.wheelhouse_dir()), ca_bundle=str(dh.marker_ca_bundle()),
+        stack="cpu", source_root=_edited_repo(tmp_path, edit), wheelhouse=str(dh.wheelhouse_dir()), ca_bundle=str(dh.marker_ca_bundle()),
         tag_latest=False, labels={"trainbox.test": "1"}, report=str(tmp_path / "report.json")))
     try:
         assert not out.skipped and out.tag != cpu_build.tag

@@ -82,9 +82,11 @@ def pin_from_component(comp: Any, stack: Any = None, platform: str | None = None
     """
     if platform is not None and hasattr(comp, "pin_for"):
         pp = comp.pin_for(platform)
+        indexes = getattr(stack, "indexes", None) or {}
+        # an index the build dropped (it does not answer; the wheelhouse serves its pins) has no URL any more
+        url = _index_url(pp.index, indexes) if pp.index in indexes or pp.index == "pypi" else ""
         return Pin(key=comp.key, source=comp.source, name=comp.dist_name, version=pp.version,
-                   index_name=pp.index, index_url=_index_url(pp.index, getattr(stack, "indexes", None)),
-                   sha256=tuple(pp.sha256))
+                   index_name=pp.index, index_url=url, sha256=tuple(pp.sha256))
     hashes: list[str] = list(getattr(comp, "sha256", None) or [])
     if stack is not None and hasattr(comp, "pin_for"):
         for plat in getattr(stack, "platforms", None) or []:

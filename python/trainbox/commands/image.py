@@ -35,11 +35,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--cache-to", action="append", default=[], metavar="SPEC",
                    help="BuildKit cache export, e.g. type=local,dest=DIR,mode=max (buildx with a builder that "
                    "exports caches, e.g. the docker-container driver)")
-    b.add_argument("--dry-run", action="store_true", help="print the docker command and the tag; build nothing")
+    b.add_argument("--dry-run", action="store_true",
+                   help="print the plan (base, inputs, content hash, tags, secrets, what is fetched from where) and "
+                   "a docker command that runs as printed; builds nothing, needs no engine and no index")
+    b.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON (schema "
+                   "trainbox.build-plan/1)")
     b.add_argument("--report", metavar="FILE", help="where to write the JSON build report "
                    "(default: build/reports/<stack>.json)")
     b.add_argument("-v", "--verbose", action="store_true", help="stream every line of the build's output")
     b.set_defaults(func=_build)
+
+    w = isub.add_parser(
+        "wheelhouse",
+        help="fill a directory with every pinned artifact a stack's build installs (hash-verified)",
+        description="Download (or take from trainbox's source cache) each pinned artifact the image build of "
+        "STACK installs on PLATFORM: its pypi components and, when locked, their dependency closure. Every file "
+        "is checked against the stack's sha256 before it is added; files already there are kept. Use the "
+        "directory with `image build --wheelhouse DIR` on a machine without index access.",
+    )
+    w.add_argument("stack", metavar="STACK", help="stack name (build/stacks/NAME.yaml) or a stack file")
+    w.add_argument("--platform", metavar="P", help="target platform, e.g. linux/arm64 (default: this machine's)")
+    w.add_argument("-o", "--output", metavar="DIR", required=True, help="the wheelhouse directory to fill")
+    w.add_argument("--set", action="append", default=[], metavar="COMPONENT.FIELD=V", dest="sets",
+                   help="override a pin, as for image build (the moved pin needs a sha256 in the stack or lock)")
+    w.add_argument("--json", action="store_true", help="print what was added and kept as JSON")
+    w.set_defaults(func=_wheelhouse)
 
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -52,6 +72,32 @@ def _build(args: argparse.Namespace) -> int:
         wheelhouse=args.wheelhouse, pip_index_url=args.pip_index_url, ca_bundle=args.ca_bundle,
         platform=args.platform, force=args.force, dry_run=args.dry_run, report=args.report,
         verbose=args.verbose, no_cache=args.no_cache, cache_from=args.cache_from, cache_to=args.cache_to,
+        json=args.json,
     )
+    if args.json and not args.dry_run:
+        from trainbox.runtime.errors import TrainboxError
+
+        raise TrainboxError("image build: --json goes with --dry-run (a real build writes its report: --report)")
     image.build(opts)
+    return 0
+
+
+def _wheelhouse(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    from pathlib import Path
+
+    from trainbox import image, wheelhouse
+    from trainbox.stack import load_stack, parse_sets
+
+    stack = load_stack(args.stack, sets=parse_sets(args.sets) or None)
+    plat = args.platform or image.host_platform()
+    say = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    out = wheelhouse.fill(stack, plat, Path(args.output), say=say)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{args.output}: {len(out['added'])} added, {len(out['kept'])} already there"
+              + ("" if out["deps_locked"] else f"; the dependency closure is not locked for {plat}, so only the "
+                 "components are here (`trainbox stack lock` records it)"))
     return 0

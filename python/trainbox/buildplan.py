@@ -1,0 +1,334 @@
+"""A build as a plan: everything `trainbox image build` will do, decided before anything runs (host module).
+
+`make_plan` is pure: from a loaded stack, the chosen base and the build options it computes the build
+context's files, their content hash, the tags, labels, the BuildKit arguments, the secrets, and where each
+pinned artifact will come from. It reads files and asks nothing of an engine or an index, so `--dry-run`
+prints it offline. `stage` writes the context a plan names; trainbox.buildrun executes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import fnmatch
+import hashlib
+import os
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from .paths import CACHE_DIR, REPO_ROOT
+from .wheelhouse import WheelFile, fetch_plan, wheelhouse_notes
+
+SCHEMA = "trainbox.build-plan/1"
+#: Top-level parts of the checkout that go into every build context (the rendered files come on top).
+CONTEXT_ITEMS = ["pyproject.toml", "README.md", "LICENSE", "python", "patches", "launchers"]
+#: Where the wheelhouse lies inside the build context (the Dockerfile bind-mounts it for pip).
+WHEELHOUSE_DIR = "wheelhouse"
+_IGNORED = ("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache", ".mypy_cache")
+
+
+@dataclass
+class Base:
+    """The image a build starts FROM, and how it was chosen."""
+
+    requested: str  # the stack's own base
+    used: str  # what the Dockerfile's FROM names
+    substituted: str | None = None  # set when `used` replaces the stack's base
+    bootstrap: bool = False  # `trainbox base bootstrap` makes `used` first
+    image_id: str | None = None  # the engine's id for `used`; None when no engine was asked
+    note: str = ""  # why, when the choice could not be checked
+
+
+@dataclass
+class BuildPlan:
+    stack: Any  # trainbox.stack.Stack, narrowed to the build
+    platform: str
+    base: Base
+    files: dict[str, Path | bytes]  # the context, relative path -> source file or rendered bytes
+    dockerfile_rel: str
+    dockerfile: str
+    wheels: list[WheelFile]
+    content_hash: str
+    tags: list[str]
+    labels: dict[str, str]
+    args: list[str]  # BuildKit arguments without the executable, the secrets and the context
+    secrets: dict[str, str]  # secret id -> file
+    build_argv_prefix: list[str]  # e.g. [docker, build]
+    build_env: dict[str, str]  # variables the command needs set (DOCKER_BUILDKIT=1)
+    client: str  # the client that will run it, in words
+    fetch: list[dict] = field(default_factory=list)  # where each pinned artifact comes from
+    notes: list[str] = field(default_factory=list)  # what the plan could not decide offline
+    context: Path | None = None  # where `stage` put the context
+
+    @property
+    def tag(self) -> str:
+        return self.tags[0]
+
+    def build_args(self) -> list[str]:
+        """The arguments after `build --progress plain`, secrets included, without the context."""
+        return [*self.args, *(a for sid, src in self.secrets.items() for a in ("--secret", f"id={sid},src={src}"))]
+
+    def argv(self) -> list[str]:
+        return [*self.build_argv_prefix, "--progress", "plain", *self.build_args(), str(self.context or ".")]
+
+    def command(self) -> str:
+        env = "".join(f"{k}={shlex.quote(v)} " for k, v in self.build_env.items())
+        return env + " ".join(shlex.quote(a) for a in self.argv())
+
+    def as_dict(self) -> dict:
+        s = self.stack
+        return {
+            "schema": SCHEMA, "stack": s.name, "device": s.device, "platform": self.platform,
+            "base": self.base.__dict__, "content_hash": self.content_hash, "tag": self.tag, "tags": self.tags,
+            "labels": self.labels, "overrides": dict(s.overrides or {}), "dockerfile": self.dockerfile_rel,
+            "context": str(self.context) if self.context else None, "inputs": len(self.files),
+            "wheelhouse": [w.name for w in self.wheels], "secrets": sorted(self.secrets),
+            "fetch": self.fetch, "client": self.client, "argv": self.argv(), "command": self.command(),
+            "notes": self.notes,
+        }
+
+
+# -- the context's files -----------------------------------------------------------------------------
+
+def _ignored(name: str) -> bool:
+    return any(fnmatch.fnmatch(name, pat) for pat in _IGNORED)
+
+
+def tree_files(root: Path, items: list[str] | None = None) -> dict[str, Path]:
+    """Every file (and symlink) under `root`, or under its `items`, by relative path; caches left out."""
+    out: dict[str, Path] = {}
+    tops = [root / i for i in items] if items is not None else [root]
+    for top in tops:
+        if top.is_symlink() or top.is_file():
+            out[top.relative_to(root).as_posix()] = top
+            continue
+        for dirpath, dirnames, filenames in os.walk(top):
+            d = Path(dirpath)
+            dirnames[:] = [n for n in dirnames if not _ignored(n)]
+            links = [n for n in dirnames if (d / n).is_symlink()]  # kept as links, as copytree(symlinks=True)
+            for n in filenames + links:
+                if not _ignored(n):
+                    out[(d / n).relative_to(root).as_posix()] = d / n
+    return out
+
+
+def input_files(root: Path | None = None) -> dict[str, Path]:
+    """The checkout's build inputs (CONTEXT_ITEMS)."""
+    return tree_files(Path(root or REPO_ROOT), [i for i in CONTEXT_ITEMS if (Path(root or REPO_ROOT) / i).exists()])
+
+
+def content_hash(files: dict[str, Path | bytes], wheels: list[WheelFile], extra: dict[str, str]) -> str:
+    """sha256 over every context file (path, exec bit, bytes), the wheelhouse listing (name, size, sha256: the
+    wheels themselves are not re-read) and `extra` (base image, platform, labels)."""
+    h = hashlib.sha256()
+    h.update(b"trainbox-context-v2\0")
+    for rel in sorted(files):
+        src = files[rel]
+        h.update(rel.encode() + b"\0")
+        if isinstance(src, Path) and src.is_symlink():
+            h.update(b"L" + os.readlink(src).encode() + b"\0")
+            continue
+        execbit = isinstance(src, Path) and os.access(src, os.X_OK)
+        h.update(b"X" if execbit else b"F")
+        h.update(src.read_bytes() if isinstance(src, Path) else src)
+        h.update(b"\0")
+    for w in sorted(wheels, key=lambda w: w.name):
+        h.update(f"wheel {w.name} {w.size} {w.sha256}\0".encode())
+    for k in sorted(extra):
+        h.update(f"{k}={extra[k]}\0".encode())
+    return h.hexdigest()
+
+
+# -- planning -----------------------------------------------------------------------------------------
+
+@dataclass
+class PlanInputs:
+    """What make_plan needs beyond the stack: the options image.build checked."""
+
+    platform: str
+    wheels: list[WheelFile] = field(default_factory=list)
+    wheelhouse: str | None = None
+    ca_bundle: str | None = None
+    pip_index_url: bool = False  # the secret file is written by stage()
+    tags: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    tag_latest: bool = True
+    no_cache: bool = False
+    cache_from: list[str] = field(default_factory=list)
+    cache_to: list[str] = field(default_factory=list)
+    source_root: Path | None = None  # the checkout whose inputs are built (tests and bench use a copy)
+
+
+def render_for(stack, base: Base):
+    """The rendered Dockerfile, manifest and requirements for `stack` built FROM base.used. A substitute base
+    is recorded by render.manifest as base.substituted, the stack's own base staying base.image."""
+    from . import render
+
+    if not base.substituted or stack.declared_base:
+        return render.render_stack(stack)
+    sub = stack.model_copy(deep=True)
+    sub.source_file, sub.overrides = stack.source_file, stack.overrides
+    sub.base.image, sub.declared_base = base.used, stack.base.image
+    return render.render_stack(sub)
+
+
+def _args(inp: PlanInputs, dockerfile: Path, tags: list[str], labels: dict[str, str], mode: str) -> list[str]:
+    args = ["-f", str(dockerfile), "--network", "host", "--platform", inp.platform]
+    for t in tags:
+        args += ["-t", t]
+    for k, v in labels.items():
+        args += ["--label", f"{k}={v}"]
+    for spec in inp.cache_from:
+        args += ["--cache-from", spec]
+    for spec in inp.cache_to:
+        args += ["--cache-to", spec]
+    if mode == "buildx" and (inp.cache_to or inp.cache_from):
+        # a docker-container builder grants --network host only when asked
+        args += ["--allow", "network.host"]
+    if inp.no_cache:
+        args.append("--no-cache")
+    return args
+
+
+def make_plan(stack, base: Base, inp: PlanInputs, client=None) -> BuildPlan:
+    """The plan for building `stack` on `base` (pure: reads the checkout, asks no engine and no index).
+    `client`: the engine client that will run it (None: a BuildKit-capable `docker build` is assumed)."""
+    rendered = render_for(stack, base)
+    dockerfile_rel = f"build/generated/{stack.name}/Dockerfile"
+    files: dict[str, Path | bytes] = dict(input_files(inp.source_root))
+    files.update(rendered.context_files)
+    files[dockerfile_rel] = rendered.dockerfile.encode()
+    extra = {"base": base.image_id or base.used, "platform": inp.platform,
+             **{f"label {k}": v for k, v in inp.labels.items()}}
+    digest = content_hash(files, inp.wheels, extra)
+    repo = f"trainbox/{stack.name}"
+    tags = [f"{repo}:{digest[:12]}"]
+    if inp.tag_latest and not stack.overrides:
+        tags.append(f"{repo}:latest")
+    tags += [t for t in inp.tags if t not in tags]
+    # build-time facts only the builder knows; the template's LABELs describe the stack itself
+    labels = {"io.trainbox.content-hash": digest, "io.trainbox.base.used": base.used,
+              **({"io.trainbox.base.substituted": base.substituted} if base.substituted else {}), **inp.labels}
+    mode = client.mode if client else "buildkit"
+    context = plan_dir(stack.name) / "context"
+    secrets = {"pip_cert": str(inp.ca_bundle)} if inp.ca_bundle else {}
+    if inp.pip_index_url:
+        secrets["pip_index_url"] = str(context.parent / "secrets" / "pip_index_url")
+    notes = wheelhouse_notes(stack, inp.platform, inp.wheels, inp.wheelhouse)
+    if not base.image_id:
+        notes.append(f"base {base.used}: {base.note or 'not asked of an engine'}; the tag hashes its name, the "
+                     "real build hashes its image id (so its tag may differ)")
+    return BuildPlan(
+        stack=stack, platform=inp.platform, base=base, files=files, dockerfile_rel=dockerfile_rel,
+        dockerfile=rendered.dockerfile, wheels=inp.wheels, content_hash=digest, tags=tags, labels=labels,
+        args=_args(inp, context / dockerfile_rel, tags, labels, mode), secrets=secrets,
+        build_argv_prefix=client.build_argv if client else ["docker", "build"],
+        build_env={"DOCKER_BUILDKIT": "1"} if mode == "buildkit" else {},
+        client=client.describe() if client else "DOCKER_BUILDKIT=1 docker build (no client checked)",
+        fetch=fetch_plan(stack, inp.platform, inp.wheels, inp.wheelhouse), notes=notes, context=context)
+
+
+def plan_dir(stack_name: str) -> Path:
+    """Where a stack's builds stage their context (a stable path: BuildKit then re-sends only what changed),
+    the lock that keeps two builds of the stack apart, and the index-URL secret."""
+    return CACHE_DIR / "build" / stack_name
+
+
+# -- staging --------------------------------------------------------------------------------------------
+
+def _place(src: Path | bytes, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(src, bytes):
+        dst.write_bytes(src)
+    elif src.is_symlink():
+        os.symlink(os.readlink(src), dst)
+    else:
+        shutil.copy2(src, dst)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)  # same file system: instant, and BuildKit sees the same mtime every time
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def populate(ctx: Path, files: dict[str, Path | bytes], wheels: list[WheelFile]) -> None:
+    """Make `ctx` hold exactly `files` and the wheels (hard-linked) under WHEELHOUSE_DIR."""
+    if ctx.exists():
+        shutil.rmtree(ctx)
+    ctx.mkdir(parents=True)
+    for rel, src in files.items():
+        _place(src, ctx / rel)
+    wh = ctx / WHEELHOUSE_DIR
+    wh.mkdir(exist_ok=True)
+    for w in wheels:
+        _link_or_copy(w.path, wh / w.name)
+
+
+def copy_inputs(dst: Path, root: Path | None = None) -> None:
+    """The checkout's build inputs (CONTEXT_ITEMS, caches left out) copied under `dst`."""
+    for rel, src in input_files(root).items():
+        _place(src, dst / rel)
+
+
+def _write_secret(path: Path, value: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value)
+
+
+@contextlib.contextmanager
+def stage(plan: BuildPlan, pip_index_url: str | None = None, wait: bool = True) -> Iterator[Path]:
+    """Write the plan's context (and its index-URL secret, mode 0600, outside the context), locked against a
+    concurrent build of the same stack. `wait=False` (dry runs): never wait on a running build; fail instead."""
+    from .runtime.errors import TrainboxError
+
+    ctx = plan.context
+    assert ctx is not None
+    ctx.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(ctx.parent / "lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                raise TrainboxError(f"a build of stack {plan.stack.name} is using {ctx} now; run the dry run "
+                                    "again when it is done") from None
+            print(f"trainbox: another build of stack {plan.stack.name} is running; waiting for it",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        populate(ctx, plan.files, plan.wheels)
+        if "pip_index_url" in plan.secrets and pip_index_url:
+            _write_secret(Path(plan.secrets["pip_index_url"]), pip_index_url)
+        if not wait:  # a dry run leaves the context and the secret for the printed command
+            yield ctx
+            return
+        try:
+            yield ctx
+        finally:
+            Path(plan.secrets.get("pip_index_url", ctx.parent / "secrets" / "none")).unlink(missing_ok=True)
+
+
+def format_plan(plan: BuildPlan) -> str:
+    """The plan for people: what would be built, from what, and the command that builds it."""
+    b = plan.base
+    lines = [f"plan: build {plan.tag} (stack {plan.stack.name}, {plan.platform})",
+             f"  base:     {b.used}" + (f" (substitute for {b.requested})" if b.substituted else "")
+             + (" [bootstrapped first: `trainbox base bootstrap --tag " + b.used + "`]" if b.bootstrap else ""),
+             f"  hash:     {plan.content_hash} over {len(plan.files)} inputs"
+             + (f" + {len(plan.wheels)} wheels" if plan.wheels else ""),
+             f"  tags:     {', '.join(plan.tags)}",
+             f"  context:  {plan.context}",
+             f"  secrets:  {', '.join(f'{k} ({v})' for k, v in plan.secrets.items()) or 'none'}",
+             "  fetch:"]
+    for f in plan.fetch:
+        lines.append(f"    {f['requirement']:<40} {f['from']}")
+    lines += [f"  note:     {n}" for n in plan.notes]
+    lines += ["  command (run from anywhere):", "    " + plan.command()]
+    return "\n".join(lines)
