@@ -32,7 +32,7 @@ ensure-installed:
 	@$(PYTHON) -c 'import trainbox, jinja2, pydantic, yaml, rich, pytest, torch' 2>/dev/null || $(MAKE) install
 
 engine:
-	bash scripts/ensure-docker.sh
+	bash ci/ensure-docker.sh
 
 render:
 	$(TRAINBOX) render
@@ -43,7 +43,7 @@ render-check:
 lint: render-check
 	$(TRAINBOX) stack validate --strict
 	hadolint Dockerfile.npu Dockerfile.cuda build/generated/*/Dockerfile
-	shellcheck scripts/*.sh .ci/run ci/*.sh
+	shellcheck .ci/run ci/*.sh
 	$(TRAINBOX) launch check
 
 test: engine ensure-installed

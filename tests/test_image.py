@@ -140,7 +140,7 @@ def test_no_engine(capsys, no_engine, monkeypatch):
     monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
     rc, err = _cli(capsys, "image", "build", "--stack", "cpu")
     assert rc == 2
-    assert "no Docker engine answers" in err and "scripts/ensure-docker.sh" in err
+    assert "no Docker engine answers" in err and "ci/ensure-docker.sh" in err
 
 
 @pytest.fixture

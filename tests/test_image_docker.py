@@ -60,7 +60,7 @@ def test_cpu_labels_and_manifest_match_the_stack(cpu_build):
 def test_cpu_layers_hold_no_caches_and_no_secrets(cpu_build):
     """Scan every layer of the `docker save` archive: no pip cache, apt lists or packages, nothing
     from the CA bundle or the index credentials that reached the build as secrets."""
-    from trainbox.engine import scan_image
+    from imagescan import scan_image
 
     client = dh.docker_client()
     image_bundle = _cat(cpu_build.tag, "/etc/ssl/certs/ca-certificates.crt").encode()

@@ -88,7 +88,7 @@ def bootstrap(tag: str = DEFAULT_TAG, suite: str = DEFAULT_SUITE, mirror: str | 
     debootstrap = shutil.which("debootstrap")
     if not debootstrap:
         raise TrainboxError("debootstrap is not installed: `apt-get install debootstrap` "
-                            "(scripts/ensure-docker.sh installs it)")
+                            "(ci/ensure-docker.sh installs it)")
     if os.geteuid() != 0:
         raise TrainboxError("`trainbox base bootstrap` runs debootstrap, which needs root: run it as root "
                             "(or with sudo)")

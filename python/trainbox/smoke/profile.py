@@ -1,0 +1,111 @@
+"""Smoke options: --set per stack, profiles (YAML), and the Options they make."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..paths import REPO_ROOT
+from ..runtime.errors import TrainboxError
+from .model import DEFAULT_TIMEOUTS, STEPS, Options
+
+
+def parse_set(item: str, stacks: list[str]) -> tuple[str, str, str]:
+    """`[STACK:]COMPONENT.FIELD=VALUE` -> (stack or "*", "COMPONENT.FIELD", VALUE)."""
+    if "=" not in item:
+        raise TrainboxError(f"--set {item}: expected [STACK:]COMPONENT.FIELD=VALUE, e.g. "
+                            "npu-910b:torch.version=2.13.0+cpu")
+    key, value = item.split("=", 1)
+    stack = "*"
+    if ":" in key:
+        stack, key = key.split(":", 1)
+    if "." not in key:
+        raise TrainboxError(f"--set {item}: expected [STACK:]COMPONENT.FIELD=VALUE (no '.' in {key!r})")
+    return stack.strip(), key.strip(), value.strip()
+
+
+def load_profile(path: str | Path) -> dict:
+    """A smoke profile: defaults for one kind of runner (which stacks, pins it must move, a wheelhouse)."""
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+    class Profile(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        description: str | None = None
+        stacks: list[str] | None = None
+        keep_going: bool | None = None
+        substitute_base: str | None = None
+        wheelhouse: str | None = None
+        skip: list[str] = Field(default_factory=list)
+        set: dict[str, dict[str, str]] = Field(default_factory=dict)
+
+    from ..stack import format_validation, read_yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise TrainboxError(f"--profile {p}: no such file")
+    data = read_yaml(p, TrainboxError)
+    for stack, sets in (data.get("set") or {}).items():
+        for k, v in (sets.items() if isinstance(sets, dict) else ()):
+            if isinstance(v, bool):
+                sets[k] = "true" if v else "false"
+            elif not isinstance(v, str):
+                # YAML reads 2.10 as the number 2.1: a pin must be written as a string
+                raise TrainboxError(f"--profile {p}: set.{stack}.{k}: {v!r} is a number to YAML; quote the "
+                                    f"version, e.g. {k}: \"{v}\"")
+    try:
+        prof = Profile.model_validate(data)
+    except ValidationError as exc:
+        raise TrainboxError(format_validation(p, exc, unknown="profile keys: description, stacks, keep_going, "
+                                              "substitute_base, wheelhouse, skip, set")) from None
+    for stack, sets in prof.set.items():
+        for k in sets:
+            if "." not in k:
+                raise TrainboxError(f"--profile {p}: set.{stack}.{k}: expected COMPONENT.FIELD, e.g. torch.version")
+    out = prof.model_dump()
+    if out.get("wheelhouse") and not os.path.isabs(out["wheelhouse"]):
+        out["wheelhouse"] = str((REPO_ROOT / out["wheelhouse"]).resolve())
+    return out
+
+
+def build_options(stacks: list[str] | None, sets: list[str] | None, profile: str | None, wheelhouse: str | None,
+                  substitute_base: str | None, keep_going: bool, skip: list[str] | None, workdir: str | None,
+                  pull_timeout: float | None, verbose: bool, build_cache: str | None = None) -> Options:
+    from ..stack import list_stacks
+
+    prof = load_profile(profile) if profile else {}
+    known = list_stacks()
+    chosen = list(stacks or prof.get("stacks") or known)
+    unknown = [s for s in chosen if s not in known]
+    if unknown:
+        raise TrainboxError(f"--stack {', '.join(unknown)}: no such stack in {REPO_ROOT / 'build' / 'stacks'} "
+                            f"(stacks: {', '.join(known)})")
+    skips: list[str] = []
+    for item in list(prof.get("skip") or []) + list(skip or []):
+        for s in str(item).split(","):
+            s = s.strip()
+            if s and s not in STEPS:
+                raise TrainboxError(f"--skip {s}: no such step (steps: {', '.join(STEPS)})")
+            if s and s not in skips:
+                skips.append(s)
+    merged: dict[str, dict[str, str]] = {}
+    for stack, m in (prof.get("set") or {}).items():
+        merged.setdefault(stack, {}).update(m)
+    for item in sets or []:
+        stack, key, value = parse_set(item, chosen)
+        merged.setdefault(stack, {})[key] = value
+    bad = [s for s in merged if s != "*" and s not in chosen and s not in known]
+    if bad:
+        raise TrainboxError(f"--set {bad[0]}:...: no such stack (stacks: {', '.join(known)})")
+    wh = wheelhouse or prof.get("wheelhouse")
+    if wh and not Path(wh).is_dir():
+        raise TrainboxError(f"--wheelhouse {wh}: not a directory")
+    mode = substitute_base or prof.get("substitute_base") or "auto"
+    timeouts = dict(DEFAULT_TIMEOUTS)
+    return Options(stacks=chosen, sets=merged, wheelhouse=wh, substitute_base=mode,
+                   keep_going=keep_going or bool(prof.get("keep_going")), skip=skips,
+                   workdir=Path(workdir).resolve() if workdir else REPO_ROOT / "build" / "reports" / "smoke",
+                   profile=str(profile) if profile else None,
+                   pull_timeout=pull_timeout if pull_timeout is not None else 20.0, verbose=verbose,
+                   build_cache=Path(build_cache).resolve() if build_cache else None, timeouts=timeouts)
+
+

@@ -1,0 +1,159 @@
+"""The smoke run: each stack through every step, in order, with the dependencies between steps."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from .. import __version__
+from ..runtime.errors import TrainboxError
+from .checks import CheckSteps
+from .imagesteps import ImageSteps
+from .model import (
+    FAIL,
+    PASS,
+    SCHEMA,
+    SKIPPED,
+    STEPS,
+    Options,
+    Proc,
+    StackResult,
+    StepResult,
+)
+from .proc import _json, cli_argv, run_process
+from .report import format_matrix, junit_xml
+
+Runner = Callable[..., Proc]
+
+
+class Smoke(CheckSteps, ImageSteps):
+    def __init__(self, opts: Options, run: Runner = run_process, say: Callable[[str], None] | None = None):
+        self.opts = opts
+        self.run = run
+        self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
+
+    def _stack_info(self, stack: str, log: Path) -> tuple[dict | None, Proc]:
+        proc = self.run(cli_argv("stack", "show", stack, "--json"), self.opts.timeouts["validate"], log=log)
+        data = _json(proc.out) if proc.ok else None
+        return (data if isinstance(data, dict) else None), proc
+
+    # -- one stack, all stacks
+
+    def _announce(self, sr: StackResult, res: StepResult) -> None:
+        mark = {PASS: "pass", FAIL: "FAIL", SKIPPED: "skip"}[res.status]
+        why = f": {res.reason.splitlines()[0][:160]}" if res.reason and res.status != PASS else ""
+        self.say(f"smoke {sr.stack:<12} {res.step:<9} {mark} ({res.duration_s:.1f}s){why}")
+
+    def run_stack(self, stack: str, not_run: str | None = None) -> StackResult:
+        sr = StackResult(stack, overrides=self.opts.sets_for(stack))
+        if not_run:
+            sr.steps = [StepResult(s, SKIPPED, not_run) for s in STEPS]
+            return sr
+        info, info_proc = self._stack_info(stack, self._log(stack, "stack-show"))
+        if info:
+            sr.device = info.get("device")
+            sr.base["image"] = (info.get("base") or {}).get("image")
+        unloadable = None if info else "the stack does not load (see validate)"
+
+        def add(res: StepResult) -> StepResult:
+            sr.steps.append(res)
+            self._announce(sr, res)
+            return res
+
+        for name in STEPS:
+            prior = {s.step: s for s in sr.steps}
+            if name in self.opts.skip:
+                add(StepResult(name, SKIPPED, f"--skip {name}"))
+                continue
+            if unloadable and name != "validate":
+                add(StepResult(name, SKIPPED, unloadable))
+                continue
+            if name == "build":
+                failed = [s for s in ("validate", "lock", "patches") if prior[s].status == FAIL]
+                if failed:
+                    add(StepResult(name, SKIPPED, f"not built: {', '.join(failed)} failed (fix that first)"))
+                    continue
+            if name == "doctor" and prior["build"].status != PASS:
+                why = "--skip build" if "build" in self.opts.skip else "no image (build " + prior["build"].status + ")"
+                add(StepResult(name, SKIPPED, why))
+                continue
+            fn = getattr(self, f"step_{name}")
+            try:
+                res = fn(sr, info) if name == "build" else fn(sr)
+            except TrainboxError as exc:
+                res = StepResult(name, FAIL, str(exc))
+            add(res)
+        return sr
+
+    def run_all(self) -> dict:
+        started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        t0 = time.monotonic()
+        results: list[StackResult] = []
+        first_failed = None
+        for stack in self.opts.stacks:
+            not_run = None
+            if first_failed and not self.opts.keep_going:
+                not_run = f"not run: stack {first_failed} failed (--keep-going runs every stack)"
+            sr = self.run_stack(stack, not_run)
+            results.append(sr)
+            if not sr.ok and not first_failed:
+                first_failed = stack
+        return self.report(results, started, time.monotonic() - t0)
+
+    def report(self, results: list[StackResult], started: str, duration: float) -> dict:
+        all_steps = [s for r in results for s in r.steps]
+        ok = all(r.ok for r in results)
+        return {
+            "schema": SCHEMA,
+            "trainbox_version": __version__,
+            "ok": ok,
+            "exit_code": 0 if ok else 1,
+            "started_at": started,
+            "duration_s": round(duration, 2),
+            "steps": list(STEPS),
+            "options": {"stacks": self.opts.stacks, "keep_going": self.opts.keep_going,
+                        "substitute_base": self.opts.substitute_base, "wheelhouse": self.opts.wheelhouse,
+                        "profile": self.opts.profile, "skip": self.opts.skip, "workdir": str(self.opts.workdir),
+                        "build_cache": str(self.opts.build_cache) if self.opts.build_cache else None},
+            "summary": {"pass": sum(s.status == PASS for s in all_steps),
+                        "fail": sum(s.status == FAIL for s in all_steps),
+                        "skipped": sum(s.status == SKIPPED for s in all_steps),
+                        "failed": [f"{r.stack}/{s.step}" for r in results for s in r.steps if s.status == FAIL]},
+            "stacks": [r.as_dict() for r in results],
+        }
+
+
+
+
+def main(opts: Options, as_json: bool = False, junit: str | None = None) -> int:
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    say(f"trainbox smoke: {', '.join(opts.stacks)}; steps {', '.join(s for s in STEPS if s not in opts.skip)}"
+        + (f"; overrides {json.dumps(opts.sets, sort_keys=True)}" if opts.sets else ""))
+    opts.workdir.mkdir(parents=True, exist_ok=True)
+
+    def cancelled(signum, frame):
+        raise KeyboardInterrupt  # unwinds through run_process, which kills the running step's process group
+
+    previous = signal.signal(signal.SIGTERM, cancelled)
+    try:
+        report = Smoke(opts, say=say).run_all()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    path = opts.workdir / "report.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    if junit:
+        Path(junit).parent.mkdir(parents=True, exist_ok=True)
+        Path(junit).write_bytes(junit_xml(report))
+    matrix = format_matrix(report)
+    if as_json:
+        print(matrix, file=sys.stderr)
+        print(json.dumps(report, indent=2))
+    else:
+        print(matrix)
+        print(f"report: {path}" + (f"; JUnit: {junit}" if junit else ""))
+    return report["exit_code"]
