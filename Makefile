@@ -77,4 +77,4 @@ bench-import:
 	$(PYTHON) bench/import_time.py
 
 bench-build: engine
-	$(PYTHON) bench/build.py $(WHEELHOUSE_ARG)
+	$(PYTHON) bench/build.py --prune-cache $(WHEELHOUSE_ARG)

@@ -1,8 +1,12 @@
 """Build benchmark (`make bench-build`): what a build of a stack costs, cold and after small edits.
 
 Prints, for one stack (cpu by default):
+  - the limit: a plain `pip install` of the very same hash-pinned requirements (the stack's rendered
+    requirements.txt and deps.txt, the same wheelhouse, no pip cache) into a fresh venv on this host, timed
+    in the same run, and the cold build as a multiple of it (the goal: <= 1.2 x);
+  - the cold build's steps with their times (where the rest of the cold build goes);
   - the cold build time (BuildKit's layer cache ignored; the pip/apt download caches stay warm unless
-    --prune-cache, which empties the engine's whole build cache first);
+    --prune-cache, which empties the engine's pip/apt cache mounts first: `make bench-build` does);
   - the no-change rebuild, the package-edit rebuild and the launcher-edit rebuild, each as a ratio of
     the cold time (the edits are made in a scratch copy of the inputs, never in the checkout);
   - the final image size and the bytes in it that are caches, duplicate files (the same bytes at
@@ -42,6 +46,34 @@ def _timed_build(opts, repo_root: Path | None = None):
     return out, time.monotonic() - t0
 
 
+def plain_pip_install(stack_name: str, wheelhouse: str | None) -> tuple[float, float]:
+    """(venv seconds, pip seconds): the stack's hash-pinned requirements installed with plain pip into a fresh
+    venv, no cache, from the indexes that answer (as the build does) plus the wheelhouse."""
+    import subprocess
+
+    from trainbox import image, render
+    from trainbox.stack import load_stack
+
+    stack = load_stack(stack_name)
+    rendered = render.render_stack(stack)
+    indexes = [u for u in stack.indexes.values() if image._url_answers(u, 6.0)[0]] or ["https://pypi.org/simple"]
+    with tempfile.TemporaryDirectory(prefix="trainbox-bench-pip-") as tmp:
+        req, deps = Path(tmp, "requirements.txt"), Path(tmp, "deps.txt")
+        req.write_text(rendered.requirements)
+        deps.write_text(rendered.deps)
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "venv", f"{tmp}/venv"], check=True)
+        t1 = time.monotonic()
+        cmd = [f"{tmp}/venv/bin/python", "-m", "pip", "install", "-q", "--no-cache-dir", "--disable-pip-version-check",
+               "--require-hashes", "--no-deps", "--index-url", indexes[0], "-r", str(req), "-r", str(deps)]
+        for u in indexes[1:]:
+            cmd += ["--extra-index-url", u]
+        if wheelhouse:
+            cmd += ["--find-links", wheelhouse]
+        subprocess.run(cmd, check=True)
+        return t1 - t0, time.monotonic() - t1
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
@@ -52,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheelhouse", default=None, help="passed to every build (e.g. the CPU torch wheel)")
     ap.add_argument("--ca-bundle", default=None)
     ap.add_argument("--prune-cache", action="store_true",
-                    help="empty the engine's build cache first (also the pip/apt cache mounts; affects every "
-                    "other build on this engine)")
+                    help="empty the engine's download caches first (the pip/apt cache mounts, shared by every "
+                    "build on this engine), so the cold build downloads what a first build does")
     ap.add_argument("--json", default=None, help="also write the figures here (default: build/reports/bench-build.json)")
     args = ap.parse_args(argv)
 
@@ -65,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     client = find_client()
     client.require_engine()
     if args.prune_cache:
-        client.run("builder", "prune", "-af", timeout=600)
+        # the download caches (pip, apt cache mounts) only: --no-cache already ignores the layer cache, and the
+        # other builds on a shared engine keep theirs
+        client.run("builder", "prune", "-f", "--filter", "type=exec.cachemount", timeout=600)
 
     def opts(**kw):
         return image.BuildOptions(stack=args.stack, wheelhouse=args.wheelhouse, ca_bundle=args.ca_bundle,
@@ -74,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                                   **kw)
 
     created: list[str] = []
+    print("bench: the limit: plain pip install of the same pinned wheels into a fresh venv", file=sys.stderr)
+    t_venv, t_pip = plain_pip_install(args.stack, args.wheelhouse)
+    limit = t_venv + t_pip
     try:
         print(f"bench: cold build of {args.stack} (layer cache ignored)", file=sys.stderr)
         cold, t_cold = _timed_build(opts(force=True, no_cache=True))
@@ -100,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         size = cold.report["size"]
 
         rows = [
+            ("limit: plain pip", f"{limit:8.1f} s", f"{limit / t_cold:.3f}"),
             ("cold build", f"{t_cold:8.1f} s", "1.000"),
             ("no-change rebuild", f"{t_same:8.1f} s", f"{t_same / t_cold:.3f}"),
             ("package-edit rebuild", f"{results['package'][1]:8.1f} s", f"{results['package'][1] / t_cold:.3f}"),
@@ -109,6 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'':24}{'time':>10}  {'x cold':>7}")
         for name, t, ratio in rows:
             print(f"{name:24}{t:>10}  {ratio:>7}")
+        verdict = "within" if t_cold <= 1.2 * limit else "OVER"
+        print(f"\ncold / limit = {t_cold / limit:.2f} x (goal <= 1.20 x: {verdict}); the limit is venv {t_venv:.1f} s "
+              f"+ pip install {t_pip:.1f} s")
+        steps = [s for s in cold.report.get("steps", []) if not s.get("from") and s.get("seconds")]
+        print("\ncold build steps (seconds; BuildKit runs stages in parallel, so they may overlap):")
+        for s in sorted(steps, key=lambda s: -s["seconds"])[:10]:
+            print(f"  {s['seconds']:6.1f}  {s['name'][:100]}")
+        print(f"  {t_cold - sum(s['seconds'] for s in steps):6.1f}  the rest (context transfer, base, export)")
         print(f"\nimage {cold.tag}: {_mb(size)} in {scan.layer_count} layers")
         print(f"  caches (pip, apt, /tmp, debconf backups): {_mb(cache_bytes)}")
         print(f"  duplicate files (same bytes, several paths): {_mb(dup_bytes)} in {len(dups)} groups")
@@ -121,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
 
         figures = {
             "stack": args.stack, "client": client.describe(), "cold_s": round(t_cold, 2),
+            "limit_s": round(limit, 2), "limit_venv_s": round(t_venv, 2), "limit_pip_s": round(t_pip, 2),
+            "cold_over_limit": round(t_cold / limit, 3),
+            "steps": [{"name": s["name"], "seconds": s["seconds"]} for s in steps],
             "no_change_s": round(t_same, 2), "no_change_ratio": round(t_same / t_cold, 4),
             "package_edit_s": round(results["package"][1], 2),
             "package_edit_ratio": round(results["package"][1] / t_cold, 4),

@@ -1,0 +1,51 @@
+"""The product stays small and mapped: module and function size limits, and the README's module map matches
+the tree (a module added without a row, or a row for a module that is gone, fails here)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "python" / "trainbox"
+MAX_MODULE_LINES = 700
+MAX_FUNCTION_LINES = 80
+# Known to be over the limit and owned by another change (issue #11 item 4 reshapes launch); only these may be.
+KNOWN_LONG = {"launch.py:render_script", "launch.py:plan_run"}
+
+
+def _product_modules() -> list[Path]:
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_no_module_over_the_limit():
+    over = [f"{p.relative_to(PKG)} ({p.read_text().count(chr(10))} lines)" for p in _product_modules()
+            if p.read_text().count("\n") > MAX_MODULE_LINES]
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}; split them by what they do"
+
+
+def test_no_function_over_the_limit():
+    over = []
+    for p in _product_modules():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                key = f"{p.relative_to(PKG)}:{node.name}"
+                if n > MAX_FUNCTION_LINES and key not in KNOWN_LONG:
+                    over.append(f"{key} ({n} lines)")
+    assert not over, f"functions over {MAX_FUNCTION_LINES} lines: {over}"
+
+
+def test_module_map_matches_the_tree():
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("### Module map", 1)[1].split("\n\n", 2)[1]
+    named: set[str] = set()
+    for row in table.splitlines()[2:]:
+        cell = row.split("|")[1]
+        for name in re.findall(r"`([^`]+)`", cell):
+            named.add(name.rstrip("/").removesuffix("/*"))
+    tree = {p.stem for p in PKG.glob("*.py") if p.stem != "__init__"} | \
+        {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert tree - named == set(), f"modules without a row in the README's module map: {sorted(tree - named)}"
+    assert named - tree == set(), f"module map rows for modules that do not exist: {sorted(named - tree)}"
