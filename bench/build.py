@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -70,7 +71,16 @@ def plain_pip_install(stack_name: str, wheelhouse: str | None) -> tuple[float, f
             cmd += ["--extra-index-url", u]
         if wheelhouse:
             cmd += ["--find-links", wheelhouse]
-        subprocess.run(cmd, check=True)
+        from trainbox.index import ca_bundle
+
+        cert = ca_bundle()
+        if cert:
+            cmd += ["--cert", cert]
+        # only what the build's pip gets too: no pip.conf (this host's find-links and extra indexes), no cache
+        env = dict(os.environ, PIP_CONFIG_FILE=os.devnull)
+        for k in [k for k in env if k.startswith("PIP_") and k != "PIP_CONFIG_FILE"]:
+            del env[k]
+        subprocess.run(cmd, check=True, env=env)
         return t1 - t0, time.monotonic() - t1
 
 
