@@ -11,17 +11,18 @@ from .model import DEFAULT_TIMEOUTS, STEPS, Options
 
 
 def parse_set(item: str, stacks: list[str]) -> tuple[str, str, str]:
-    """`[STACK:]COMPONENT.FIELD=VALUE` -> (stack or "*", "COMPONENT.FIELD", VALUE)."""
-    if "=" not in item:
+    """`[STACK:]COMPONENT.FIELD=VALUE` -> (stack or "*", "COMPONENT.FIELD", VALUE): a stack's own --set
+    grammar (stack.parse_sets) with an optional STACK: prefix."""
+    from ..stack import parse_sets
+
+    key, sep, value = item.partition("=")
+    stack, colon, rest = key.partition(":") if ":" in key else ("*", "", key)
+    try:
+        ((k, v),) = parse_sets([f"{rest}{sep}{value}"]).items()
+    except TrainboxError:
         raise TrainboxError(f"--set {item}: expected [STACK:]COMPONENT.FIELD=VALUE, e.g. "
-                            "npu-910b:torch.version=2.13.0+cpu")
-    key, value = item.split("=", 1)
-    stack = "*"
-    if ":" in key:
-        stack, key = key.split(":", 1)
-    if "." not in key:
-        raise TrainboxError(f"--set {item}: expected [STACK:]COMPONENT.FIELD=VALUE (no '.' in {key!r})")
-    return stack.strip(), key.strip(), value.strip()
+                            "npu-910b:torch.version=2.13.0+cpu") from None
+    return stack.strip() or "*", k, v
 
 
 def load_profile(path: str | Path) -> dict:
