@@ -250,3 +250,26 @@ def test_build_report_written(cpu_build):
         assert report["steps"] and {s["status"] for s in report["steps"]} <= {"cached", "done"}
     # the same report on disk
     assert json.loads(Path(cpu_build.report_path).read_text())["tag"] == cpu_build.tag
+
+
+def test_dry_run_command_builds_as_printed(cpu_build, tmp_path):
+    """The command a dry run prints runs as printed (its context and secret files exist) and makes the very
+    image the plan names: the same content-hash tag and label."""
+    import subprocess
+
+    from trainbox import image
+
+    dh.docker_client()
+    out = image.build(dh.build_options(
+        stack="cpu", wheelhouse=str(dh.wheelhouse_dir()), dry_run=True, tag_latest=False,
+        labels={"trainbox.test": "1", "trainbox.test.dry-run": uuid.uuid4().hex[:8]}))
+    assert out.report["schema"] == "trainbox.build-plan/1" and out.report["base"]["image_id"]
+    client = dh.docker_client()
+    assert not client.image_exists(out.tag)  # the dry run built nothing
+    try:
+        proc = subprocess.run(["bash", "-c", out.report["command"]], capture_output=True, text=True, timeout=1500)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        assert client.image_exists(out.tag)
+        assert client.labels(out.tag)["io.trainbox.content-hash"] == out.report["content_hash"]
+    finally:
+        client.remove_image(out.tag, force=True)
