@@ -20,11 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .runtime.errors import TrainboxError
 from .paths import LAUNCHERS_DIR
+from .grammar import ENV_NAME_RE, MAX_DEVICES_PER_NODE, MAX_NODES, check_name, check_text
 from .stack import format_validation, named_file, read_yaml
 
 RECIPES_DIR = LAUNCHERS_DIR / "recipes"
 NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
-RECIPE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+RECIPE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,99}$")
 # ${NAME}, ${NAME:-}, ${NAME[@]}, $$ -- and a lone `$` that is none of them (an error)
 REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-|\[@\])?\}|\$\$|\$")
 
@@ -56,6 +57,11 @@ class Input(_Strict):
     mount: Literal["ro", "rw"] | None = None
     create: bool = False  # rw paths: the host directory is created before the run, the script mkdirs it too
 
+    @field_validator("description")
+    @classmethod
+    def _description(cls, v: str) -> str:
+        return check_text(v, "description")
+
     @model_validator(mode="after")
     def _check(self):
         if self.default is not None:
@@ -82,6 +88,11 @@ class SourceScript(_Strict):
     optional: bool = False  # source it when present, skip it silently when not
     arrays: list[str] = Field(default_factory=list)  # bash arrays it must define, usable as ${NAME[@]}
 
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        return check_text(v, "path")
+
     @field_validator("arrays")
     @classmethod
     def _arrays(cls, v):
@@ -97,6 +108,18 @@ class Preflight(_Strict):
     name: str
     python: str
     hint: str
+
+    @field_validator("name", "hint")
+    @classmethod
+    def _line(cls, v: str, info) -> str:
+        return check_text(v, info.field_name)
+
+    @field_validator("python")
+    @classmethod
+    def _code(cls, v: str) -> str:
+        if "\x00" in v:
+            raise ValueError("python: holds a NUL character")
+        return v
 
 
 class Parallel(_Strict):
@@ -130,8 +153,8 @@ class Recipe(_Strict):
     description: str
     stack: str
     launcher: Literal["torchrun", "ray", "exec"]
-    nodes: int = Field(1, ge=1)
-    devices_per_node: int = Field(ge=1)  # NPUs / GPUs per node; processes per node on CPU
+    nodes: int = Field(1, ge=1, le=MAX_NODES)
+    devices_per_node: int = Field(ge=1, le=MAX_DEVICES_PER_NODE)  # NPUs / GPUs per node; processes on CPU
     parallel: Parallel = Field(default_factory=Parallel)
     upstream: list[str] = Field(default_factory=list)  # where the workload's own launcher lives; informational
     inputs: dict[str, Input] = Field(default_factory=dict)
@@ -165,7 +188,10 @@ class Recipe(_Strict):
                 raise ValueError(f"{key}: set by the launcher from devices_per_node / `trainbox run --devices`")
             if isinstance(value, bool):
                 raise ValueError(f"{key}: write {str(value).lower()!r} in quotes (an environment value is text)")
-            out[key] = str(value)
+            try:
+                out[key] = check_text(str(value), "value")
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from None
         return out
 
     @field_validator("command")
@@ -173,7 +199,37 @@ class Recipe(_Strict):
     def _command(cls, v):
         if not v:
             raise ValueError("expected at least one word")
+        for i, item in enumerate(v):
+            try:
+                words = parse_words(item)
+            except ValueError:
+                continue  # check_references names the item and the quoting problem
+            for word in words:
+                try:
+                    check_text(word, "word")
+                except ValueError as exc:
+                    raise ValueError(f"[{i}]: {exc}") from None
         return v
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, v: str) -> str:
+        return check_text(v, "description")
+
+    @field_validator("stack")
+    @classmethod
+    def _stack(cls, v: str) -> str:
+        return check_name(v, "stack")
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, v: list[str]) -> list[str]:
+        return [check_text(u, "upstream") for u in v]
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        return v if v is None else check_text(v, "workdir")
 
     @model_validator(mode="after")
     def _layout(self):
@@ -222,6 +278,8 @@ _HOST_RE = re.compile(r"^[A-Za-z0-9_.:][A-Za-z0-9_.:-]*$")
 
 def check_value(kind: str, value: str) -> str | None:
     """Why `value` is not a valid `kind` input, or None. Mirrors the checks the rendered script runs."""
+    if "\x00" in value:  # everything else is quoted where it lands; a NUL cannot travel in argv or bash
+        return f"{value[:60]!r}: holds a NUL character"
     if kind in ("port", "int"):
         if not re.fullmatch(r"[0-9]+", value):
             return f"{value!r}: expected {'a port number' if kind == 'port' else 'a non-negative integer'}"
@@ -289,6 +347,15 @@ def refs(word: str) -> list[tuple[str, str]]:
     return out
 
 
+def shell_identifier(name) -> str:
+    """`name` when it is a shell variable name; anything else would be shell syntax in the script."""
+    text = str(name)
+    if not ENV_NAME_RE.match(text):
+        raise RecipeError(f"refusing to render {text[:60]!r} as a shell variable name: expected "
+                          "[A-Za-z_][A-Za-z0-9_]*")
+    return text
+
+
 def shell_word(word: str) -> str:
     """Render one word: literal text single-quoted, references double-quoted, so the result is exactly one
     shell word whose only expansions are the references."""
@@ -322,6 +389,10 @@ def list_recipes(recipes_dir: Path | None = None) -> list[str]:
 
 
 def recipe_path(name_or_path: str | Path, recipes_dir: Path | None = None) -> Path:
+    if "/" not in str(name_or_path) and Path(str(name_or_path)).suffix not in (".yaml", ".yml") and \
+            not RECIPE_NAME_RE.match(str(name_or_path)):
+        raise RecipeError(f"recipe {str(name_or_path)[:80]!r}: not a recipe name (lower-case words joined by '-', "
+                          "at most 100 characters; `trainbox launch list` shows them)")
     return named_file(name_or_path, recipes_dir or RECIPES_DIR, "recipe", RecipeError,
                       hint="; `trainbox launch list` shows them")
 
@@ -330,13 +401,13 @@ def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes
     """Load and validate a recipe. `nodes` runs it on another node count: the layout's dp (and devices)
     scale with it, everything else must still fit."""
     path = recipe_path(name_or_path, recipes_dir)
-    data = read_yaml(path, RecipeError)
+    data = read_yaml(path, RecipeError, "recipe")
     if "name" in data and data["name"] != path.stem:
         raise RecipeError(f"{path}: name: expected {path.stem!r} (the file name), got {data['name']!r}")
     data["name"] = path.stem
     if nodes is not None:
-        if nodes < 1:
-            raise RecipeError(f"--nodes {nodes}: expected 1 or more")
+        if not 1 <= nodes <= MAX_NODES:
+            raise RecipeError(f"--nodes {nodes}: expected 1 to {MAX_NODES}")
         data["nodes"] = nodes
         if isinstance(data.get("parallel"), dict):
             data["parallel"] = {k: v for k, v in data["parallel"].items() if k != "dp"}

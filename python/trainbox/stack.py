@@ -12,12 +12,13 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .runtime.errors import TrainboxError
+from . import grammar
 from .dists import canon  # noqa: F401 - re-exported: stack.canon is used across the host side
 from .paths import STACKS_DIR
+from .yamlfile import load_yaml_file
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -48,6 +49,21 @@ class Base(_Strict):
     # True only for stacks that must build anywhere (cpu): fall back to `substitute` without being asked.
     auto_substitute: bool = False
 
+    @field_validator("image", "substitute")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        return v if v is None else grammar.check_image(v)
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        return grammar.check_command(v)
+
+    @field_validator("cann", "chip", "os")
+    @classmethod
+    def _tokens(cls, v: str | None, info) -> str | None:
+        return v if v is None else grammar.check_token(v, info.field_name)
+
 
 class PlatformPin(_Strict):
     """A per-platform variant of a PyPI component (e.g. torch's CPU build on x86_64, PyPI's on aarch64)."""
@@ -55,6 +71,16 @@ class PlatformPin(_Strict):
     version: str | None = None
     index: str | None = None
     sha256: list[str] = Field(default_factory=list)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str | None) -> str | None:
+        return v if v is None else grammar.check_version(v)
+
+    @field_validator("index")
+    @classmethod
+    def _index(cls, v: str | None) -> str | None:
+        return v if v is None else grammar.check_name(v, "index")
 
 
 class Component(_Strict):
@@ -83,6 +109,46 @@ class Component(_Strict):
                 raise ValueError(f"sha256 {h!r} is not 64 lowercase hex digits")
         return v
 
+    @field_validator("name")
+    @classmethod
+    def _dist_name(cls, v: str | None) -> str | None:
+        return v if v is None else grammar.check_dist_name(v)
+
+    @field_validator("extras")
+    @classmethod
+    def _extras(cls, v: list[str]) -> list[str]:
+        return [grammar.check_dist_name(x) for x in v]
+
+    @field_validator("index", "patches")
+    @classmethod
+    def _names(cls, v: str | None, info) -> str | None:
+        return v if v is None else grammar.check_name(v, info.field_name)
+
+    @field_validator("git")
+    @classmethod
+    def _git(cls, v: str | None) -> str | None:
+        return v if v is None else grammar.check_git_url(v)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        return v if v is None else grammar.check_url(v, ("https", "http", "file"))
+
+    @field_validator("ref")
+    @classmethod
+    def _ref(cls, v: str | None) -> str | None:
+        return v if v is None else grammar.check_git_ref(v)
+
+    @field_validator("subdirectory")
+    @classmethod
+    def _subdirectory(cls, v: str | None) -> str | None:
+        return v if v is None else grammar.check_relpath(v, "subdirectory")
+
+    @field_validator("note")
+    @classmethod
+    def _note(cls, v: str | None) -> str | None:
+        return v if v is None else grammar.check_text(v, "note")
+
     @field_validator("platforms")
     @classmethod
     def _platform_keys(cls, v: dict[str, PlatformPin]) -> dict[str, PlatformPin]:
@@ -98,6 +164,7 @@ class Component(_Strict):
                 raise ValueError("a pypi component needs `version` (an exact pin, used as name==version)")
             if any(ch in self.version for ch in "<>=!~*, "):
                 raise ValueError(f"version {self.version!r} must be one exact version, not a range")
+            grammar.check_version(self.version)
             for bad in ("git", "commit", "url"):
                 if getattr(self, bad):
                     raise ValueError(f"`{bad}` does not belong to a pypi component")
@@ -183,6 +250,52 @@ class Stack(_Strict):
                                      "numbers and booleans)")
         return v
 
+    @field_validator("env")
+    @classmethod
+    def _env_grammar(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            grammar.check_env_name(k)
+            try:
+                grammar.check_env_value(val)
+            except ValueError as exc:
+                raise ValueError(f"env {k}: {exc}") from None
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return grammar.check_name(v, "stack name")
+
+    @field_validator("extends")
+    @classmethod
+    def _extends(cls, v: str | None) -> str | None:
+        return v if v is None else grammar.check_name(v, "extends")
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, v: str) -> str:
+        return grammar.check_text(v, "description")
+
+    @field_validator("system_packages", "build_packages")
+    @classmethod
+    def _packages(cls, v: list[str]) -> list[str]:
+        return [grammar.check_deb_package(p) for p in v]
+
+    @field_validator("indexes")
+    @classmethod
+    def _indexes(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, url in v.items():
+            grammar.check_name(name, "index name")
+            grammar.check_url(url, ("https", "http", "file"), f"indexes.{name}")
+        return v
+
+    @field_validator("components")
+    @classmethod
+    def _component_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            grammar.check_name(key, "component")
+        return v
+
     @model_validator(mode="after")
     def _cross(self) -> "Stack":
         for key, comp in self.components.items():
@@ -249,7 +362,13 @@ def named_file(name_or_path: str | Path, directory: Path, what: str, error: type
     Shared by stacks and recipes so both look things up, and fail, the same way."""
     error = error or StackError
     p = Path(name_or_path)
+    try:
+        p.is_file()
+    except OSError as exc:  # a name too long for the file system, ...
+        raise error(f"{str(p)[:80]}...: not a usable {what} name or path ({exc.strerror or exc})") from None
     if p.suffix in (".yaml", ".yml") or "/" in str(name_or_path) or p.is_file():
+        if p.is_dir():
+            raise error(f"{p}: is a directory, expected a {what} file")
         if not p.is_file():
             raise error(f"{p}: no such {what} file")
         return p
@@ -264,16 +383,11 @@ def _stack_path(name_or_path: str | Path, stacks_dir: Path | None) -> Path:
     return named_file(name_or_path, stacks_dir or STACKS_DIR, "stack")
 
 
-def read_yaml(path: Path, error: type[TrainboxError] | None = None) -> dict:
-    """A YAML file whose top level is a mapping; errors name the file, line and column."""
+def read_yaml(path: Path, error: type[TrainboxError] | None = None, what: str = "stack") -> dict:
+    """A YAML file whose top level is a mapping, read by trainbox.yamlfile (duplicate keys, size, encoding
+    refused); errors name the file, line and column."""
     error = error or StackError
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise error(f"{path}{where}: malformed YAML: {problem}") from None
+    data = load_yaml_file(path, what, error)
     if not isinstance(data, dict):
         raise error(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
@@ -396,10 +510,12 @@ def _attach_lock(stack: Stack) -> None:
     if not lock_path or not lock_path.exists():
         return
     try:
-        lock = yaml.safe_load(lock_path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise StackError(f"{lock_path}: malformed lock file ({exc}); regenerate it with "
-                         f"`trainbox stack lock {stack.name}`") from None
+        lock = load_yaml_file(lock_path, "lock", StackError) or {}
+    except StackError as exc:
+        raise StackError(f"{exc}; regenerate it with `trainbox stack lock {stack.name}`") from None
+    if not isinstance(lock, dict):
+        raise StackError(f"{lock_path}: expected a mapping at the top level; regenerate it with "
+                         f"`trainbox stack lock {stack.name}`")
     attach_lock(stack, lock)
 
 

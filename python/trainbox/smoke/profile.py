@@ -44,7 +44,7 @@ def load_profile(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
         raise TrainboxError(f"--profile {p}: no such file")
-    data = read_yaml(p, TrainboxError)
+    data = read_yaml(p, TrainboxError, "smoke profile")
     for stack, sets in (data.get("set") or {}).items():
         for k, v in (sets.items() if isinstance(sets, dict) else ()):
             if isinstance(v, bool):

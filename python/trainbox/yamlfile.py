@@ -1,0 +1,87 @@
+"""The one YAML reader for every file users write (stacks, locks, recipes, smoke profiles) (host module).
+
+yaml.safe_load lets a repeated key win silently (`version: 2.3.5` then `version: 9.9.9` gives 9.9.9) and reads
+anything of any size. This reader refuses duplicate keys (file and both lines named), files over a size bound,
+directories, unreadable and non-UTF-8 files, each as one TrainboxError line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from .runtime.errors import TrainboxError
+
+# The largest stack in the tree is a few KiB and a lock some tens; 1 MiB leaves room without letting a stray
+# 50 MB file through to pydantic.
+MAX_YAML_BYTES = 1 << 20
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping key given twice."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
+    own = {id(k) for k, _v in node.value if k.tag != "tag:yaml.org,2002:merge"}
+    loader.flatten_mapping(node)  # `<<: *anchor` merges first: overriding a merged key stays allowed
+    seen: dict = {}
+    for key_node, _value in node.value:
+        if id(key_node) not in own:
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key: the base constructor reports it
+            break
+        if first is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first given on line {first}); a repeated key would "
+                "silently win, so remove one of them", key_node.start_mark)
+        seen[key] = key_node.start_mark.line + 1
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _location(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    return f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+
+
+def parse_yaml(text: str, where: str, error: type[TrainboxError] = TrainboxError):
+    """Parse YAML text (duplicate keys refused); errors name `where` (a path) and the line."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise error(f"{where}{_location(exc)}: malformed YAML: {problem}") from None
+
+
+def read_text_file(path: Path, what: str, error: type[TrainboxError] = TrainboxError,
+                   limit: int = MAX_YAML_BYTES) -> str:
+    """A user-written text file as str, or one clear error: missing, a directory, too big, not UTF-8."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise error(f"{path}: is a directory, expected a {what} file")
+        size = path.stat().st_size
+        if size > limit:
+            raise error(f"{path}: {size} bytes; a {what} file may hold at most {limit} bytes")
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what} file") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read this {what} file ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise error(f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x}); save the {what} file "
+                    "as UTF-8") from None
+
+
+def load_yaml_file(path: Path, what: str, error: type[TrainboxError] = TrainboxError):
+    """Read and parse one user-written YAML file (see the module doc for what is refused)."""
+    return parse_yaml(read_text_file(path, what, error), str(path), error)
