@@ -120,13 +120,27 @@ def test_device_count_must_match_the_recipe():
         npu_plan("0-1")
 
 
-@pytest.mark.parametrize("spec,err", [("3-1", True), ("a", True), ("", True), ("-1", True), ("1,1,2", False)])
-def test_parse_devices(spec, err):
-    if err:
-        with pytest.raises(TrainboxError, match="expected card numbers"):
-            parse_devices(spec)
-    else:
-        assert parse_devices(spec) == [1, 2]
+@pytest.mark.parametrize("spec,message", [
+    ("3-1", "runs backwards"), ("a", "expected card numbers"), ("", "empty"), ("  ", "empty"),
+    ("-1", "expected card numbers"), ("1,1,2", "card 1 is given twice"), ("0-3,2", "card 2 is given twice"),
+    ("16", "card 16 does not exist"), ("0-1000000000", "expected card numbers"), ("0-99", "card 99 does not exist"),
+])
+def test_parse_devices_refuses(spec, message):
+    # issue 14: '' meant cards 0-3, repeats were dropped silently, 0-1000000000 exhausted memory
+    with pytest.raises(TrainboxError, match=message):
+        parse_devices(spec)
+
+
+def test_parse_devices_accepts_every_card_of_an_a3_node():
+    assert parse_devices("0-15") == list(range(16))
+    assert parse_devices(" 4-7 , 0") == [0, 4, 5, 6, 7]
+
+
+def test_empty_devices_is_an_error_not_the_default():
+    with pytest.raises(TrainboxError, match="empty"):
+        npu_plan("")
+    with pytest.raises(TrainboxError, match="no devices to choose"):
+        plan_run("cpu-ddp", devices="", dry_run=True)
 
 
 def test_required_inputs_are_checked_before_anything_runs():

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import jinja2
 
-from . import __version__
+from . import __version__, grammar
 from .runtime import npu
 from .runtime.errors import TrainboxError
 from .paths import CACHE_DIR, LAUNCHERS_DIR, REPO_ROOT
@@ -43,6 +43,7 @@ from .recipe import (
     load_recipe,
     parse_words,
     refs,
+    shell_identifier,
     shell_word,
 )
 
@@ -144,6 +145,7 @@ def _jinja() -> jinja2.Environment:
     env.filters["q"] = lambda v: shlex.quote(str(v))
     env.filters["comment"] = _comment
     env.filters["oneline"] = _oneline
+    env.filters["ident"] = shell_identifier  # a variable name (stack env keys): refused unless one
     return env
 
 
@@ -320,23 +322,11 @@ def check_script(script: str, shellcheck: str | None) -> list[str]:
 # docker run
 
 def parse_devices(spec: str) -> list[int]:
-    """'0-3' / '0,2,4-5' -> sorted unique card numbers."""
-    out: set[int] = set()
-    for part in spec.split(","):
-        part = part.strip()
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if lo > hi:
-                    raise ValueError
-                out.update(range(lo, hi + 1))
-            else:
-                out.add(int(part))
-        except ValueError:
-            raise TrainboxError(f"--devices {spec!r}: expected card numbers like 0-3 or 0,1,4-5") from None
-    if not out or min(out) < 0:
-        raise TrainboxError(f"--devices {spec!r}: expected card numbers like 0-3 or 0,1,4-5")
-    return sorted(out)
+    """'0-3' / '0,2,4-5' -> sorted card numbers (bounded and checked by trainbox.grammar)."""
+    try:
+        return grammar.parse_devices(spec)
+    except ValueError as exc:
+        raise TrainboxError(str(exc)) from None
 
 
 def csv_field(text: str) -> str:
@@ -452,11 +442,11 @@ def plan_run(recipe_name: str, *, sets: dict[str, str] | None = None, image: str
     device_args: list[str] = []
     visible_var = VISIBLE_DEVICES_VARS.get(stack.device)
     if stack.device == "cpu":
-        if devices:
+        if devices is not None:
             raise TrainboxError(f"--devices: recipe {recipe.name} runs on the CPU stack {stack.name}; it has no "
                                 f"devices to choose (it starts {recipe.devices_per_node} processes per node)")
     else:
-        cards = parse_devices(devices) if devices else list(range(recipe.devices_per_node))
+        cards = parse_devices(devices) if devices is not None else list(range(recipe.devices_per_node))
         if len(cards) != recipe.devices_per_node:
             raise TrainboxError(f"--devices {devices}: names {len(cards)} card(s), but recipe {recipe.name} uses "
                                 f"{recipe.devices_per_node} per node")

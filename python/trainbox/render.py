@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
+from .grammar import check_env_name, check_image, controls
 from .runtime.errors import TrainboxError
 from .paths import PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
 from .stack import PLATFORM_MACHINE, Stack, list_stacks, load_stack
@@ -153,7 +155,35 @@ def _env() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["tojson_compact"] = lambda v: json.dumps(v, sort_keys=True)
+    # Quoting by context, the second line of defence behind the stack schema (trainbox.grammar)
+    env.filters["sh"] = lambda v: shlex.quote(_one_line(v))  # a word in a RUN shell command
+    env.filters["dq"] = dockerfile_string  # a double-quoted ENV / LABEL / ARG value
+    env.filters["line"] = _one_line  # text in a comment or an instruction argument
+    env.filters["image"] = _image_ref  # FROM / ARG BASE_IMAGE
     return env
+
+
+def _one_line(value) -> str:
+    text = str(value)
+    bad = controls(text)
+    if bad:
+        raise TrainboxError(f"refusing to render {text[:60]!r} into a Dockerfile: it holds control characters "
+                            f"({', '.join(bad)})")
+    return text
+
+
+def dockerfile_string(value) -> str:
+    """A Dockerfile double-quoted word: backslash, quote and `$` escaped, so the builder neither ends
+    the word early nor substitutes variables into it."""
+    text = _one_line(value)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def _image_ref(value) -> str:
+    try:
+        return check_image(str(value))
+    except ValueError as exc:
+        raise TrainboxError(f"refusing to render the base image: {exc}") from None
 
 
 def _template_base(stack: Stack):
@@ -191,8 +221,8 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2") -> RenderedStack
             patched={k: stack.components[k] for k in patches},
             patches=patches,
             env=dict(sorted(stack.env.items())),
-            env_lines=[f"{k}={json.dumps(v)}" for k, v in sorted(stack.env.items())],
-            label_lines=[f"{k}={json.dumps(v)}" for k, v in _labels(stack).items()],
+            env_lines=[f"{_env_key(k)}={dockerfile_string(v)}" for k, v in sorted(stack.env.items())],
+            label_lines=[f"{k}={dockerfile_string(v)}" for k, v in _labels(stack).items()],
             trainbox_version=__version__,
         )
     except jinja2.TemplateError as exc:
@@ -203,6 +233,13 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2") -> RenderedStack
         f"{gen}/stack.json": manifest_text.encode(),
     }
     return RenderedStack(stack, text, man, requirements, deps, files)
+
+
+def _env_key(key: str) -> str:
+    try:
+        return check_env_name(key)
+    except ValueError as exc:
+        raise TrainboxError(f"refusing to render an ENV line: {exc}") from None
 
 
 def _template_location(exc: jinja2.TemplateError, template: str) -> str:

@@ -1,0 +1,177 @@
+"""What each stack and recipe field may hold (host module).
+
+Stack and recipe strings end up in Dockerfiles, shell scripts and `docker run` argv. The templates quote by
+context as well, but the first line of defence is here: every field has a grammar, checked when the file (or a
+`--set` value) is validated, so a newline, a quote or `$(...)` in a version, an env key or an image name is
+refused with the field named instead of becoming a Dockerfile instruction or a shell command.
+
+Each check_* returns the value or raises ValueError (pydantic turns that into "file: key.path: message").
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from urllib.parse import urlsplit
+
+from packaging.version import InvalidVersion, Version
+
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# PEP 508 distribution name (and extras)
+DIST_NAME_RE = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
+# stack, recipe, component and series names: lower-case words; also what build/generated/<name>/ is made of
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# Debian package name (Policy 5.6.1), optionally =version
+DEB_PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
+# OCI image reference: [registry[:port]/]path[:tag][@sha256:digest] (distribution/reference grammar)
+_OCI_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_OCI_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?"
+IMAGE_RE = re.compile(
+    rf"^(?:{_OCI_DOMAIN}/)?{_OCI_COMPONENT}(?:/{_OCI_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(?:@sha256:[0-9a-f]{64})?$")
+# an interpreter command or absolute path: no spaces, no shell syntax
+COMMAND_RE = re.compile(r"^[A-Za-z0-9_./+-]+$")
+# short identifiers such as CANN versions, chip and OS names
+TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+# git ref (tag or branch): git check-ref-format, minus the exotic
+GIT_REF_RE = re.compile(r"^(?!-)(?!.*\.\.)(?!.*//)[A-Za-z0-9._/+-]+(?<![./])$")
+# characters a URL may hold here: RFC 3986 unreserved, reserved and %, without the ones a shell or a
+# Dockerfile treats specially (quotes, $, `, \, spaces, braces)
+_URL_CHARS_RE = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@!&()*+,;=%]+$")
+# scp-like git address: git@host:path
+_SCP_GIT_RE = re.compile(r"^[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+:[A-Za-z0-9_./~+-]+$")
+
+MAX_FIELD = 4096  # no single field needs more; a bound keeps a hostile file from growing outputs
+
+
+def controls(value: str) -> list[str]:
+    """The control and format characters in `value` (newline, tab, NUL, bidi overrides, zero-width ...)."""
+    return sorted({f"U+{ord(c):04X}" for c in value if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")})
+
+
+def check_text(value: str, what: str = "text") -> str:
+    """Free text (descriptions, notes): one line, printable, bounded."""
+    bad = controls(value)
+    if bad:
+        raise ValueError(f"{what} {value[:60]!r}: holds control characters ({', '.join(bad)}); write one plain line")
+    if len(value) > MAX_FIELD:
+        raise ValueError(f"{what}: {len(value)} characters; at most {MAX_FIELD}")
+    return value
+
+
+def _match(regex: re.Pattern, value: str, what: str, expected: str) -> str:
+    if not isinstance(value, str) or not regex.match(value) or len(value) > MAX_FIELD:
+        raise ValueError(f"{what} {value!r}: expected {expected}")
+    return value
+
+
+def check_env_name(value: str) -> str:
+    return _match(ENV_NAME_RE, value, "environment variable name",
+                  "letters, digits and _, not starting with a digit ([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def check_env_value(value: str) -> str:
+    return check_text(value, "environment value")
+
+
+def check_version(value: str) -> str:
+    """One exact PEP 440 version (local labels such as +cpu allowed), written the way it was given."""
+    if not isinstance(value, str) or controls(value) or value != value.strip():
+        raise ValueError(f"version {value!r}: expected one PEP 440 version such as 2.9.0 or 2.9.0+cpu")
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise ValueError(f"version {value!r}: expected one PEP 440 version such as 2.9.0 or 2.9.0+cpu") from None
+    return value
+
+
+def check_dist_name(value: str) -> str:
+    return _match(DIST_NAME_RE, value, "distribution name", "a PEP 508 name (letters, digits, ., _ and -)")
+
+
+def check_name(value: str, what: str = "name") -> str:
+    return _match(NAME_RE, value, what, "lower-case letters, digits, '.', '_' and '-' (at most 64)")
+
+
+def check_deb_package(value: str) -> str:
+    return _match(DEB_PACKAGE_RE, value, "Debian package", "a Debian package name such as git or libssl3 "
+                  "(optionally name=version)")
+
+
+def check_image(value: str) -> str:
+    return _match(IMAGE_RE, value, "image", "an OCI image reference such as quay.io/ascend/cann:8.5.1-910b or "
+                  "local/debian:bookworm")
+
+
+def check_command(value: str) -> str:
+    return _match(COMMAND_RE, value, "command", "a command name or absolute path without spaces or shell syntax")
+
+
+def check_token(value: str, what: str) -> str:
+    return _match(TOKEN_RE, value, what, "letters, digits, '.', '_', '+' and '-'")
+
+
+def check_git_ref(value: str) -> str:
+    return _match(GIT_REF_RE, value, "ref", "a tag or branch name (no spaces, no '..', not starting with '-')")
+
+
+def check_relpath(value: str, what: str) -> str:
+    """A relative path inside a tree: no absolute path, no `..`, no shell syntax."""
+    _match(re.compile(r"^[A-Za-z0-9_.+/-]+$"), value, what, "a relative path of letters, digits and ._+-/")
+    if value.startswith("/") or ".." in value.split("/"):
+        raise ValueError(f"{what} {value!r}: must stay inside the tree (no leading '/', no '..')")
+    return value
+
+
+def check_url(value: str, schemes: tuple[str, ...], what: str = "url") -> str:
+    """An absolute URL with one of `schemes`, without characters a shell or Dockerfile would act on."""
+    if not isinstance(value, str) or not _URL_CHARS_RE.match(value) or len(value) > MAX_FIELD:
+        raise ValueError(f"{what} {value!r}: expected a URL without spaces, quotes, $, `, \\ or braces")
+    parts = urlsplit(value)
+    if parts.scheme not in schemes or not (parts.netloc or parts.scheme == "file"):
+        raise ValueError(f"{what} {value!r}: expected a {' or '.join(s + '://' for s in schemes)} URL")
+    return value
+
+
+def check_git_url(value: str) -> str:
+    """A repository address git may fetch: https/ssh/git/file URL or scp-like user@host:path; never one
+    that starts with '-' (git would read it as an option)."""
+    if isinstance(value, str) and _SCP_GIT_RE.match(value) and not value.startswith("-"):
+        return value
+    return check_url(value, ("https", "ssh", "git", "file", "http"), "git")
+
+
+# A card index must exist on the largest supported chip: an Atlas A3 node has 16 NPUs.
+MAX_DEVICE_INDEX = 15
+# Nodes a recipe may be rendered for: the script lists each node's command, so this bounds its size too.
+MAX_NODES = 1024
+MAX_DEVICES_PER_NODE = 16
+
+
+def parse_devices(spec: str | None) -> list[int]:
+    """'0-3' / '0,2,4-5' -> sorted card numbers, each 0..MAX_DEVICE_INDEX and given once.
+
+    Empty or blank is an error (it used to mean "the default cards" silently), so is a card named twice."""
+    usage = "expected card numbers like 0-3 or 0,1,4-5"
+    if spec is None or not spec.strip():
+        raise ValueError(f"--devices {spec!r}: empty; {usage} (leave --devices out for the recipe's default)")
+    if len(spec) > 256:
+        raise ValueError(f"--devices: {len(spec)} characters; {usage}")
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"([0-9]{1,3})(?:-([0-9]{1,3}))?", part)
+        if not m:
+            raise ValueError(f"--devices {spec!r}: {part!r}: {usage}")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if lo > hi:
+            raise ValueError(f"--devices {spec!r}: {part!r} runs backwards; {usage}")
+        if hi > MAX_DEVICE_INDEX:
+            raise ValueError(f"--devices {spec!r}: card {hi} does not exist; cards are numbered 0-{MAX_DEVICE_INDEX} "
+                             f"(an Atlas A3 node, the largest supported, has {MAX_DEVICE_INDEX + 1})")
+        for card in range(lo, hi + 1):
+            if card in out:
+                raise ValueError(f"--devices {spec!r}: card {card} is given twice")
+            out.append(card)
+    return sorted(out)
