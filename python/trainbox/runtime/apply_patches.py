@@ -124,13 +124,25 @@ def _strip_one(path: str, where: str) -> str | None:
     path = _unquote(path.split("\t")[0].strip())
     if path == "/dev/null":
         return None
+    if path.startswith("/"):
+        raise PatchError(f"{where}: absolute path {path!r}; patch paths are relative to the tree (a/..., b/...)")
     parts = path.split("/", 1)
     if len(parts) != 2 or not parts[1]:
         raise PatchError(f"{where}: path {path!r} has no leading component to strip (patches use a/ and b/)")
-    rel = parts[1]
-    if rel.startswith("/") or ".." in rel.split("/"):
-        raise PatchError(f"{where}: path {path!r} leaves the tree; patch paths must stay inside it")
+    return _inside(parts[1], path, where)
+
+
+def _inside(rel: str, shown: str, where: str) -> str:
+    if rel.startswith("/") or ".." in rel.split("/") or "\x00" in rel:
+        raise PatchError(f"{where}: path {shown!r} leaves the tree; patch paths must stay inside it")
     return rel
+
+
+# git modes a patch may not create: a symlink (120000) could make the applier copy a host file into the
+# tree, a gitlink (160000) names a submodule commit, not file contents
+_REFUSED_MODES = {"120000": "a symbolic link", "160000": "a submodule (gitlink)"}
+_MODE_RE = re.compile(r"^(new file mode|deleted file mode|old mode|new mode|index [0-9a-f]+\.\.[0-9a-f]+) ?([0-7]{6})?")
+_RENAME_RE = re.compile(r"^(rename|copy) (from|to) (.+)$")
 
 
 def parse_patch(path: Path) -> Patch:
@@ -207,10 +219,18 @@ def _parse_diff(lines: list[str], i: int, where: str) -> list[FilePatch]:
             m = re.match(r'^diff --git ("(?:[^"\\]|\\.)*"|\S+) ("(?:[^"\\]|\\.)*"|\S+)$', ln)
             if not m:
                 raise PatchError(f"{where}:{i + 1}: cannot read the file names in {ln!r}")
-            cur = FilePatch(_strip_one(m.group(1), where), _strip_one(m.group(2), where))
+            at = f"{where}:{i + 1}"
+            cur = FilePatch(_strip_one(m.group(1), at), _strip_one(m.group(2), at))
             files.append(cur)
             i += 1
             continue
+        mode = _MODE_RE.match(ln)
+        if mode and mode.group(2) in _REFUSED_MODES:
+            raise PatchError(f"{where}:{i + 1}: {ln!r}: the patch makes {_REFUSED_MODES[mode.group(2)]}; "
+                             "patches may change regular files only")
+        moved = _RENAME_RE.match(ln)
+        if moved:
+            _inside(_unquote(moved.group(3)), moved.group(3), f"{where}:{i + 1}")
         if ln.startswith("new file mode"):
             if cur:
                 cur.old_path = None
@@ -280,8 +300,15 @@ def read_series(series_dir: Path) -> list[str]:
         raise PatchError(f"{series_dir}: no such patch series directory")
     if not sfile.is_file():
         raise PatchError(f"{sfile}: missing; a series directory lists its patches, one per line, in `series`")
+    try:
+        text = sfile.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchError(f"{sfile}: not UTF-8 text (byte {exc.start}); a series file lists patch names, "
+                         "one per line") from None
+    except OSError as exc:
+        raise PatchError(f"{sfile}: cannot read it ({exc.strerror or exc})") from None
     names: list[str] = []
-    for lineno, raw in enumerate(sfile.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
@@ -459,6 +486,17 @@ def _run_patch(exe: str, patch: Patch, tree: Path) -> PatchResult:
     return PatchResult(patch.name, patch.sha256, status, hunks, output=output)
 
 
+def _no_links(root: Path, rel: str, where: str) -> None:
+    """Refuse a symbolic link anywhere on root/rel: patching through one would read or write outside
+    the tree (a link to /etc/hostname would have its contents copied into the image)."""
+    path = Path(root)
+    for part in Path(rel).parts:
+        path = path / part
+        if path.is_symlink():
+            raise PatchError(f"{where}: {path.relative_to(root)} is a symbolic link; patches change regular "
+                             "files inside the tree only")
+
+
 def find_leftovers(root: Path, tops: list[str]) -> list[str]:
     """.rej/.orig files under the top-level directories a series touches."""
     found: list[str] = []
@@ -507,6 +545,7 @@ def apply_series(
     scratch = Path(tempfile.mkdtemp(prefix="trainbox-patch-"))
     try:
         for rel in touched:
+            _no_links(target, rel, f"{target}: {rel}")
             src = target / rel
             if src.is_file():
                 dst = scratch / rel
@@ -531,6 +570,14 @@ def apply_series(
                 results[-1].status = "failed"
                 results[-1].detail = f"left {', '.join(left)} behind"
                 failed = True
+        if not failed:
+            for rel in touched:
+                try:
+                    _no_links(scratch, rel, rel)
+                except PatchError as exc:
+                    results[-1].status, results[-1].detail = "failed", str(exc)
+                    failed = True
+                    break
         if failed or dry_run:
             return results
         for rel in touched:
