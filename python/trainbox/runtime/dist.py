@@ -37,6 +37,7 @@ __all__ = [
     "destroy_distributed",
     "device_mesh",
     "gather_object",
+    "gloo_worker_threads",
     "hccl_socket_port_env",
     "init_distributed",
     "is_initialized",
@@ -50,6 +51,7 @@ _gloo_cache: tuple | None = None  # (default process group, Gloo group for objec
 # The rendezvous store outlives destroy_distributed() so that init_distributed() again talks to the
 # same store under a new prefix: ((addr, port, rank, world size), store, generation).
 _store_cache: tuple | None = None
+_exit_hook = False  # _at_exit registered (once per process)
 
 
 class DistInfo:
@@ -136,6 +138,15 @@ def _manifest_chip() -> str | None:
         return ((load_manifest() or {}).get("base") or {}).get("chip")
     except ManifestError:
         return None
+
+
+def _register_exit_hook() -> None:
+    global _exit_hook
+    if not _exit_hook:
+        import atexit
+
+        atexit.register(_at_exit)
+        _exit_hook = True
 
 
 def _accepts_device_id(init_fn) -> bool:
@@ -254,23 +265,105 @@ def init_distributed(backend: str | None = None, *, rank: int | None = None, wor
         kwargs["device_id"] = dev
 
     dist.init_process_group(**kwargs)
+    _register_exit_hook()
     info = DistInfo(rank, world_size, local_rank, dev, str(dist.get_backend()).lower(), source)
     _info_cache = (_world_group(dist), info)
     return info
 
 
-def destroy_distributed() -> bool:
+def destroy_distributed(synchronize: bool = True) -> bool:
     """Destroy every process group (and the cached Gloo group). Idempotent: False when there was none.
-    The rendezvous store stays open (on rank 0, its port stays bound) so that init_distributed() on the
-    same MASTER_ADDR/MASTER_PORT can form a new group without racing against stale keys."""
+
+    With `synchronize` (the default) the ranks first meet at a barrier, so that no rank tears its
+    connections down while a peer still has a collective in flight. Afterwards the groups are released
+    for real (see _release_groups): a Gloo group that outlives this call keeps worker threads that
+    later drop tensors with Python references, and when that happens during interpreter shutdown the
+    thread cannot take the GIL and the process dies with "terminate called without an active
+    exception" (SIGABRT) after the job's work is done. The rendezvous store stays open (on rank 0,
+    its port stays bound) so that init_distributed() on the same MASTER_ADDR/MASTER_PORT can form a
+    new group without racing against stale keys."""
     global _info_cache, _gloo_cache
     _info_cache = _gloo_cache = None
     if not is_initialized():
         return False
     import torch.distributed as dist
 
+    if synchronize and dist.get_world_size() > 1:
+        try:
+            dist.barrier()
+        except RuntimeError as exc:  # a peer already gone: tear down our side anyway
+            print(f"trainbox.dist: warning: barrier before destroy failed ({exc}); destroying anyway",
+                  file=sys.stderr)
     dist.destroy_process_group()
+    _release_groups()
     return True
+
+
+_GLOO_WORKER = "pt_gloo_runloop"  # the thread name ProcessGroupGloo gives its workers (Linux /proc)
+
+
+def _gloo_worker_states() -> list[str]:
+    """The scheduler state (R running, S sleeping, ...) of each ProcessGroupGloo worker thread; [] where
+    /proc cannot tell (not Linux)."""
+    states = []
+    try:
+        tasks = list(os.scandir("/proc/self/task"))
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            with open(os.path.join(task.path, "stat")) as fh:
+                stat = fh.read()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name, _, rest = stat.partition("(")[2].rpartition(")")
+        if name == _GLOO_WORKER:
+            states.append(rest.split()[0] if rest.split() else "?")
+    return states
+
+
+def gloo_worker_threads() -> int:
+    """How many ProcessGroupGloo worker threads this process still has (0 where /proc cannot tell)."""
+    return len(_gloo_worker_states())
+
+
+def _release_groups() -> None:
+    """Free destroyed groups that only reference cycles still hold, so their destructors join the
+    Gloo worker threads now, while the interpreter is fully alive."""
+    import gc
+
+    gc.collect()
+
+
+def _drain_gloo_workers(timeout: float = 2.0) -> None:
+    """Let Gloo worker threads finish dropping their last work before the interpreter finalises.
+
+    A worker frees a finished collective's work (and its tensors, whose Python objects need the GIL)
+    just after the waiting rank has been released. torch keeps the group, and so its workers, alive past
+    destroy_process_group() once DistributedDataParallel has used it, so they cannot be joined; what
+    can be done is to hand the GIL over (sleep) until no worker is running, seen three times in a row."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while quiet < 3 and time.monotonic() < deadline:
+        time.sleep(0.002)  # releases the GIL: a worker waiting for it to free a tensor gets it now
+        states = _gloo_worker_states()
+        quiet = quiet + 1 if "R" not in states else 0
+
+
+def _at_exit() -> None:
+    """Registered by init_distributed: runs before interpreter shutdown, when the job's frames are gone.
+    A job that never called destroy_distributed is torn down here (without the barrier: its peers may
+    be gone); either way the groups are released before the interpreter starts to finalise."""
+    try:
+        if is_initialized():
+            destroy_distributed(synchronize=False)
+        elif "torch" in sys.modules:
+            _release_groups()
+    except Exception as exc:  # noqa: BLE001 - at exit a warning is all that is left to give
+        print(f"trainbox.dist: warning: process group teardown at exit failed: {exc}", file=sys.stderr)
+    _drain_gloo_workers()
 
 
 def device_mesh(shape, names=None):
