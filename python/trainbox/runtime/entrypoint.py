@@ -69,10 +69,23 @@ def _say(msg: str) -> None:
     sys.stderr.write(f"{PROG}: {msg}\n")
 
 
-def apply_defaults(env: dict, manifest: dict | None) -> list[str]:
-    """Set the stack's env defaults where unset; return the names that were set."""
+def _env_name_ok(key) -> bool:
+    return isinstance(key, str) and bool(key) and not key[0].isdigit() and \
+        all(c == "_" or (c.isascii() and c.isalnum()) for c in key)
+
+
+def apply_defaults(env: dict, manifest: dict | None, skipped: list[str] | None = None) -> list[str]:
+    """Set the stack's env defaults where unset; return the names that were set. A name or value that
+    cannot be in an environment (`BAR=1`, a NUL) is skipped with a warning (exec would refuse it) and
+    added to `skipped`."""
     applied = []
     for key, value in ((manifest or {}).get("env") or {}).items():
+        if not _env_name_ok(key) or not isinstance(value, str) or "\x00" in value:
+            _say(f"warning: the stack manifest's env entry {str(key)[:60]!r} is not NAME=VALUE with NAME "
+                 "[A-Za-z_][A-Za-z0-9_]*; skipped it (rebuild the image from a valid stack)")
+            if skipped is not None:
+                skipped.append(str(key))
+            continue
         if key not in env:
             env[key] = value
             applied.append(key)
@@ -269,8 +282,8 @@ def exec_command(argv: list[str], env: dict) -> int:
     except PermissionError:
         _say(f"error: cannot execute {argv[0]!r}: permission denied (is it executable? a directory?)")
         return EXIT_NOT_EXECUTABLE
-    except OSError as exc:
-        _say(f"error: cannot execute {argv[0]!r}: {exc.strerror or exc}")
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in an argument or the environment
+        _say(f"error: cannot execute {argv[0]!r}: {getattr(exc, 'strerror', None) or exc}")
         return EXIT_NOT_EXECUTABLE
     return EXIT_NOT_EXECUTABLE  # not reached: exec does not return
 
@@ -279,16 +292,8 @@ def default_command(env: dict) -> list[str]:
     return ["bash"] if _find_bash(env) else ["sh"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["-h"], ["--help"]):
-        sys.stdout.write(HELP)
-        return 0
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
-    env = dict(os.environ)
-    debug = env.get("TRAINBOX_DEBUG") == "1"
-
+def prepare(env: dict, debug: bool) -> tuple[dict, bool]:
+    """Steps 1-4: the environment to exec with, and False when TRAINBOX_CHECK=strict refuses to start."""
     from .manifest import ManifestError, load_manifest
 
     manifest, manifest_error = None, None
@@ -298,7 +303,11 @@ def main(argv: list[str] | None = None) -> int:
         manifest_error = str(exc)
         _say(f"warning: {exc}; starting without the stack's environment defaults")
 
-    applied = apply_defaults(env, manifest)
+    skipped: list[str] = []
+    applied = apply_defaults(env, manifest, skipped)
+    if skipped and _check_mode(env) == "strict":
+        _say("refusing to start: the stack manifest holds invalid env entries and TRAINBOX_CHECK=strict")
+        return env, False
     recorded = recorded_cann_env(env)
     if recorded is not None:
         scripts = [env.get("TRAINBOX_CANN_ENV_FILE") or CANN_ENV_FILE]
@@ -312,6 +321,33 @@ def main(argv: list[str] | None = None) -> int:
 
     mode = _check_mode(env)
     if mode != "off" and not run_checks(env, manifest, manifest_error, strict=mode == "strict"):
+        return env, False
+    return env, True
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        sys.stdout.write(HELP)
+        return 0
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    env = dict(os.environ)
+    debug = env.get("TRAINBOX_DEBUG") == "1"
+    # The entrypoint must never be the reason a command does not run: whatever goes wrong while preparing
+    # the environment is a warning, and the command starts with the environment it was given. Only
+    # TRAINBOX_CHECK=strict turns a problem into a refusal.
+    try:
+        env, ok = prepare(dict(env), debug)
+    except Exception as exc:  # noqa: BLE001 - see above
+        if _check_mode(env) == "strict":
+            _say(f"refusing to start: preparing the environment failed ({type(exc).__name__}: {exc}) and "
+                 "TRAINBOX_CHECK=strict")
+            return EXIT_CHECK_FAILED
+        _say(f"warning: preparing the environment failed ({type(exc).__name__}: {exc}); starting the command "
+             "with the environment it was given")
+        env, ok = dict(os.environ), True
+    if not ok:
         return EXIT_CHECK_FAILED
 
     if not argv:

@@ -50,6 +50,9 @@ def load_manifest(path: str | os.PathLike | None = None) -> dict | None:
     except OSError as exc:
         raise ManifestError(f"{p}: cannot read the stack manifest ({exc.strerror}); fix its permissions "
                             "or point TRAINBOX_MANIFEST at a readable copy") from exc
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{p}: the stack manifest is not UTF-8 text (byte {exc.start}); rebuild the "
+                            "image or point TRAINBOX_MANIFEST at a valid manifest") from None
     try:
         data = json.loads(text)
     except ValueError as exc:
