@@ -605,3 +605,9 @@ def require(capability: str, device_type: str | None = None) -> Capability:
     if not cap:
         raise CapabilityError(f"{capability} is not available on {dt}: {cap.reason}; {cap.alternative}")
     return cap
+
+
+if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
+    from trainbox.runtime.errors import not_a_command
+
+    raise SystemExit(not_a_command(__spec__.name))

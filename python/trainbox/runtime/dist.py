@@ -460,3 +460,9 @@ def broadcast_object_list(objects: list, src: int = 0, group=None) -> list:
 
     dist.broadcast_object_list(objects, src=src, group=object_group(group))
     return objects
+
+
+if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
+    from trainbox.runtime.errors import not_a_command
+
+    raise SystemExit(not_a_command(__spec__.name))

@@ -82,3 +82,9 @@ def validate(data: object, where: str = "manifest") -> None:
     base = data.get("base", {})
     if base is not None and not isinstance(base, dict):
         raise ManifestError(f"{where}: key 'base' must be an object")
+
+
+if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
+    from trainbox.runtime.errors import not_a_command
+
+    raise SystemExit(not_a_command(__spec__.name))

@@ -50,3 +50,9 @@ HCCL_IF_BASE_PORT_MIN, HCCL_IF_BASE_PORT_MAX = 1024, 65520
 # HCCL socket ports per job: slot = MASTER_PORT % HCCL_SLOTS, HCCL_WIDTH ports per slot. Both blocks
 # lie below Linux's default ephemeral range (32768-60999) and clear of HCCL's default NPU port 16666.
 HCCL_HOST_BASE, HCCL_NPU_BASE, HCCL_WIDTH, HCCL_SLOTS = 20480, 24576, 32, 128
+
+
+if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
+    from trainbox.runtime.errors import not_a_command
+
+    raise SystemExit(not_a_command(__spec__.name))

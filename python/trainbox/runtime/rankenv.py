@@ -94,3 +94,9 @@ def read_rank_env(environ=None) -> RankEnv:
         raise TrainboxError(f"environment ({source}): rank {rank} is outside world size {world}")
     return RankEnv(rank, world, local_rank, local_world, master_addr, master_port, source,
                    local_rank_var if local_rank is not None else None)
+
+
+if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
+    from trainbox.runtime.errors import not_a_command
+
+    raise SystemExit(not_a_command(__spec__.name))

@@ -26,3 +26,9 @@ def run(args: argparse.Namespace) -> int:
     from .core import main
 
     return main(manifest=args.manifest, as_json=args.json, strict=args.strict, quick=args.quick)
+
+
+if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
+    from trainbox.runtime.errors import not_a_command
+
+    raise SystemExit(not_a_command(__spec__.name))

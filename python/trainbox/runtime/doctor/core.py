@@ -385,3 +385,9 @@ def _no_cann_reason(ctx: Context) -> str:
         return (f", because the image was built on the substitute base {base['substituted']} instead of "
                 f"{base.get('image')}")
     return ""
+
+
+if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
+    from trainbox.runtime.errors import not_a_command
+
+    raise SystemExit(not_a_command(__spec__.name))

@@ -81,3 +81,9 @@ def check_ray_noset(ctx: Context) -> Result:
                   data=data)
 
 
+
+
+if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
+    from trainbox.runtime.errors import not_a_command
+
+    raise SystemExit(not_a_command(__spec__.name))
