@@ -272,7 +272,34 @@ def get_device_type() -> str:
         return "cuda"
     if _npu_usable(torch):
         return "npu"
+    _require_stack_device()
     return "cpu"
+
+
+def _require_stack_device() -> None:
+    """No accelerator was found: fine on a CPU stack, an error in an image built for NPU or CUDA.
+
+    The image's manifest names the device its stack was built for. Training such a job on the CPU with
+    Gloo would "work" very slowly and hide the missing --gpus / device mounts, so, as for the NPU, the
+    stack's device is required unless TRAINBOX_DEVICE says otherwise; the message is the doctor's."""
+    from .manifest import ManifestError, load_manifest
+
+    try:
+        manifest = load_manifest()
+    except ManifestError:
+        return  # the entrypoint and the doctor report a broken manifest; it cannot tell us the device
+    wanted = (manifest or {}).get("device")
+    if wanted not in ("cuda", "npu"):
+        return
+    from .doctor.core import Context
+    from .doctor.cuda import check_cuda_driver
+    from .doctor.npu import check_npu_devices
+
+    result = (check_cuda_driver if wanted == "cuda" else check_npu_devices)(Context(manifest=manifest, quick=True))
+    detail = f"doctor: {result.message}" + (f"; fix: {result.fix}" if getattr(result, "fix", None) else "")
+    raise DeviceUnavailableError(
+        f"this image's stack {manifest.get('stack')!r} is built for {wanted}, but torch sees no {wanted} device "
+        f"(refusing to fall back to the CPU silently).\n{detail}\n{_CPU_WAY_OUT}")
 
 
 def _device_module(torch, device_type: str):

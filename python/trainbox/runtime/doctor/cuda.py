@@ -58,8 +58,6 @@ def check_cuda_visible(ctx: Context) -> Result:
     return _visible_check(ctx, "CUDA_VISIBLE_DEVICES", count, "GPU", allow_uuid=True)
 
 
-
-
 if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
     from trainbox.runtime.errors import not_a_command
 

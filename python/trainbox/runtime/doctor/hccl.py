@@ -175,8 +175,6 @@ def check_hccl_ports(ctx: Context) -> Result:
     return Result(PASS, ", ".join(f"{k}={v}" for k, v in data.items() if v is not None), data=data)
 
 
-
-
 if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
     from trainbox.runtime.errors import not_a_command
 

@@ -360,8 +360,6 @@ def check_task_queue(ctx: Context) -> Result:
     return Result(PASS, f"TASK_QUEUE_ENABLE={v}", data={"TASK_QUEUE_ENABLE": v})
 
 
-
-
 if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
     from trainbox.runtime.errors import not_a_command
 

@@ -266,8 +266,6 @@ def check_torch_import(ctx: Context) -> Result:
     return Result(PASS, msg, data=data)
 
 
-
-
 if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
     from trainbox.runtime.errors import not_a_command
 

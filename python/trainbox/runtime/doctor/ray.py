@@ -81,8 +81,6 @@ def check_ray_noset(ctx: Context) -> Result:
                   data=data)
 
 
-
-
 if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
     from trainbox.runtime.errors import not_a_command
 

@@ -97,8 +97,6 @@ def check_disk(ctx: Context) -> Result:
     return Result(PASS, f"{_size(free)} free at {target}", data=data)
 
 
-
-
 if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
     from trainbox.runtime.errors import not_a_command
 
