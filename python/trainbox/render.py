@@ -305,6 +305,59 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def write_set(outputs: dict[str, bytes], root: Path) -> list[str]:
+    """Write every output under `root`, all or nothing: each file is first staged beside its target, and
+    only when every one is staged are they moved into place (a failure then puts back what was moved).
+    Returns the paths written. A place that cannot be written is one TrainboxError, nothing changed."""
+    staged: list[tuple[Path, Path]] = []
+    moved: list[tuple[Path, Path | None]] = []  # target, backup of what it replaced
+    try:
+        for rel, data in sorted(outputs.items()):
+            target = root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+            staged.append((Path(tmp), target))
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.chmod(tmp, 0o644)
+        for tmp, target in staged:
+            backup = None
+            if target.exists():
+                backup = target.with_name(f".{target.name}.trainbox-old")
+                os.replace(target, backup)
+            moved.append((target, backup))
+            os.replace(tmp, target)
+    except OSError as exc:
+        for target, backup in reversed(moved):
+            if backup is not None:
+                os.replace(backup, target)
+            else:
+                target.unlink(missing_ok=True)
+        for tmp, _target in staged:
+            tmp.unlink(missing_ok=True)
+        where = getattr(exc, "filename", None) or root
+        raise TrainboxError(f"{where}: cannot write there ({exc.strerror or exc}); nothing was changed "
+                            f"under {root}") from None
+    for _target, backup in moved:
+        if backup is not None:
+            backup.unlink(missing_ok=True)
+    return sorted(outputs)
+
+
+# what a build/generated/<stack>/ directory holds, so a stale one (its stack removed) can be told apart
+GENERATED_FILES = {"Dockerfile", "deps.txt", "requirements.txt", "stack.json"}
+
+
+def stale_generated(outputs: dict[str, bytes], root: Path) -> list[Path]:
+    """build/generated/<name>/ directories under `root` that no rendered stack produced (its stack was
+    removed or renamed): they would otherwise go on looking current."""
+    d = root / GENERATED_DIR
+    if not d.is_dir():
+        return []
+    live = {rel.split("/")[2] for rel in outputs if rel.startswith(GENERATED_DIR + "/")}
+    return sorted(p for p in d.iterdir() if p.is_dir() and p.name not in live)
+
+
 def render_all(names: list[str] | None = None) -> dict[str, bytes]:
     """Every output of every named stack, fully rendered in memory before anything is written."""
     out: dict[str, bytes] = {}
@@ -313,8 +366,11 @@ def render_all(names: list[str] | None = None) -> dict[str, bytes]:
     return out
 
 
-def drift(outputs: dict[str, bytes], root: Path) -> list[str]:
-    bad = []
+def drift(outputs: dict[str, bytes], root: Path, whole: bool = True) -> list[str]:
+    """What differs between `outputs` and the files under `root`; with `whole` (every stack rendered)
+    also generated directories that no stack produces any more."""
+    bad = [f"{p.relative_to(root)}/: stale, no stack produces it (its stack was removed); delete it"
+           for p in (stale_generated(outputs, root) if whole else [])]
     for rel, data in sorted(outputs.items()):
         p = root / rel
         if not p.exists():

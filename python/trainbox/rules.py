@@ -216,5 +216,23 @@ def patch_series(stack: Stack) -> Iterator[Finding]:
                           f"it (`trainbox patches edit {key}` then `export`) or drop `patches:`")
 
 
+@rule("secure-sources", "sources come over an authenticated transport: a hash still checks http:// and file:// "
+      "downloads, but say so (and fail under --strict) instead of accepting them silently")
+def secure_sources(stack: Stack) -> Iterator[Finding]:
+    plain = {"http": "plain HTTP (anyone on the path can stall or swap it; only the hash stands)",
+             "git": "the unauthenticated git:// protocol (the fetcher refuses it: GIT_ALLOW_PROTOCOL)",
+             "file": "a local file (it exists only on this machine)"}
+    for key, c in stack.installed_components.items():
+        for field in ("url", "git"):
+            scheme = (getattr(c, field, None) or "").partition("://")[0].lower()
+            if scheme in plain:
+                yield Finding("secure-sources", "warning", f"components.{key}.{field}: {scheme}:// is {plain[scheme]}; "
+                              "use https:// (or ssh for git)")
+    for name, url in stack.indexes.items():
+        scheme = url.partition("://")[0].lower()
+        if scheme in ("http", "file"):
+            yield Finding("secure-sources", "warning", f"indexes.{name}: {scheme}:// is {plain[scheme]}; use https://")
+
+
 def check(stack: Stack) -> list[Finding]:
     return [f for r in RULES for f in r.check(stack)]

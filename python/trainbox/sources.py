@@ -280,8 +280,14 @@ def _fetch_pypi(pin: Pin, prefer: Iterable[str], offline: bool, cache_dir: Path 
 # git
 
 
+# Transports the fetcher lets git use (unless the user's environment says otherwise): no ext:: (runs a
+# command), no unauthenticated git:// or http://. A local path counts as file.
+GIT_PROTOCOLS = "https:ssh:file"
+
+
 def _git(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
     env = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    env.setdefault("GIT_ALLOW_PROTOCOL", GIT_PROTOCOLS)
     proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
     if check and proc.returncode != 0:
         raise SourceError(f"git {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
@@ -306,16 +312,16 @@ def _fetch_git(pin: Pin, offline: bool, cache_dir: Path | None) -> Fetched:
         repo.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=repo.parent))
         try:
-            _git("clone", "--quiet", "--bare", pin.git, str(tmp / "r.git"))
+            _git("clone", "--quiet", "--bare", "--", pin.git, str(tmp / "r.git"))  # `--`: a URL is never an option
             os.rename(tmp / "r.git", repo)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     if not _has_commit(repo, pin.commit):
-        _git("--git-dir", str(repo), "fetch", "--quiet", pin.git, "+refs/heads/*:refs/heads/*",
+        _git("--git-dir", str(repo), "fetch", "--quiet", "--", pin.git, "+refs/heads/*:refs/heads/*",
              "+refs/tags/*:refs/tags/*", check=False)
     if not _has_commit(repo, pin.commit):
         # servers that allow it hand out unadvertised commits by id
-        _git("--git-dir", str(repo), "fetch", "--quiet", pin.git, pin.commit, check=False)
+        _git("--git-dir", str(repo), "fetch", "--quiet", "--", pin.git, pin.commit, check=False)
     if not _has_commit(repo, pin.commit):
         raise SourceError(f"{what}: commit {pin.commit} does not exist in {pin.git}; check the pin")
     return Fetched(pin, repo, repo.name, commit=pin.commit)

@@ -411,10 +411,12 @@ def _raw(path: Path, stacks_dir: Path | None, seen: tuple[Path, ...] = ()) -> di
     data = read_yaml(path)
     parent = data.get("extends")
     if parent:
-        if not isinstance(parent, str):
-            raise StackError(f"{path}: extends: expected a stack name, got {parent!r}")
-        ppath = (path.parent / f"{parent}.yaml") if (path.parent / f"{parent}.yaml").exists() else \
-            _stack_path(parent, stacks_dir)
+        if not isinstance(parent, str) or not grammar.NAME_RE.match(parent):
+            raise StackError(f"{path}: extends: expected the name of a stack beside it or in "
+                             f"{stacks_dir or STACKS_DIR} (lower-case, no '/' or '..'), got {parent!r}")
+        # only a sibling or a stack of the stacks directory: never a path that leaves them
+        sibling = path.parent / f"{parent}.yaml"
+        ppath = sibling if sibling.is_file() else _stack_path(parent, stacks_dir)
         base = _raw(ppath, stacks_dir, seen + (path,))
         base.pop("name", None)
         base.pop("extends", None)

@@ -59,10 +59,16 @@ def cmd_render(args) -> int:
 
     recipe, _stack, script = render(args.recipe, parse_sets(args.sets), args.stack, args.nodes)
     if args.output:
+        from ..runtime.errors import TrainboxError
+
         path = os.path.abspath(args.output)
-        with open(path, "w") as fh:
-            fh.write(script)
-        os.chmod(path, 0o755)
+        try:
+            with open(path, "w") as fh:
+                fh.write(script)
+            os.chmod(path, 0o755)
+        except OSError as exc:
+            raise TrainboxError(f"-o {args.output}: cannot write the script there ({exc.strerror or exc}); "
+                                "create the directory first or choose another path") from None
         print(f"wrote {path}", file=sys.stderr)
         if recipe.nodes > 1:
             print("run it on every node:", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 
@@ -18,12 +19,12 @@ def cmd_render(args) -> int:
     from pathlib import Path
 
     from ..paths import REPO_ROOT
-    from ..render import drift, render_all, write_atomic
+    from ..render import GENERATED_FILES, drift, render_all, stale_generated, write_set
 
     outputs = render_all(args.stack)  # everything in memory first: a template error writes nothing
     root = Path(args.out) if args.out else REPO_ROOT
     if args.check:
-        bad = drift(outputs, root)
+        bad = drift(outputs, root, whole=not args.stack)
         for line in bad:
             print(f"drift: {line}", file=sys.stderr)
         if bad:
@@ -32,7 +33,14 @@ def cmd_render(args) -> int:
             return 1
         print(f"{len(outputs)} generated files match the templates")
         return 0
-    for rel, data in sorted(outputs.items()):
-        write_atomic(root / rel, data)
+    for rel in write_set(outputs, root):  # all or nothing
         print(f"wrote {rel}")
+    if not args.stack:
+        for stale in stale_generated(outputs, root):
+            if {p.name for p in stale.iterdir()} <= GENERATED_FILES:
+                shutil.rmtree(stale)
+                print(f"removed {stale.relative_to(root)}/ (no stack produces it)")
+            else:
+                print(f"warning: {stale.relative_to(root)}/ is stale (no stack produces it) but holds other "
+                      "files; delete it by hand", file=sys.stderr)
     return 0
