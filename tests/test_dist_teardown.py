@@ -79,7 +79,7 @@ def test_cpu_ddp_job_ends_cleanly_every_time():
     """The shipped job, RUNS times in a row (20 here; the README records the 50-run figure)."""
     job = LAUNCHERS_DIR / "jobs" / "cpu_ddp.py"
     for i in range(RUNS):
-        proc = _torchrun(job, "--steps", "4")
+        proc = _torchrun(job, "--steps", "12")  # 12: the loss reliably halves
         log = proc.stdout + proc.stderr
         assert proc.returncode == 0 and "terminate called" not in log, f"run {i + 1} of {RUNS} failed:\n{log}"
-        assert "cpu-ddp: loss" in proc.stdout
+        assert "cpu-ddp: loss fell" in proc.stdout

@@ -70,8 +70,17 @@ def check_env_name(value: str) -> str:
                   "letters, digits and _, not starting with a digit ([A-Za-z_][A-Za-z0-9_]*)")
 
 
+def check_image_text(value: str, what: str) -> str:
+    """Free text that lands in the image's Dockerfile (ENV values, LABELs): one line, and no backslash, which
+    Dockerfile parsers disagree about before a quote or at a line's end (hadolint cannot read `"a\\"`)."""
+    check_text(value, what)
+    if "\\" in value:
+        raise ValueError(f"{what} {value[:60]!r}: holds a backslash, which the Dockerfile cannot carry reliably")
+    return value
+
+
 def check_env_value(value: str) -> str:
-    return check_text(value, "environment value")
+    return check_image_text(value, "environment value")
 
 
 def check_version(value: str) -> str:

@@ -274,7 +274,7 @@ class Stack(_Strict):
     @field_validator("description")
     @classmethod
     def _description(cls, v: str) -> str:
-        return grammar.check_text(v, "description")
+        return grammar.check_image_text(v, "description")
 
     @field_validator("system_packages", "build_packages")
     @classmethod

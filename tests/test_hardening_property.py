@@ -1,0 +1,310 @@
+"""Issue 14, property test: generated hostile strings in every stack and recipe field, and through --set.
+
+Each value holds newlines, quotes, `$()`, backticks, `{{ }}`, unicode controls ... and a command that would create
+a marker file. For every field the value is either refused at validation, or what it reaches is inert: the
+Dockerfile keeps exactly the instructions of the clean stack and passes hadolint; the launcher script passes
+`bash -n` and shellcheck, and run with stub commands it never creates the marker. The generator is seeded
+(TRAINBOX_FUZZ_SEED to vary it, TRAINBOX_FUZZ_N for more values).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainbox.launch import StackInfo, check_script, render_script
+from trainbox.paths import STACKS_DIR
+from trainbox.recipe import RecipeError, load_recipe
+from trainbox.render import render_stack
+from trainbox.runtime.errors import TrainboxError
+from trainbox.stack import StackError, load_stack
+
+SEED = int(os.environ.get("TRAINBOX_FUZZ_SEED", "14"))
+N = int(os.environ.get("TRAINBOX_FUZZ_N", "12"))
+HADOLINT = shutil.which("hadolint")
+SHELLCHECK = shutil.which("shellcheck")
+
+
+def hostile_values(marker: Path, n: int = N, seed: int = SEED) -> list[str]:
+    """`n` seeded hostile strings, each carrying a command that would create `marker` if it ran."""
+    m = str(marker)
+    fragments = [
+        f"$(touch {m})", f"`touch {m}`", f"; touch {m}", f"\ntouch {m}\n", f"\nRUN touch {m}\nENV X",
+        f"' ; touch {m} ; '", f'" ; touch {m} ; "', f"${{IFS}}touch${{IFS}}{m}", f"|| touch {m}", f"&& touch {m}",
+        "{{ 7*7 }}", "{% if true %}x{% endif %}", "{# c #}", "\\", "\\\n", "\r", "\t", "\x00", "\u202e", "\u200b",
+        "\u2028", "\x1b[2J", "$HOME", "${PATH}", "#", " ", "é", "-", "--", "..", "/", "=", ",",
+    ]
+    rng = random.Random(seed)
+    out = [f"$(touch {m})", f"x\nRUN touch {m}", f"`touch {m}`"]  # the issue's own examples always come first
+    while len(out) < n:
+        base = rng.choice(["", "2.9.0", "abc", "FOO", "https://example.org/simple", "debian:bookworm"])
+        parts = [base] + [rng.choice(fragments) for _ in range(rng.randint(1, 3))]
+        rng.shuffle(parts)
+        out.append("".join(parts))
+    return out[:n]
+
+
+# ------------------------------------------------------------------------------------------ stacks
+
+# where in a stack document each field lives; VALUE is replaced by the hostile string
+STACK_FIELDS = {
+    "name": lambda d, v: d.__setitem__("name", v),
+    "description": lambda d, v: d.__setitem__("description", v),
+    "base.image": lambda d, v: d["base"].__setitem__("image", v),
+    "base.python": lambda d, v: d["base"].__setitem__("python", v),
+    "base.substitute": lambda d, v: d["base"].__setitem__("substitute", v),
+    "base.cann": lambda d, v: d["base"].__setitem__("cann", v),
+    "system_packages": lambda d, v: d.__setitem__("system_packages", ["git", v]),
+    "build_packages": lambda d, v: d.__setitem__("build_packages", [v]),
+    "indexes.value": lambda d, v: d["indexes"].__setitem__("pytorch-cpu", v),
+    "indexes.key": lambda d, v: d["indexes"].__setitem__(v, "https://example.org/simple"),
+    "components.key": lambda d, v: d["components"].__setitem__(v, {"source": "pypi", "version": "1.0"}),
+    "components.name": lambda d, v: d["components"]["numpy"].__setitem__("name", v),
+    "components.version": lambda d, v: d["components"]["numpy"].__setitem__("version", v),
+    "components.extras": lambda d, v: d["components"]["numpy"].__setitem__("extras", [v]),
+    "components.note": lambda d, v: d["components"]["numpy"].__setitem__("note", v),
+    "components.patches": lambda d, v: d["components"]["numpy"].__setitem__("patches", v),
+    "components.git": lambda d, v: d["components"].__setitem__(
+        "demo", {"source": "git", "git": v, "commit": "0" * 40, "install": False}),
+    "components.ref": lambda d, v: d["components"].__setitem__(
+        "demo", {"source": "git", "git": "https://example.org/r.git", "ref": v, "install": False}),
+    "components.url": lambda d, v: d["components"].__setitem__(
+        "demo", {"source": "url", "url": v, "sha256": ["0" * 64]}),
+    "components.subdirectory": lambda d, v: d["components"].__setitem__(
+        "demo", {"source": "git", "git": "https://example.org/r.git", "commit": "0" * 40, "subdirectory": v,
+                 "install": False}),
+    "env.key": lambda d, v: d["env"].__setitem__(v, "1"),
+    "env.value": lambda d, v: d["env"].__setitem__("HOSTILE", v),
+}
+# --set COMPONENT.FIELD=VALUE reaches these
+SET_FIELDS = ["numpy.version", "numpy.index", "torch.url", "torch.git", "torch.ref", "torch.commit", "numpy.sha256"]
+
+
+def _instructions(dockerfile: str) -> list[str]:
+    """The instruction keywords in order (continuation lines joined; comments dropped)."""
+    joined = re.sub(r"\\\n", " ", dockerfile)
+    return [line.split()[0].upper() for line in joined.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+@pytest.fixture(scope="module")
+def clean_stack():
+    doc = yaml.safe_load((STACKS_DIR / "cpu.yaml").read_text())
+    return doc, _instructions(render_stack(load_stack("cpu")).dockerfile)
+
+
+def _write_stack(tmp: Path, doc: dict) -> Path:
+    name = "cpu"
+    d = tmp / "stacks"
+    d.mkdir(parents=True, exist_ok=True)
+    shutil.copy(STACKS_DIR / "cpu.lock", d / f"{name}.lock")
+    path = d / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, allow_unicode=True))
+    return path
+
+
+def _check_dockerfile_inert(tmp: Path, text: str, baseline: list[str], marker: Path, where: str) -> None:
+    assert _instructions(text) == baseline, f"{where}: the instructions changed"
+    if HADOLINT:
+        df = tmp / "Dockerfile"
+        df.write_text(text)
+        proc = subprocess.run([HADOLINT, "--no-color", "--failure-threshold", "error", str(df)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, f"{where}: hadolint: {proc.stdout}{proc.stderr}"
+    assert not marker.exists()
+
+
+def _stack_outcome(path: Path, sets=None):
+    try:
+        stack = load_stack(path, sets=sets)
+    except StackError:
+        return "refused", None
+    try:
+        return "rendered", render_stack(stack).dockerfile
+    except TrainboxError:
+        return "refused", None  # e.g. a moved pin without hashes: nothing is produced either
+
+
+@pytest.mark.parametrize("field", sorted(STACK_FIELDS))
+def test_hostile_stack_fields_are_refused_or_inert(tmp_path, clean_stack, field):
+    doc0, baseline = clean_stack
+    marker = tmp_path / "PWNED"
+    outcomes = {}
+    for i, value in enumerate(hostile_values(marker)):
+        doc = copy.deepcopy(doc0)
+        doc.setdefault("env", {})
+        STACK_FIELDS[field](doc, value)
+        path = _write_stack(tmp_path / f"case{i}", doc)  # a hostile name also fails "name = file name"
+        outcome, text = _stack_outcome(path)
+        outcomes[value] = outcome
+        if text is not None:
+            _check_dockerfile_inert(tmp_path, text, baseline, marker, f"{field}={value!r}")
+    # every value that carries shell or Dockerfile syntax into a structured field must have been refused
+    if field not in ("description", "env.value", "components.note"):
+        assert set(outcomes.values()) == {"refused"}, {v: o for v, o in outcomes.items() if o != "refused"}
+
+
+@pytest.mark.parametrize("field", SET_FIELDS)
+def test_hostile_set_values_are_refused(tmp_path, clean_stack, field):
+    doc0, baseline = clean_stack
+    marker = tmp_path / "PWNED"
+    path = _write_stack(tmp_path, copy.deepcopy(doc0))
+    for value in hostile_values(marker):
+        if "\x00" in value:
+            continue  # cannot be a command-line argument at all
+        outcome, text = _stack_outcome(path, sets={field: value})
+        assert outcome == "refused", f"--set {field}={value!r} was accepted"
+
+
+def test_the_issue_env_key_adds_no_dockerfile_instruction(tmp_path, clean_stack):
+    doc = copy.deepcopy(clean_stack[0])
+    doc["env"]["FOO=1\nRUN touch /tmp/pwned\nENV BAR"] = "1"
+    with pytest.raises(StackError, match=r"env.*environment variable name"):
+        load_stack(_write_stack(tmp_path, doc))
+
+
+def test_free_text_is_escaped_for_the_dockerfile(tmp_path, clean_stack):
+    doc = copy.deepcopy(clean_stack[0])
+    doc["description"] = 'say "hi" $(touch x) ${PATH} `id`'
+    doc["env"]["HOSTILE"] = '$(touch x)"'
+    text = render_stack(load_stack(_write_stack(tmp_path, doc))).dockerfile
+    assert 'HOSTILE="\\$(touch x)\\""' in text
+    assert '"say \\"hi\\" \\$(touch x) \\${PATH} `id`"' in text
+    _check_dockerfile_inert(tmp_path, text, clean_stack[1], tmp_path / "PWNED", "escaping")
+    doc["env"]["HOSTILE"] = "a\\"  # a backslash before the closing quote: parsers disagree, so refused
+    with pytest.raises(StackError, match="backslash"):
+        load_stack(_write_stack(tmp_path, doc))
+
+
+# ------------------------------------------------------------------------------------------ recipes
+
+RECIPE = """\
+description: a job
+stack: cpu
+launcher: torchrun
+devices_per_node: 2
+torchrun: {standalone: true}
+inputs:
+  DATA:
+    description: data
+    kind: path
+    default: /data
+  NAME:
+    description: a name
+    default: x
+env:
+  A: "1"
+command:
+  - train.py --data ${DATA} --name ${NAME}
+"""
+
+RECIPE_FIELDS = {
+    "description": lambda d, v: d.__setitem__("description", v),
+    "stack": lambda d, v: d.__setitem__("stack", v),
+    "inputs.key": lambda d, v: d["inputs"].__setitem__(v, {"description": "d", "default": "1"}),
+    "inputs.description": lambda d, v: d["inputs"]["NAME"].__setitem__("description", v),
+    "inputs.default": lambda d, v: d["inputs"]["NAME"].__setitem__("default", v),
+    "env.key": lambda d, v: d["env"].__setitem__(v, "1"),
+    "env.value": lambda d, v: d["env"].__setitem__("A", v),
+    "command.word": lambda d, v: d.__setitem__("command", [["train.py", v]]),
+    "command.line": lambda d, v: d.__setitem__("command", ["train.py " + v]),
+    "workdir": lambda d, v: d.__setitem__("workdir", v),
+    "source.path": lambda d, v: d.__setitem__("source", [{"path": v, "optional": True}]),
+    "preflight.hint": lambda d, v: d.__setitem__("preflight", [{"name": "n", "python": "pass", "hint": v}]),
+    "preflight.python": lambda d, v: d.__setitem__("preflight", [{"name": "n", "python": v, "hint": "h"}]),
+    "upstream": lambda d, v: d.__setitem__("upstream", [v]),
+}
+
+STUB = "#!/bin/sh\nexit 0\n"
+
+
+@pytest.fixture
+def stub_path(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("torchrun", "python3"):
+        (bindir / name).write_text(STUB)
+        (bindir / name).chmod(0o755)
+    return bindir
+
+
+def _run_script(tmp: Path, script: str, stub_path: Path, marker: Path, where: str) -> None:
+    path = tmp / "job.sh"
+    path.write_text(script)
+    assert check_script(script, None) == [], where  # bash -n
+    if SHELLCHECK:
+        # excluded: the findings that say a value is literal data, i.e. inert (SC2016 "expressions don't
+        # expand in single quotes", SC2089/SC2090 "quotes in this variable will be treated literally")
+        proc = subprocess.run([SHELLCHECK, "--shell=bash", "--severity=warning", "--exclude=SC2016,SC2089,SC2090",
+                               str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{where}: shellcheck: {proc.stdout}"
+    env = {"PATH": f"{stub_path}:/usr/bin:/bin", "HOME": str(tmp), "TRAINBOX_LAUNCHERS": str(tmp)}
+    subprocess.run(["bash", str(path)], cwd=tmp, env=env, capture_output=True, timeout=60)
+    assert not marker.exists(), f"{where}: the marker file appeared: something ran"
+
+
+def _recipe_outcome(tmp: Path, doc: dict):
+    d = tmp / "recipes"
+    d.mkdir(exist_ok=True)
+    path = d / "fuzz.yaml"
+    path.write_text(yaml.safe_dump(doc, allow_unicode=True))
+    try:
+        return load_recipe(path)
+    except (RecipeError, TrainboxError):
+        return None
+
+
+@pytest.mark.parametrize("field", sorted(RECIPE_FIELDS))
+def test_hostile_recipe_fields_are_refused_or_inert(tmp_path, stub_path, field):
+    marker = tmp_path / "PWNED"
+    base = yaml.safe_load(RECIPE)
+    stack = StackInfo("cpu", "cpu", {"OMP_NUM_THREADS": "1"})
+    for i, value in enumerate(hostile_values(marker)):
+        doc = copy.deepcopy(base)
+        RECIPE_FIELDS[field](doc, value)
+        recipe = _recipe_outcome(tmp_path, doc)
+        if recipe is None:
+            continue
+        try:
+            script = render_script(recipe, stack)
+        except TrainboxError:
+            continue
+        _run_script(tmp_path, script, stub_path, marker, f"{field}={value!r}")
+
+
+@pytest.mark.parametrize("name", ["NAME", "DATA", "A", "OMP_NUM_THREADS"])
+def test_hostile_launch_set_values_stay_inert(tmp_path, stub_path, name):
+    marker = tmp_path / "PWNED"
+    recipe = _recipe_outcome(tmp_path, yaml.safe_load(RECIPE))
+    stack = StackInfo("cpu", "cpu", {"OMP_NUM_THREADS": "1"})
+    for value in hostile_values(marker):
+        try:
+            script = render_script(recipe, stack, {name: value})
+        except TrainboxError:
+            continue  # refused (a NUL, a malformed kind)
+        _run_script(tmp_path, script, stub_path, marker, f"--set {name}={value!r}")
+
+
+@pytest.mark.parametrize("key", ["FOO=1", "X$(touch M)", "A B", "1A", "A\nB"])
+def test_stack_env_key_never_reaches_a_script_unchecked(key):
+    # second line of defence: a stack env key that bypassed the schema is refused by the template
+    recipe = load_recipe("cpu-ddp")
+    with pytest.raises(TrainboxError, match="shell variable name"):
+        render_script(recipe, StackInfo("cpu", "cpu", {key: "1"}))
+
+
+def test_generator_is_hostile_enough():
+    values = hostile_values(Path("/tmp/M"), n=200)
+    joined = "".join(values)
+    for needle in ("\n", "'", '"', "$(", "`", "{{", "\u202e", "\x00"):
+        assert needle in joined
+    assert len(set(values)) > 150
