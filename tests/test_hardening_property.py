@@ -55,6 +55,13 @@ def hostile_values(marker: Path, n: int = N, seed: int = SEED) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ stacks
 
+_SPECIAL = set("\n\r\t\x00'\"$`\\;|&<>(){} #*?!~")
+
+
+def plain(value: str) -> bool:
+    """No character a shell or a Dockerfile would act on (the generator also makes harmless values)."""
+    return not (_SPECIAL & set(value)) and all(c.isprintable() and c.isascii() for c in value)
+
 # where in a stack document each field lives; VALUE is replaced by the hostile string
 STACK_FIELDS = {
     "name": lambda d, v: d.__setitem__("name", v),
@@ -148,9 +155,9 @@ def test_hostile_stack_fields_are_refused_or_inert(tmp_path, clean_stack, field)
         outcomes[value] = outcome
         if text is not None:
             _check_dockerfile_inert(tmp_path, text, baseline, marker, f"{field}={value!r}")
-    # every value that carries shell or Dockerfile syntax into a structured field must have been refused
+    # a structured field accepts only plain values: nothing a shell or a Dockerfile acts on gets through
     if field not in ("description", "env.value", "components.note"):
-        assert set(outcomes.values()) == {"refused"}, {v: o for v, o in outcomes.items() if o != "refused"}
+        assert not [v for v, o in outcomes.items() if o != "refused" and not plain(v)], outcomes
 
 
 @pytest.mark.parametrize("field", SET_FIELDS)
@@ -162,7 +169,9 @@ def test_hostile_set_values_are_refused(tmp_path, clean_stack, field):
         if "\x00" in value:
             continue  # cannot be a command-line argument at all
         outcome, text = _stack_outcome(path, sets={field: value})
-        assert outcome == "refused", f"--set {field}={value!r} was accepted"
+        assert outcome == "refused" or plain(value), f"--set {field}={value!r} was accepted"
+        if text is not None:
+            _check_dockerfile_inert(tmp_path, text, baseline, marker, f"--set {field}={value!r}")
 
 
 def test_the_issue_env_key_adds_no_dockerfile_instruction(tmp_path, clean_stack):

@@ -30,11 +30,11 @@ IMAGE_RE = re.compile(
     rf"^(?:{_OCI_DOMAIN}/)?{_OCI_COMPONENT}(?:/{_OCI_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
     r"(?:@sha256:[0-9a-f]{64})?$")
 # an interpreter command or absolute path: no spaces, no shell syntax
-COMMAND_RE = re.compile(r"^[A-Za-z0-9_./+-]+$")
+COMMAND_RE = re.compile(r"^(?:/?[A-Za-z0-9_.+-]+)+$")
 # short identifiers such as CANN versions, chip and OS names
 TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 # git ref (tag or branch): git check-ref-format, minus the exotic
-GIT_REF_RE = re.compile(r"^(?!-)(?!.*\.\.)(?!.*//)[A-Za-z0-9._/+-]+(?<![./])$")
+GIT_REF_RE = re.compile(r"^(?![-/.])(?!.*\.\.)(?!.*//)[A-Za-z0-9._/+-]+(?<![./])$")
 # characters a URL may hold here: RFC 3986 unreserved, reserved and %, without the ones a shell or a
 # Dockerfile treats specially (quotes, $, `, \, spaces, braces)
 _URL_CHARS_RE = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@!&()*+,;=%]+$")

@@ -43,6 +43,7 @@ from .recipe import (
     load_recipe,
     parse_words,
     refs,
+    sh_quote,
     shell_identifier,
     shell_word,
 )
@@ -142,7 +143,7 @@ def _jinja() -> jinja2.Environment:
         comment_start_string="{##",
         comment_end_string="##}",
     )
-    env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.filters["q"] = sh_quote
     env.filters["comment"] = _comment
     env.filters["oneline"] = _oneline
     env.filters["ident"] = shell_identifier  # a variable name (stack env keys): refused unless one
@@ -215,7 +216,7 @@ def render_script(recipe: Recipe, stack: StackInfo, sets: dict[str, str] | None 
     recipe_env = []
     for key, value in recipe.env.items():
         if key in vals.env:
-            recipe_env.append((key, shlex.quote(vals.env[key])))
+            recipe_env.append((key, sh_quote(vals.env[key])))
         else:
             recipe_env.append((key, shell_word(value)))
             words_used.append(value)
@@ -224,7 +225,7 @@ def render_script(recipe: Recipe, stack: StackInfo, sets: dict[str, str] | None 
         if key in recipe.env:
             continue
         if key in vals.env:
-            recipe_env.append((key, shlex.quote(vals.env[key])))
+            recipe_env.append((key, sh_quote(vals.env[key])))
         else:
             stack_env.append((key, value))
 

@@ -347,6 +347,14 @@ def refs(word: str) -> list[tuple[str, str]]:
     return out
 
 
+def sh_quote(value) -> str:
+    """shlex.quote, except that a word holding `=` is quoted too: `NAME==x` and `( =x )` are valid bash but
+    read as mistakes (shellcheck SC1097/SC2191), and a quoted word leaves no doubt that it is data."""
+    text = str(value)
+    quoted = shlex.quote(text)
+    return f"'{text}'" if quoted == text and "=" in text else quoted
+
+
 def shell_identifier(name) -> str:
     """`name` when it is a shell variable name; anything else would be shell syntax in the script."""
     text = str(name)
@@ -371,12 +379,12 @@ def shell_word(word: str) -> str:
         if m.group(2) == "[@]":
             raise ValueError(f"{word!r}: ${{{m.group(1)}[@]}} must be a whole word")
         if "".join(lit):
-            parts.append(shlex.quote("".join(lit)))
+            parts.append(sh_quote("".join(lit)))
         lit = []
         parts.append('"${%s%s}"' % (m.group(1), m.group(2) or ""))
     lit.append(word[pos:])
     if "".join(lit) or not parts:
-        parts.append(shlex.quote("".join(lit)))
+        parts.append(sh_quote("".join(lit)))
     return "".join(parts)
 
 
