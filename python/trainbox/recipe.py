@@ -348,11 +348,11 @@ def refs(word: str) -> list[tuple[str, str]]:
 
 
 def sh_quote(value) -> str:
-    """shlex.quote, except that a word holding `=` is quoted too: `NAME==x` and `( =x )` are valid bash but
-    read as mistakes (shellcheck SC1097/SC2191), and a quoted word leaves no doubt that it is data."""
+    """shlex.quote, except that a word holding `=` or `,` is quoted too: `NAME==x`, `( =x )` and `( a,b )` are
+    valid bash but read as mistakes (shellcheck SC1097/SC2191/SC2054); quoted, the word is plainly data."""
     text = str(value)
     quoted = shlex.quote(text)
-    return f"'{text}'" if quoted == text and "=" in text else quoted
+    return f"'{text}'" if quoted == text and ("=" in text or "," in text) else quoted
 
 
 def shell_identifier(name) -> str:
