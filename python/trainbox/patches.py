@@ -494,7 +494,11 @@ def _series_header(sfile: Path) -> list[str]:
     if not sfile.is_file():
         return []
     head = []
-    for line in sfile.read_text(encoding="utf-8").splitlines():
+    try:
+        text = sfile.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise PatchSeriesError(f"{sfile}: not UTF-8 text; a series file lists patch names, one per line") from None
+    for line in text.splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             break
         head.append(line)
