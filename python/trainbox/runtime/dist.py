@@ -275,11 +275,12 @@ def destroy_distributed(synchronize: bool = True) -> bool:
     """Destroy every process group (and the cached Gloo group). Idempotent: False when there was none.
 
     With `synchronize` (the default) the ranks first meet at a barrier, so that no rank tears its
-    connections down while a peer still has a collective in flight. Afterwards the groups are released
-    for real (see _release_groups): a Gloo group that outlives this call keeps worker threads that
-    later drop tensors with Python references, and when that happens during interpreter shutdown the
-    thread cannot take the GIL and the process dies with "terminate called without an active
-    exception" (SIGABRT) after the job's work is done. The rendezvous store stays open (on rank 0,
+    connections down while a peer still has a collective in flight. Afterwards groups that only
+    reference cycles hold are freed (see _release_groups). A Gloo group that outlives this call (DDP
+    keeps it) has worker threads that may still drop tensors with Python references; if that happens
+    during interpreter shutdown the thread cannot take the GIL and the process dies with "terminate
+    called without an active exception" (SIGABRT), which the exit hook prevents (_at_exit, _drain_gloo_workers).
+    The rendezvous store stays open (on rank 0,
     its port stays bound) so that init_distributed() on the same MASTER_ADDR/MASTER_PORT can form a
     new group without racing against stale keys."""
     global _info_cache, _gloo_cache
