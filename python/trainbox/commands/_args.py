@@ -42,6 +42,18 @@ class Parser(argparse.ArgumentParser):
     argparse hands a subcommand's leftovers back to the top-level parser, which then prints the top-level usage;
     here the innermost parser that saw them errors instead (and remembers itself for later usage errors)."""
 
+    def format_usage(self) -> str:
+        return self._required_shown(super().format_usage())
+
+    def format_help(self) -> str:
+        return self._required_shown(super().format_help())
+
+    def _required_shown(self, text: str) -> str:
+        # a positional that also has a deprecated --option spelling is optional to argparse, required to us
+        for _dest, metavar in self.get_default("_required") or []:
+            text = text.replace(f"[{metavar}]", metavar)
+        return text
+
     def parse_known_args(self, args=None, namespace=None):
         ns, extras = super().parse_known_args(args, namespace)
         if extras:
@@ -137,3 +149,18 @@ def group_help(p: argparse.ArgumentParser):
         p.print_help(sys.stderr)
         return EXIT_USAGE
     return show
+
+
+def exits(p: argparse.ArgumentParser, problems: str | None = None, **others: str) -> None:
+    """Declare a command's exit statuses: they end its --help and fill the README's command reference.
+
+    `problems` is what exit status 1 means for this command (None: it has no check that can fail);
+    `others` maps further codes, e.g. exits(p, "a patch fails", **{"3": "..."})."""
+    codes = {EXIT_OK: "ok"}
+    if problems:
+        codes[EXIT_PROBLEMS] = problems
+    codes[EXIT_USAGE] = "usage or invalid input"
+    codes.update({int(k): v for k, v in others.items()})
+    p.set_defaults(_exit_codes=codes)
+    text = "Exit status: " + "; ".join(f"{c} {m}" for c, m in sorted(codes.items())) + "."
+    p.epilog = f"{p.epilog}\n\n{text}" if p.epilog else text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._args import EXIT_PROBLEMS, add_json, add_output, add_stack, add_stacks, group_help
+from ._args import EXIT_PROBLEMS, add_json, add_output, add_stack, add_stacks, exits, group_help
 from ._output import emit_json, print_table
 
 
@@ -18,9 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="build a stack's image with BuildKit (skipped when its content-hash tag exists)",
         description="Render the stack, stage its inputs, and build trainbox/<stack>:<content hash> with "
         "BuildKit. Every pinned artifact is installed in pip's hash-checking mode; the CA bundle and index "
-        "URL reach the build as BuildKit secrets, never as build args or layers. Exit status 1 when the build "
-        "fails, 2 for invalid input (unknown stack, bad --set, unreadable CA bundle ...).",
+        "URL reach the build as BuildKit secrets, never as build args or layers.",
     )
+    exits(b, "the build failed (its step is named)")
     add_stack(b)
     b.add_argument("--tag", action="append", default=[], metavar="T", help="extra tag (repeatable)")
     b.add_argument("--base", metavar="IMAGE", help="build FROM this image instead of the stack's base")
@@ -71,13 +71,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "OVERRIDES: built with --set or --base.")
     add_stacks(ls, help="only the images of these stacks (default: all)")
     add_json(ls, "the images")
+    exits(ls)
     ls.set_defaults(func=_ls)
 
     pr = isub.add_parser("prune", help="remove older content-hash tags of each stack, keeping the newest N",
                          description="For each stack, keep the --keep newest images and remove the "
                          "trainbox/<stack>:<hash> tags of the older ones (the image goes with its last tag; :latest "
-                         "and your own tags are never removed). Exit status 1 when a tag could not be removed "
-                         "(e.g. a container still uses the image).")
+                         "and your own tags are never removed).")
+    exits(pr, "a tag could not be removed (e.g. a container still uses the image)")
     add_stacks(pr, help="only these stacks (default: all)")
     pr.add_argument("--keep", type=int, default=3, metavar="N", help="newest images to keep per stack (default 3)")
     pr.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ._args import add_json, add_stacks, group_help
+from ._args import add_json, add_stacks, exits, group_help
 from ._output import emit_json
 
 
@@ -30,8 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--strict", action="store_true", help="count hunks that apply only at an offset as failures")
     v.add_argument("--offline", action="store_true", help="use the cache only; never touch the network")
     v.add_argument("--set", action="append", metavar="C.FIELD=VALUE", dest="sets",
-                   help="override a pin of the stack before checking, as in `trainbox image build` (e.g. "
-                   "megatron-core.version=0.16.0 then megatron-core.sha256=HEX)")
+                   help="override a pin of the stack before checking; as in `trainbox image build`, e.g. "
+                   "megatron-core.version=0.16.0 then megatron-core.sha256=HEX")
+    exits(v, "a patch does not apply (or with --strict applies only at an offset)")
     v.set_defaults(func=_verify)
 
     e = psub.add_parser(
@@ -46,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--dir", type=Path, help="where to create the tree (default: the cache's edit/C)")
     e.add_argument("--force", action="store_true", help="discard an existing tree at --dir")
     e.add_argument("--offline", action="store_true", help="use the cache only")
+    exits(e, "a patch of the series does not apply to the pin (the tree stops there to resolve it)")
     e.set_defaults(func=_edit)
 
     x = psub.add_parser(
@@ -57,6 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     x.add_argument("component", metavar="C", help="component key, e.g. megatron-core")
     x.add_argument("--dir", type=Path, help="the edit tree (default: the cache's edit/C)")
+    exits(x)
     x.set_defaults(func=_export)
 
     p.set_defaults(func=group_help(p))

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from ._args import EXIT_PROBLEMS, add_json, add_output, add_stacks
+from ._args import EXIT_PROBLEMS, add_json, add_output, add_stacks, exits
 from ._output import emit_json
 
 
 def register(sub) -> None:
     p = sub.add_parser("render", help="render stacks to Dockerfiles (Dockerfile.npu, Dockerfile.cuda, build/generated)",
                        description="Render each stack's templates in memory (a template error writes nothing), then "
-                       "write them, or with --check compare them with the files on disk. Exit status 1 when --check "
-                       "finds drift, 2 for an unknown stack or a template error.")
+                       "write them, or with --check compare them with the files on disk.")
+    exits(p, "--check found drift")
     add_stacks(p)
     add_output(p, "write under this directory instead of the repository root", old=("--out",), metavar="DIR")
     p.add_argument("--check", action="store_true",

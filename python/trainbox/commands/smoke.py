@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._args import add_output, add_stacks
+from ._args import add_output, add_stacks, exits
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,8 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="check every stack even after one failed (default: the stacks after a failed one are "
                    "reported as not run)")
     p.add_argument("--set", action="append", metavar="[S:]C.FIELD=V", dest="sets",
-                   help="override a pin for the build and the patch check, for stack S or (without S:) every "
-                   "stack, e.g. npu-910b:torch.version=2.13.0+cpu (repeatable; recorded in the report and the "
+                   help="override a pin of stack S (without S: of every stack); for the build and the patch "
+                   "check, e.g. npu-910b:torch.version=2.13.0+cpu (repeatable; recorded in the report and the "
                    "image manifest)")
     p.add_argument("--profile", metavar="FILE",
                    help="smoke profile YAML: stacks, set (per stack), wheelhouse, substitute_base, skip, keep_going; "
@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="keep the BuildKit cache of each stack's build in DIR/<stack> (CI caches DIR between runs; "
                    "needs a buildx builder that exports caches, e.g. the docker-container driver)")
     p.add_argument("-v", "--verbose", action="store_true", help="stream the image builds' output")
+    exits(p, "a step failed for a stack")
     p.set_defaults(func=_smoke)
 
 

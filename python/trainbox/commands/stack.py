@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ._args import EXIT_PROBLEMS, add_json, add_stack, add_stacks, group_help
+from ._args import EXIT_PROBLEMS, add_json, add_stack, add_stacks, exits, group_help
 from ._output import emit_json, print_table
 
 
@@ -15,14 +15,17 @@ def register(sub) -> None:
     s = p.add_subparsers(dest="stack_cmd", metavar="SUBCOMMAND")
 
     ls = s.add_parser("list", help="the stacks: device, Python, base, CANN, parent, lock state",
-                      description="One row per stack file. Exit status 1 when a stack file cannot be loaded.")
+                      description="One row per stack file: device, Python, parent (extends), CANN, chip, lock "
+                      "state (fresh, stale, none) and base image.")
+    exits(ls, "a stack file cannot be loaded")
     add_json(ls, "the stacks")
     ls.set_defaults(func=cmd_list)
 
     v = s.add_parser("validate", help="schema + compatibility rules (base image reference, stale locks, ...)",
-                     description="Load each stack and run every compatibility rule (`trainbox stack rules`). Exit "
-                     "status 1 when a stack has an error finding (with --strict: any finding), 2 for an unknown "
-                     "stack.")
+                     description="Load each stack and run every compatibility rule (`trainbox stack rules`), "
+                     "among them the base image reference (declared CANN, chip, OS and Python against the "
+                     "image tag) and the lock's freshness.")
+    exits(v, "a stack has an error finding (with --strict: any finding)")
     add_stacks(v)
     v.add_argument("--strict", action="store_true", help="warnings (unpinned sources, missing hashes) fail too")
     add_json(v, "the findings")
@@ -31,13 +34,14 @@ def register(sub) -> None:
     sh = s.add_parser("show", help="resolved pins as a table")
     add_stack(sh)
     add_json(sh, "the resolved stack")
+    exits(sh)
     sh.set_defaults(func=cmd_show)
 
     d = s.add_parser("diff", help="what changes between two stacks (a bump or a variant); exit 1 when they differ",
                      description="Compare everything a build depends on: device, Python, platforms, base image "
                      "(CANN, chip, OS), indexes, system and build packages, every component field with the pin and "
-                     "hashes in force per platform, and env. Exit status 0 when the stacks are the same, 1 when "
-                     "they differ (like `git diff --exit-code`), 2 for an unknown stack.")
+                     "hashes in force per platform, env and the lock state.")
+    exits(d, "the stacks differ (like `git diff --exit-code`)")
     d.add_argument("a", metavar="STACK_A", help="stack name or file")
     d.add_argument("b", metavar="STACK_B", help="stack name or file")
     add_json(d, "the differences")
@@ -47,8 +51,8 @@ def register(sub) -> None:
                       description="Query each pin's index (PEP 691) for its artifact hashes and resolve the "
                       "dependency closure with pip, per platform, and write build/stacks/NAME.lock. Stacks that "
                       "extend a locked one (`extends:`) are locked after it, since their pins moved with it "
-                      "(--no-dependants only names them). Exit status 1 when a pin cannot be locked (or, with "
-                      "--check, when a lock would change), 2 for an unknown stack.")
+                      "(--no-dependants only names them).")
+    exits(lk, "a pin cannot be locked, or with --check a lock would change")
     add_stacks(lk, default_all=False, help="stack names or files to lock (or --all)")
     lk.add_argument("--all", action="store_true", help="lock every stack")
     lk.add_argument("--no-dependants", action="store_true",
@@ -61,6 +65,7 @@ def register(sub) -> None:
 
     r = s.add_parser("rules", help="list the compatibility rules")
     add_json(r, "the rules")
+    exits(r)
     r.set_defaults(func=cmd_rules)
     p.set_defaults(func=group_help(p))
 
