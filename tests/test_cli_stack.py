@@ -150,3 +150,29 @@ def test_stack_list(capsys):
     assert main(["stack", "list"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:3] == ["NAME", "DEVICE", "PYTHON"] and any(line.startswith("npu-a3 ") for line in out)
+
+
+@pytest.mark.network
+def test_lock_check_against_pypi_covers_the_dependants(capsys):
+    """The real index (PEP 691): the shipped locks are current, and a derived stack is checked with its parent."""
+    rc = main(["stack", "lock", "npu-910b", "--check", "--no-deps", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert [s["stack"] for s in doc["stacks"]] == ["npu-910b", "npu-a3"]
+    assert rc == 0 and doc["ok"] and not any(s["written"] or s["changes"] for s in doc["stacks"]), doc
+
+
+def test_patches_edit_names_a_stale_lock_instead_of_two_identical_pins(stacks, monkeypatch, capsys):
+    """Issue 15, item 3: after locking only the parent, `patches edit` met two pins that printed the same."""
+    import trainbox.stack as stackmod
+    from trainbox.patches import PatchSeriesError, resolve_component
+
+    monkeypatch.setattr(lockmod, "lock_stack", offline_lock)
+    monkeypatch.setattr(stackmod, "STACKS_DIR", stacks)
+    (stacks / "cpu.yaml").unlink()
+    edit(stacks / "npu-910b.yaml", lambda d: d["components"]["megatron-core"].update(version="0.15.2"))
+    assert main(["stack", "lock", "npu-910b", "--no-dependants"]) == 0
+    with pytest.raises(PatchSeriesError, match=r"megatron-core==0.15.2 in every stack, but with other hashes .*"
+                                               r"a stale lock\?"):
+        resolve_component("megatron-core")
+    assert main(["stack", "lock", "npu-a3"]) == 0
+    assert resolve_component("megatron-core")[1].version == "0.15.2"

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_stack(b)
     b.add_argument("--tag", action="append", default=[], metavar="T", help="extra tag (repeatable)")
     b.add_argument("--base", metavar="IMAGE", help="build FROM this image instead of the stack's base")
-    b.add_argument("--set", action="append", default=[], metavar="COMPONENT.FIELD=V", dest="sets",
+    b.add_argument("--set", action="append", default=[], metavar="COMPONENT.FIELD=VALUE", dest="sets",
                    help="override a pin of the stack, e.g. --set torch.version=2.13.0+cpu (repeatable; recorded in "
                    "the image manifest and its io.trainbox.overrides label)")
     b.add_argument("--wheelhouse", metavar="DIR", help="directory of wheels pip may install from inside the build")

@@ -25,11 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "sources.",
     )
     add_stacks(v, help="stacks to check (default: every stack)")
-    v.add_argument("--component", metavar="C", help="only this component")
+    v.add_argument("--component", metavar="COMPONENT", help="only this component")
     add_json(v, "one result per patch")
     v.add_argument("--strict", action="store_true", help="count hunks that apply only at an offset as failures")
     v.add_argument("--offline", action="store_true", help="use the cache only; never touch the network")
-    v.add_argument("--set", action="append", metavar="C.FIELD=VALUE", dest="sets",
+    v.add_argument("--set", action="append", metavar="COMPONENT.FIELD=VALUE", dest="sets",
                    help="override a pin of the stack before checking; as in `trainbox image build`, e.g. "
                    "megatron-core.version=0.16.0 then megatron-core.sha256=HEX")
     exits(v, "a patch does not apply (or with --strict applies only at an offset)")
@@ -42,8 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "`upstream`) and each patch of its series as a commit on top. Change patches with ordinary git (commit "
         "--amend, rebase -i, new commits), then write them back with `trainbox patches export`.",
     )
-    e.add_argument("component", metavar="C", help="component key, e.g. megatron-core")
-    e.add_argument("--stack", metavar="S", help="take the pin from this stack (needed when stacks disagree)")
+    e.add_argument("component", metavar="COMPONENT", help="component key, e.g. megatron-core")
+    e.add_argument("--stack", metavar="STACK", help="take the pin from this stack (needed when stacks disagree)")
     e.add_argument("--dir", type=Path, help="where to create the tree (default: the cache's edit/C)")
     e.add_argument("--force", action="store_true", help="discard an existing tree at --dir")
     e.add_argument("--offline", action="store_true", help="use the cache only")
@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "hash, no signature, no numbering in subjects, no diffstat) and replace patches/<series>/ with the "
         "result, rewriting `series` in commit order. Unchanged commits give byte-identical files.",
     )
-    x.add_argument("component", metavar="C", help="component key, e.g. megatron-core")
+    x.add_argument("component", metavar="COMPONENT", help="component key, e.g. megatron-core")
     x.add_argument("--dir", type=Path, help="the edit tree (default: the cache's edit/C)")
     exits(x)
     x.set_defaults(func=_export)

@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-going", action="store_true",
                    help="check every stack even after one failed (default: the stacks after a failed one are "
                    "reported as not run)")
-    p.add_argument("--set", action="append", metavar="[S:]C.FIELD=V", dest="sets",
-                   help="override a pin of stack S (without S: of every stack); for the build and the patch "
+    p.add_argument("--set", action="append", metavar="[STACK:]COMPONENT.FIELD=VALUE", dest="sets",
+                   help="override a pin of STACK (without STACK: of every stack); for the build and the patch "
                    "check, e.g. npu-910b:torch.version=2.13.0+cpu (repeatable; recorded in the report and the "
                    "image manifest)")
     p.add_argument("--profile", metavar="FILE",
