@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="extra package to install (repeatable)")
     b.add_argument("--force", action="store_true", help="rebuild even when the tag exists")
     b.add_argument("-v", "--verbose", action="store_true", help="show every debootstrap line")
-    exits(b)
+    exits(b, None, **{"2": "usage or invalid input, or debootstrap / the import failed (named, with its last lines)"})
     b.set_defaults(func=_bootstrap)
 
     p.set_defaults(func=group_help(p))

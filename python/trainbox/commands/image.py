@@ -9,6 +9,9 @@ from ._args import EXIT_PROBLEMS, add_json, add_output, add_stack, add_stacks, e
 from ._output import emit_json, print_table
 
 
+ENGINE_2 = "usage or invalid input, or no Docker engine answers"
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("image", help="build, list and prune stack images")
     isub = p.add_subparsers(dest="image_command", metavar="SUBCOMMAND")
@@ -20,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "BuildKit. Every pinned artifact is installed in pip's hash-checking mode; the CA bundle and index "
         "URL reach the build as BuildKit secrets, never as build args or layers.",
     )
-    exits(b, "the build failed (its step is named)")
+    exits(b, "the build failed (its step is named)", **{"2": ENGINE_2})
     add_stack(b)
     b.add_argument("--tag", action="append", default=[], metavar="T", help="extra tag (repeatable)")
     b.add_argument("--base", metavar="IMAGE", help="build FROM this image instead of the stack's base")
@@ -71,14 +74,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "OVERRIDES: built with --set or --base.")
     add_stacks(ls, help="only the images of these stacks (default: all)")
     add_json(ls, "the images")
-    exits(ls)
+    exits(ls, None, **{"2": ENGINE_2})
     ls.set_defaults(func=_ls)
 
     pr = isub.add_parser("prune", help="remove older content-hash tags of each stack, keeping the newest N",
                          description="For each stack, keep the --keep newest images and remove the "
                          "trainbox/<stack>:<hash> tags of the older ones (the image goes with its last tag; :latest "
                          "and your own tags are never removed).")
-    exits(pr, "a tag could not be removed (e.g. a container still uses the image)")
+    exits(pr, "a tag could not be removed (e.g. a container still uses the image)", **{"2": ENGINE_2})
     add_stacks(pr, help="only these stacks (default: all)")
     pr.add_argument("--keep", type=int, default=3, metavar="N", help="newest images to keep per stack (default 3)")
     pr.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
