@@ -57,7 +57,7 @@ def register(sub) -> None:
     lk.add_argument("--all", action="store_true", help="lock every stack")
     lk.add_argument("--no-dependants", action="store_true",
                     help="do not lock the stacks that extend these; name them instead")
-    lk.add_argument("--wheelhouse", help="directory of wheels offered to the resolver (air-gapped indexes)")
+    lk.add_argument("--wheelhouse", metavar="DIR", help="directory of wheels offered to the resolver (air-gapped indexes)")
     lk.add_argument("--no-deps", action="store_true", help="refresh component hashes only")
     lk.add_argument("--check", action="store_true", help="change nothing; exit 1 if a lock would change")
     add_json(lk, "what changed per stack")
