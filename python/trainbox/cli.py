@@ -3,7 +3,8 @@
 Each command group lives in trainbox/commands/<group>.py with a `register(subparsers)` function.
 Those modules are stdlib-only at import time and import their host module inside the handler, so
 `trainbox doctor` works inside an image that has no jinja2/pydantic while `trainbox render` on the
-host gets them.
+host gets them. The grammar every command follows (positional objects, -o/--output, --json with a schema, exit
+statuses, deprecated spellings) and its helpers live in trainbox/commands/_args.py: use them for new options.
 """
 
 from __future__ import annotations
