@@ -148,3 +148,29 @@ def test_tables_are_plain_and_untruncated_when_piped():
     assert lines[1].split()[:3] == ["COMPONENT", "PLATFORM", "PIN"]
     assert any("torch==2.9.0+cpu" in line and "pytorch-cpu" in line for line in lines)  # one row, one line
     assert not any(ch in proc.stdout for ch in "┃│━…")
+
+
+def test_tables_use_the_terminals_full_width():
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    env = {**os.environ, "COLUMNS": "220", "TERM": "xterm"}
+    proc = subprocess.Popen([sys.executable, "-m", "trainbox.cli", "stack", "list"], stdout=slave,
+                            stderr=subprocess.PIPE, cwd=REPO_ROOT, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=120) == 0
+    text = b"".join(chunks).decode(errors="replace")
+    rows = [line for line in text.splitlines() if "npu-a3" in line]
+    assert rows and "quay.io/ascend/cann:8.5.1-a3-ubuntu22.04-py3.11" in rows[0]  # not folded at 80 columns
+    assert "│" in text or "┃" in text  # a terminal gets the rich table
