@@ -32,14 +32,16 @@ OFFLINE_JSON = {
     "launch show": (["launch", "show", "cpu-ddp"], 0),
     "run": (["run", "cpu-ddp", "--dry-run", "--image", "trainbox/cpu:any"], 0),
     "doctor": (["doctor", "--quick"], None),  # 1 when a check fails on this host
+    "image build": (["image", "build", "cpu", "--dry-run"], 0),  # a dry run needs no engine and no index
     "smoke": (["smoke", "cpu", "--skip", "validate,lock,render,hadolint,patches,build,doctor,recipes"], 0),
 }
-# these need the Docker engine: tests/test_cli_docker.py walks them
-ENGINE_JSON = {"image build", "image ls", "image prune"}
+# these need the Docker engine (tests/test_cli_docker.py walks them) or PyPI (tests/test_wheelhouse.py)
+ENGINE_JSON = {"image ls", "image prune"}
+NETWORK_JSON = {"image wheelhouse"}
 
 
 def test_every_json_command_is_walked():
-    assert JSON_LEAVES == set(OFFLINE_JSON) | ENGINE_JSON, (
+    assert JSON_LEAVES == set(OFFLINE_JSON) | ENGINE_JSON | NETWORK_JSON, (
         "a --json command is not walked: add it to OFFLINE_JSON here (or ENGINE_JSON and tests/test_cli_docker.py)")
 
 
@@ -77,7 +79,10 @@ def test_group_help_and_top_level(capsys):
 def test_json_outputs_parse_and_carry_a_schema(path, capsys, monkeypatch, tmp_path):
     from tests.test_cli_stack import offline_lock
 
+    from trainbox import buildplan
+
     monkeypatch.setattr(lockmod, "lock_stack", offline_lock)  # `stack lock` asks no index here
+    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")  # where a dry run stages its context
     argv, want = OFFLINE_JSON[path]
     if path == "smoke":
         argv = argv + ["-o", str(tmp_path / "smoke")]

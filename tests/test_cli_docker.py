@@ -84,12 +84,12 @@ def test_image_prune_keeps_the_newest(fake_builds, capsys):
     assert left == {middle, newest, f"trainbox/{stack}:latest"}
 
 
-def test_image_build_dry_run_json(capsys):
+def test_image_build_json_is_the_report(capsys, tmp_path):
+    """A real build (the cpu image, reused when its content hash exists) with --json: the report on stdout."""
     docker_helpers.docker_client()
     wheelhouse = docker_helpers.wheelhouse_dir()
-    rc = main(["image", "build", "cpu", "--dry-run", "--json", "--wheelhouse", str(wheelhouse)])
+    rc = main(["image", "build", "cpu", "--json", "--wheelhouse", str(wheelhouse), "-o", str(tmp_path / "r.json")])
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
-    assert rc == 0 and doc["schema"] and doc["dry_run"] is True
-    assert doc["tag"].startswith("trainbox/cpu:") and doc["command"]
-    assert "dry run" in captured.err  # the notes for people went to stderr
+    assert rc == 0 and doc["schema"] == 1 and doc["ok"] is True and doc["tag"].startswith("trainbox/cpu:")
+    assert doc["report_file"] == str(tmp_path / "r.json") and json.loads((tmp_path / "r.json").read_text())["ok"]

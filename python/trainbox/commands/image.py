@@ -63,9 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_stack(w)
     w.add_argument("--platform", metavar="P", help="target platform, e.g. linux/arm64 (default: this machine's)")
     w.add_argument("-o", "--output", metavar="DIR", required=True, help="the wheelhouse directory to fill")
-    w.add_argument("--set", action="append", default=[], metavar="COMPONENT.FIELD=V", dest="sets",
+    w.add_argument("--set", action="append", default=[], metavar="COMPONENT.FIELD=VALUE", dest="sets",
                    help="override a pin, as for image build (the moved pin needs a sha256 in the stack or lock)")
     add_json(w, "what was added and kept (schema trainbox.wheelhouse/1)")
+    exits(w, None, **{"2": "usage or invalid input, or a pinned artifact cannot be fetched or verified"})
     w.set_defaults(func=_wheelhouse)
 
     ls = isub.add_parser("ls", help="built images: stack, content hash, base, substitute/override flags, size, age",

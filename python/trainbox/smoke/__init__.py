@@ -5,7 +5,8 @@ Each step drives the public CLI in a child process (`python -m trainbox.cli ...`
 a step whose command is missing or broken fails instead of passing. Steps, in order, for each stack:
 
   validate  `trainbox stack validate S --strict --json`
-  lock      `trainbox stack lock S --no-deps --check --no-dependants`: every pin exists on its index with the hashes recorded
+  lock      `trainbox stack lock S --no-deps --check --no-dependants`: every pin exists on its index with
+            the hashes recorded
   render    `trainbox render S --check`: the committed generated files match the templates
   hadolint  the freshly rendered Dockerfile, with the repository's .hadolint.yaml
   patches   `trainbox patches verify S --json`: every series applies to its pinned upstream
