@@ -10,13 +10,14 @@ WHEELHOUSE ?= $(if $(PIP_LINKS_DIR),$(if $(wildcard $(PIP_LINKS_DIR)/torch-*+cpu
 WHEELHOUSE_ARG = $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE),)
 PYTEST ?= $(PYTHON) -m pytest
 
-.PHONY: help install ensure-installed engine render render-check lint test test-fast smoke image-cpu image-npu image-cuda demo bench bench-build bench-import
+.PHONY: help docs install ensure-installed engine render render-check lint test test-fast smoke image-cpu image-npu image-cuda demo bench bench-build bench-import
 
 help:
 	@echo "make demo        build the cpu image, run the doctor and the cpu-ddp training job in it"
 	@echo "make test        all tests (starts a Docker engine when none answers)"
 	@echo "make test-fast   the inner loop: no Docker, no network"
 	@echo "make render      re-render Dockerfile.npu, Dockerfile.cuda and build/generated/"
+	@echo "make docs        regenerate the README's command reference from the parser"
 	@echo "make lint        render --check, strict validation, hadolint, shellcheck, launcher checks"
 	@echo "make smoke       trainbox smoke: cpu, and npu-910b on its substitute base (ci/smoke-offline.yaml)"
 	@echo "make image-cpu|image-npu|image-cuda, make bench"
@@ -40,7 +41,12 @@ render:
 render-check:
 	$(TRAINBOX) render --check
 
+# the README's command reference table, generated from the parser (tests/test_cli.py checks it)
+docs:
+	$(PYTHON) -m trainbox.cli_reference README.md
+
 lint: render-check
+	$(PYTHON) -m trainbox.cli_reference --check README.md
 	$(TRAINBOX) stack validate --strict
 	hadolint Dockerfile.npu Dockerfile.cuda build/generated/*/Dockerfile
 	shellcheck .ci/run ci/*.sh
@@ -56,16 +62,16 @@ smoke: ensure-installed engine
 	$(TRAINBOX) smoke --profile ci/smoke-offline.yaml $(WHEELHOUSE_ARG) --junit build/reports/smoke/junit.xml
 
 image-cpu: engine ensure-installed
-	$(TRAINBOX) image build --stack cpu $(WHEELHOUSE_ARG)
+	$(TRAINBOX) image build cpu $(WHEELHOUSE_ARG)
 
 # The NPU and CUDA pins are not the machine's local wheels: pass a wheelhouse or a mirror explicitly, e.g.
 # make image-npu IMAGE_ARGS="--base mirror/ascend/cann:8.5.1-910b-ubuntu22.04-py3.11 --wheelhouse DIR"
 IMAGE_ARGS ?=
 image-npu: engine ensure-installed
-	$(TRAINBOX) image build --stack npu-910b $(IMAGE_ARGS)
+	$(TRAINBOX) image build npu-910b $(IMAGE_ARGS)
 
 image-cuda: engine ensure-installed
-	$(TRAINBOX) image build --stack cuda $(IMAGE_ARGS)
+	$(TRAINBOX) image build cuda $(IMAGE_ARGS)
 
 demo: image-cpu
 	docker run --rm --network none --shm-size 8g trainbox/cpu:latest trainbox doctor

@@ -24,7 +24,7 @@ trainbox() { "$PYTHON" -m trainbox.cli "$@"; }
 mkdir -p build/reports
 report="build/reports/npu-runner-${STACK}.json"
 echo "npu-runner: building ${STACK} on its own base"
-trainbox image build --stack "$STACK" --report "$report"
+trainbox image build "$STACK" -o "$report"
 image="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["tag"])' "$report")"
 
 # The devices and read-only driver mounts an NPU container needs (what `trainbox run` gives a job).

@@ -104,7 +104,7 @@ def test_npu_base_unreachable_fails_fast_with_hint(capsys, monkeypatch):
     monkeypatch.setattr(base, "registry_reachable", lambda ref, timeout=8.0: (False, "stand-in: no route"))
     monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
     t0 = time.monotonic()
-    rc = main(["image", "build", "--stack", "npu-910b", "--platform", "linux/amd64"])
+    rc = main(["image", "build", "npu-910b", "--platform", "linux/amd64"])
     err = capsys.readouterr().err
     assert rc == 2
     assert time.monotonic() - t0 < 30

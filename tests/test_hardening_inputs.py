@@ -81,7 +81,7 @@ def test_duplicate_key_in_a_lock_is_refused(tmp_path):
     path = stack_dir(tmp_path)
     lock = path.with_suffix(".lock")
     lock.write_text(lock.read_text().replace("pins_digest:", "pins_digest: x\npins_digest:", 1))
-    with pytest.raises(StackError, match=r"cpu.lock:3:1: .*duplicate key 'pins_digest'"):
+    with pytest.raises(StackError, match=r"cpu.lock:[0-9]+:1: .*duplicate key 'pins_digest'"):
         load_stack(path)
 
 

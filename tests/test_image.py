@@ -58,26 +58,26 @@ def _fake_wheel(d: Path, name: str, content: bytes = b"not really a wheel") -> s
 # -- bad input ---------------------------------------------------------------------------------------
 
 def test_unknown_stack(capsys, no_engine):
-    rc, err = _cli(capsys, "image", "build", "--stack", "no-such-stack")
+    rc, err = _cli(capsys, "image", "build", "no-such-stack")
     assert rc == 2
     assert "unknown stack 'no-such-stack'" in err and "known stacks:" in err and "cpu" in err
 
 
 def test_override_of_missing_component(capsys, no_engine):
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--set", "flash-attn.version=2.0")
+    rc, err = _cli(capsys, "image", "build", "cpu", "--set", "flash-attn.version=2.0")
     assert rc == 2
     assert "no component 'flash-attn'" in err and "torch" in err
 
 
 def test_malformed_set(capsys, no_engine):
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--set", "torch=2.0")
+    rc, err = _cli(capsys, "image", "build", "cpu", "--set", "torch=2.0")
     assert rc == 2 and "COMPONENT.FIELD=VALUE" in err
 
 
 def test_ca_file_that_is_not_a_certificate(capsys, no_engine, tmp_path):
     bad = tmp_path / "ca.pem"
     bad.write_text("-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBg\n-----END PRIVATE KEY-----\n")
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--ca-bundle", str(bad))
+    rc, err = _cli(capsys, "image", "build", "cpu", "--ca-bundle", str(bad))
     assert rc == 2
     assert f"--ca-bundle {bad}: holds no PEM certificate" in err
 
@@ -94,14 +94,14 @@ def test_ca_bundle_accepts_real_pem():
 
 
 def test_missing_ca_file(capsys, no_engine, tmp_path):
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--ca-bundle", str(tmp_path / "nope.pem"))
+    rc, err = _cli(capsys, "image", "build", "cpu", "--ca-bundle", str(tmp_path / "nope.pem"))
     assert rc == 2 and "no such file" in err
 
 
 def test_wheelhouse_without_the_pinned_wheel(capsys, no_engine, wheelhouse):
     # a torch wheel of another version (same name, different file): must be refused by name
     _fake_wheel(wheelhouse, "torch-2.9.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--wheelhouse", str(wheelhouse),
+    rc, err = _cli(capsys, "image", "build", "cpu", "--wheelhouse", str(wheelhouse),
                    "--platform", "linux/amd64")
     assert rc == 2
     assert "torch-2.9.0+cpu-cp311" in err and "pins torch==2.13.0+cpu" in err and "pip download" in err
@@ -110,7 +110,7 @@ def test_wheelhouse_without_the_pinned_wheel(capsys, no_engine, wheelhouse):
 def test_wheelhouse_with_a_substituted_wheel(capsys, no_engine, wheelhouse):
     # right file name, wrong bytes: what a tampered mirror looks like
     _fake_wheel(wheelhouse, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", b"tampered")
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--wheelhouse", str(wheelhouse),
+    rc, err = _cli(capsys, "image", "build", "cpu", "--wheelhouse", str(wheelhouse),
                    "--platform", "linux/amd64")
     assert rc == 2
     assert "pins torch==2.13.0+cpu with sha256 6746dbcbeb52" in err
@@ -118,27 +118,27 @@ def test_wheelhouse_with_a_substituted_wheel(capsys, no_engine, wheelhouse):
 
 def test_wheelhouse_with_nothing_pinned(capsys, no_engine, wheelhouse):
     _fake_wheel(wheelhouse, "six-1.16.0-py2.py3-none-any.whl")
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--wheelhouse", str(wheelhouse),
+    rc, err = _cli(capsys, "image", "build", "cpu", "--wheelhouse", str(wheelhouse),
                    "--platform", "linux/amd64")
     assert rc == 2 and "holds none of the stack's pinned artifacts" in err
 
 
 def test_empty_or_missing_wheelhouse(capsys, no_engine, tmp_path, wheelhouse):
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--wheelhouse", str(wheelhouse))
+    rc, err = _cli(capsys, "image", "build", "cpu", "--wheelhouse", str(wheelhouse))
     assert rc == 2 and "holds no wheels" in err
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--wheelhouse", str(tmp_path / "none"))
+    rc, err = _cli(capsys, "image", "build", "cpu", "--wheelhouse", str(tmp_path / "none"))
     assert rc == 2 and "no such directory" in err
 
 
 def test_unsupported_platform(capsys, no_engine):
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--platform", "linux/s390x")
+    rc, err = _cli(capsys, "image", "build", "cpu", "--platform", "linux/s390x")
     assert rc == 2 and "--platform linux/s390x" in err and "linux/amd64" in err
 
 
 def test_no_engine(capsys, no_engine, monkeypatch):
     # valid input, every index answers (stand-in probe); only the engine is missing
     monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu")
+    rc, err = _cli(capsys, "image", "build", "cpu")
     assert rc == 2
     assert "no Docker engine answers" in err and "ci/ensure-docker.sh" in err
 
@@ -170,7 +170,7 @@ def test_unreachable_index_without_wheelhouse(capsys, answering_engine, monkeypa
     # the index serving the CPU torch does not answer (as on these machines, or forced here)
     monkeypatch.setattr(image, "_url_answers",
                         lambda url, timeout, cafile=None: (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--platform", "linux/amd64")
+    rc, err = _cli(capsys, "image", "build", "cpu", "--platform", "linux/amd64")
     assert rc == 2
     assert "torch==2.13.0+cpu" in err and "--wheelhouse DIR" in err
 
@@ -308,7 +308,7 @@ def test_dry_run_prints_plan_and_a_command_that_runs_as_is(capsys, monkeypatch, 
     monkeypatch.setattr(image, "REPORTS_DIR", tmp_path / "reports")
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
-    rc = main(["image", "build", "--stack", "cpu", "--base", "local/debian:bookworm", "--dry-run",
+    rc = main(["image", "build", "cpu", "--base", "local/debian:bookworm", "--dry-run",
                "--pip-index-url", "https://user:pw@mirror.example/simple", "--platform", "linux/amd64"])
     out, err = capsys.readouterr()
     assert rc == 0, err
@@ -346,10 +346,10 @@ def test_dry_run_offline_without_an_engine(capsys, monkeypatch, tmp_path, engine
     monkeypatch.setattr(engine, "_CLIENT", None)
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (False, "stand-in: offline"))
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--dry-run", "--json", "--platform", "linux/amd64")
+    rc, err = _cli(capsys, "image", "build", "cpu", "--dry-run", "--json", "--platform", "linux/amd64")
     assert rc == 0, err
     # _cli read stderr; the plan went to stdout: run it again to read it (the staged context is reused)
-    main(["image", "build", "--stack", "cpu", "--dry-run", "--json", "--platform", "linux/amd64"])
+    main(["image", "build", "cpu", "--dry-run", "--json", "--platform", "linux/amd64"])
     plan = json.loads(capsys.readouterr().out)
     assert plan["schema"] == "trainbox.build-plan/1"
     assert plan["tag"].startswith("trainbox/cpu:") and plan["base"]["image_id"] is None
@@ -410,6 +410,9 @@ def test_dry_run_names_what_a_wheelhouse_lacks(tmp_path):
     assert wheelhouse.wheelhouse_notes(stack, "linux/amd64", wheels, None) == []
 
 
-def test_json_needs_dry_run(capsys, no_engine):
-    rc, err = _cli(capsys, "image", "build", "--stack", "cpu", "--json")
-    assert rc == 2 and "--json goes with --dry-run" in err
+def test_json_of_a_real_build_is_its_report_and_nothing_on_failure(capsys, no_engine, monkeypatch):
+    # issue 15: --json on image build, dry run or not (a real build prints its report: tests/test_cli_docker.py)
+    monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
+    assert main(["image", "build", "cpu", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "no Docker engine answers" in err  # no half a JSON document on stdout

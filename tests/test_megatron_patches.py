@@ -271,16 +271,16 @@ def trainbox_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_verify_npu_910b_passes():
-    proc = trainbox_cli("patches", "verify", "--stack", "npu-910b")
+    proc = trainbox_cli("patches", "verify", "npu-910b")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("npu-910b")]
     assert len(rows) == 5 and all(ln.endswith("  clean") for ln in rows), proc.stdout
-    proc = trainbox_cli("patches", "verify", "--stack", "npu-910b", "--offline", "--json")
+    proc = trainbox_cli("patches", "verify", "npu-910b", "--offline", "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["ok"] is True
 
 
 def test_verify_fails_when_the_pin_moves():
-    proc = trainbox_cli("patches", "verify", "--stack", "npu-910b", "--set", "megatron-core.version=0.16.0",
+    proc = trainbox_cli("patches", "verify", "npu-910b", "--set", "megatron-core.version=0.16.0",
                         "--set", f"megatron-core.sha256={MCORE_016_SHA}")
     assert proc.returncode == 1
     row = next(ln for ln in proc.stdout.splitlines() if "0002-tensor_parallel-random" in ln)

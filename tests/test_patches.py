@@ -597,7 +597,7 @@ def test_stack_selection_errors():
         patches.verify(["npu-910b"], "nope")
     with pytest.raises(TrainboxError, match="has no `patches:` series"):
         patches.verify(["npu-910b"], "torch")
-    with pytest.raises(TrainboxError, match="name it with --stack"):
+    with pytest.raises(TrainboxError, match="name it"):
         patches.verify(None, sets={"megatron-core.version": "0.16.0"})
 
 

@@ -32,11 +32,11 @@ def test_hand_edit_is_detected(tmp_path, top, capsys):
     for rel, data in out.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(data)
-    assert main(["render", "--check", "--out", str(tmp_path)]) == 0
+    assert main(["render", "--check", "-o", str(tmp_path)]) == 0
     p = tmp_path / top
     p.write_text(p.read_text().replace("FROM ${BASE_IMAGE} AS system", "FROM ${BASE_IMAGE} AS system\nRUN true"))
     capsys.readouterr()
-    assert main(["render", "--check", "--out", str(tmp_path)]) == 1
+    assert main(["render", "--check", "-o", str(tmp_path)]) == 1
     assert f"drift: {top}: differs" in capsys.readouterr().err
 
 
@@ -104,7 +104,7 @@ def test_template_error_writes_nothing(tmp_path, monkeypatch):
     out = tmp_path / "out"
     with pytest.raises(TrainboxError, match=r"Dockerfile.j2:\d+: template error: .*no_such_field"):
         render_all()
-    assert main(["render", "--out", str(out)]) == 2
+    assert main(["render", "-o", str(out)]) == 2
     assert not out.exists()
 
 

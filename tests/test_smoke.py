@@ -71,7 +71,7 @@ def make_checkout(root: Path) -> dict[str, str]:
     (root / "build" / "stacks" / "badpin.yaml").write_text(badpin)
     env = dict(os.environ, TRAINBOX_ROOT=str(root), TRAINBOX_CACHE=str(root / "cache"))
     for stack in ("cpu", "patched", "badpin"):  # their generated files, as a checkout commits them
-        subprocess.run([sys.executable, "-m", "trainbox.cli", "render", "--stack", stack], env=env, check=True,
+        subprocess.run([sys.executable, "-m", "trainbox.cli", "render", stack], env=env, check=True,
                        capture_output=True, timeout=120)
     return env
 
@@ -79,7 +79,7 @@ def make_checkout(root: Path) -> dict[str, str]:
 def run_smoke(env: dict[str, str], tmp: Path, *args: str, timeout: int = 600) -> tuple[int, dict, Path, str]:
     junit = tmp / "junit.xml"
     proc = subprocess.run([sys.executable, "-m", "trainbox.cli", "smoke", "--json", "--junit", str(junit),
-                           "--workdir", str(tmp / "work"), *args],
+                           "-o", str(tmp / "work"), *args],
                           env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.stdout.strip().startswith("{"), proc.stderr[-3000:]
     return proc.returncode, json.loads(proc.stdout), junit, proc.stderr
@@ -101,7 +101,7 @@ def keep_going(checkout, tmp_path_factory):
     """The broken-patch stack first, then cpu, with --keep-going (no lock step: it needs PyPI; no build)."""
     _, env = checkout
     tmp = tmp_path_factory.mktemp("keep-going")
-    return run_smoke(env, tmp, "--stack", "patched", "--stack", "cpu", "--keep-going", "--skip", "lock,build")
+    return run_smoke(env, tmp, "patched", "cpu", "--keep-going", "--skip", "lock,build")
 
 
 def test_broken_patch_fails_at_patches_step_and_names_the_patch(keep_going):
@@ -134,7 +134,7 @@ def test_keep_going_runs_the_stacks_after_a_broken_one(keep_going):
 
 def test_without_keep_going_later_stacks_are_reported_not_run(checkout, tmp_path):
     _, env = checkout
-    rc, report, junit, _ = run_smoke(env, tmp_path, "--stack", "patched", "--stack", "cpu",
+    rc, report, junit, _ = run_smoke(env, tmp_path, "patched", "cpu",
                                      "--skip", "lock", "--skip", "build", "--skip", "recipes")
     assert rc == 1
     st = steps(report, "cpu")
@@ -195,7 +195,7 @@ def test_json_report_follows_the_documented_schema(keep_going):
 @pytest.mark.network
 def test_pin_that_does_not_exist_fails_at_lock_and_is_not_built(checkout, tmp_path):
     _, env = checkout
-    rc, report, _, _ = run_smoke(env, tmp_path, "--stack", "badpin", "--stack", "cpu", "--keep-going",
+    rc, report, _, _ = run_smoke(env, tmp_path, "badpin", "cpu", "--keep-going",
                                  "--skip", "recipes", timeout=900)
     assert rc == 1
     st = steps(report, "badpin")
@@ -267,9 +267,9 @@ class FakeBuild:
     def __call__(self, argv, timeout, log=None, stream=False):
         self.calls.append(argv)
         if "--help" in argv:
-            return smoke.Proc(argv, 0, "usage: trainbox image build [-h] --stack STACK", "", 0.1)
+            return smoke.Proc(argv, 0, "usage: trainbox image build [-h] [STACK]", "", 0.1)
         if "build" in argv and "image" in argv:
-            report = Path(argv[argv.index("--report") + 1])
+            report = Path(argv[argv.index("-o") + 1])
             base = argv[argv.index("--base") + 1] if "--base" in argv else "own:1"
             rep = {"tag": "trainbox/s:0123456789ab", "ok": self.ok, "skipped": False, "wall_s": 3.0,
                    "base": {"requested": base, "used": base, "substituted": None}}
@@ -351,7 +351,7 @@ def test_set_and_profile(tmp_path):
         smoke.load_profile(prof)
     with pytest.raises(TrainboxError, match="--skip bild: no such step"):
         smoke.build_options(["cpu"], None, None, None, None, False, ["bild"], None, None, False)
-    with pytest.raises(TrainboxError, match="--stack nope: no such stack"):
+    with pytest.raises(TrainboxError, match="stack nope: no such stack"):
         smoke.build_options(["nope"], None, None, None, None, False, None, None, None, False)
 
 
@@ -380,7 +380,7 @@ def test_cpu_stack_end_to_end(tmp_path):
     client = find_client()
     before = set(client.run("images", "-q", "--no-trunc", "trainbox/cpu", check=False).stdout.split())
     # lock (PyPI) and render (drift of the working tree) are covered by the tests above and test_render
-    args = ["--stack", "cpu", "--skip", "lock", "--skip", "render"]
+    args = ["cpu", "--skip", "lock", "--skip", "render"]
     if _wheelhouse():
         args += ["--wheelhouse", _wheelhouse()]
     env = dict(os.environ)

@@ -274,11 +274,11 @@ def test_every_rule_has_id_and_explanation():
     assert all(r.explanation for r in RULES)
 
 
-def test_validate_cli_exit_2_and_message(tmp_path, capsys):
+def test_validate_cli_exit_1_and_message(tmp_path, capsys):
     def edit(d):
         d["components"]["torch-npu"]["version"] = "2.8.0"
     s = npu_stack(tmp_path, edit=edit)
-    assert main(["stack", "validate", str(s.source_file)]) == 2
+    assert main(["stack", "validate", str(s.source_file)]) == 1  # a check found problems
     err = capsys.readouterr().err
     assert "[torch-npu-cann] error" in err and str(s.source_file) in err
 
@@ -288,6 +288,7 @@ def test_show_and_diff_json(capsys):
     assert main(["stack", "show", "npu-910b", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert any(r["component"] == "torch-npu" for r in shown["components"])
-    assert main(["stack", "diff", "npu-910b", "npu-a3", "--json"]) == 0
+    assert main(["stack", "diff", "npu-910b", "npu-a3", "--json"]) == 1  # they differ
     diff = json.loads(capsys.readouterr().out)
-    assert {c["what"] for c in diff["changes"]} == {"base.image"}
+    assert diff["schema"] == 1 and not diff["same"]
+    assert {c["key"] for c in diff["changes"]} == {"base.image", "base.chip"}

@@ -43,7 +43,7 @@ def test_fill_fetches_verifies_keeps_and_refuses_strangers(tiny, tmp_path, capsy
     assert main(["image", "wheelhouse", str(tiny), "--platform", "linux/amd64", "-o", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["kept"] == [wheel.name]
     # a dry run with this wheelhouse serves numpy from it
-    assert main(["image", "build", "--stack", str(tiny), "--dry-run", "--json", "--wheelhouse", str(out),
+    assert main(["image", "build", str(tiny), "--dry-run", "--json", "--wheelhouse", str(out),
                  "--platform", "linux/amd64"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert [f["from"] for f in plan["fetch"] if f["key"] == "numpy"][0].startswith(f"wheelhouse {out}")

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import fnmatch
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -212,7 +213,10 @@ def make_plan(stack, base: Base, inp: PlanInputs, client=None) -> BuildPlan:
     tags += [t for t in inp.tags if t not in tags]
     # build-time facts only the builder knows; the template's LABELs describe the stack itself
     labels = {"io.trainbox.content-hash": digest, "io.trainbox.base.used": base.used,
-              **({"io.trainbox.base.substituted": base.substituted} if base.substituted else {}), **inp.labels}
+              **({"io.trainbox.base.substituted": base.substituted} if base.substituted else {}),
+              # `image ls` flags images built with --set/--base: not what the stack file alone would give
+              **({"io.trainbox.overrides": json.dumps(stack.overrides, sort_keys=True)} if stack.overrides else {}),
+              **inp.labels}
     mode = client.mode if client else "buildkit"
     context = plan_dir(stack.name) / "context"
     secrets = {"pip_cert": str(inp.ca_bundle)} if inp.ca_bundle else {}

@@ -547,7 +547,7 @@ def execute(plan: RunPlan, node_rank: int = 0) -> int:
         raise TrainboxError(f"--node-rank {node_rank}: recipe {plan.recipe.name} has nodes 0-{plan.recipe.nodes - 1}")
     argv = plan.argv_per_node[node_rank]
     if not image_exists(argv[0], plan.image):
-        raise TrainboxError(f"image {plan.image} is not present: build it with `trainbox image build --stack "
+        raise TrainboxError(f"image {plan.image} is not present: build it with `trainbox image build "
                             f"{plan.stack.name}`, or name one with --image")
     for d in plan.host_dirs_to_create:
         os.makedirs(d, exist_ok=True)

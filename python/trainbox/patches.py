@@ -12,13 +12,11 @@ about what "applies" means.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +24,7 @@ from typing import Any
 
 from .runtime.errors import TrainboxError
 from .dists import canon
-from .paths import CACHE_DIR, PATCHES_DIR, REPO_ROOT
+from .paths import CACHE_DIR, PATCHES_DIR
 from .sources import Pin, fetch, pin_from_component, unpack
 
 _EDIT_META = "trainbox-edit.json"
@@ -218,7 +216,7 @@ def _stack_targets(stack_names: list[str] | None, component: str | None,
     from .stack import list_stacks, load_stack
 
     if sets and not stack_names:
-        raise PatchSeriesError("--set moves a pin in one stack: name it with --stack")
+        raise PatchSeriesError("--set moves a pin in one stack: name it (`trainbox patches verify STACK --set ...`)")
     names = stack_names or list_stacks()
     out = []
     found_component = False
@@ -299,6 +297,12 @@ def resolve_component(component: str, stack: str | None = None) -> tuple[str, Pi
     targets = _stack_targets([stack] if stack else None, component)
     distinct = {(pin, series) for _, pin, series in targets}
     if len(distinct) > 1:
+        if len({(p.ref, ser) for _, p, ser in targets}) == 1:
+            # same version, other artifact hashes: one stack's lock was computed for other pins
+            where = ", ".join(f"{s}: sha256 {','.join(h[:12] for h in p.sha256) or '-'}" for s, p, _ in targets)
+            raise PatchSeriesError(f"component {component!r} is {targets[0][1].ref} in every stack, but with other "
+                                   f"hashes ({where}): a stale lock? `trainbox stack validate` names it and "
+                                   "`trainbox stack lock STACK` refreshes it (with the stacks that extend it)")
         where = ", ".join(f"{s}: {p.ref} -> {ser}" for s, p, ser in targets)
         raise PatchSeriesError(f"component {component!r} is pinned differently across stacks ({where}); "
                                "choose one with --stack")

@@ -207,6 +207,53 @@ def python_tag(stack: Stack) -> Iterator[Finding]:
                       f"{stack.python}; change `python:` or the base tag")
 
 
+# quay.io/ascend/cann:<cann>-<chip>-<os><osver>-py<py>, e.g. 8.5.1-910b-ubuntu22.04-py3.11 (mirrors keep the tag)
+CANN_TAG_RE = re.compile(r"^(?P<cann>\d+\.\d+\.[^-]+)-(?P<chip>[^-]+)-(?P<os>[a-z]+\d+(?:\.\d+)?)-py(?P<python>\d\.\d+)$")
+
+
+def cann_tag(image: str) -> dict[str, str] | None:
+    """The facts a CANN base image's tag states, or None when the image is not a CANN base reference."""
+    repo, _, tag = image.rpartition(":")
+    if not repo or "/" in tag or repo.rsplit("/", 1)[-1] != "cann":
+        return None
+    m = CANN_TAG_RE.match(tag.split("@", 1)[0])
+    return m.groupdict() if m else {}
+
+
+@rule("base-reference", "what the stack declares (base.cann, base.chip, base.os, python) must be what its base "
+      "image's tag says (quay.io/ascend/cann:<cann>-<chip>-<os><osver>-py<py>); a CANN other than the one torch_npu "
+      "was built for fails at import or at run time")
+def base_reference(stack: Stack) -> Iterator[Finding]:
+    facts = cann_tag(stack.base.image)
+    if facts is None:
+        return
+    if not facts:
+        yield Finding("base-reference", "warning",
+                      f"base.image {stack.base.image}: the tag is not <cann>-<chip>-<os><osver>-py<py> (e.g. "
+                      "8.5.1-910b-ubuntu22.04-py3.11), so base.cann/chip/os cannot be checked against it")
+        return
+    declared = {"cann": stack.base.cann, "chip": stack.base.chip, "os": stack.base.os, "python": stack.python}
+    for key, value in declared.items():
+        where = "python" if key == "python" else f"base.{key}"
+        if value is None:
+            if key == "cann":
+                yield Finding("base-reference", "warning", f"{where} is not set; base.image {stack.base.image} "
+                              f"is CANN {facts[key]}: declare `{where}: {facts[key]}`")
+        elif str(value) != facts[key]:
+            yield Finding("base-reference", "error",
+                          f"{where}: {value}, but base.image {stack.base.image} is {key} {facts[key]}; make them "
+                          f"agree (change `{where}` or the image tag)")
+
+
+@rule("lock-fresh", "the lock file must be computed for the pins, indexes and Python the stack has now; a stale "
+      "lock's hashes and dependency closure are for other pins (a derived stack goes stale when its parent moves)")
+def lock_fresh(stack: Stack) -> Iterator[Finding]:
+    for why in stack.lock_staleness():
+        yield Finding("lock-fresh", "error",
+                      f"{stack.lock_path.name if stack.lock_path else 'lock'} is stale: {why}; run "
+                      f"`trainbox stack lock {stack.name}`")
+
+
 @rule("patch-series-exists", "a patched component's series must exist, or the build would silently skip patches")
 def patch_series(stack: Stack) -> Iterator[Finding]:
     for key, c in stack.installed_components.items():

@@ -336,7 +336,46 @@ class Stack(_Strict):
         return self.source_file.with_suffix(".lock") if self.source_file else None
 
     def lock_is_fresh(self) -> bool:
-        return bool(self.lock) and self.lock.get("pins_digest") == self.pins_digest()
+        return bool(self.lock) and not self.lock_staleness()
+
+    def lock_staleness(self) -> list[str]:
+        """Why the lock no longer fits this stack ([] when it fits or there is none): the pins, indexes or
+        Python it was computed for, each named, so `validate` can say what moved (offline: no index asked)."""
+        lock = self.lock
+        if not lock:
+            return []
+        why = []
+        if str(lock.get("python")) != self.python:
+            why.append(f"python: locked for {lock.get('python')}, the stack has {self.python}")
+        for name in sorted(set(lock.get("indexes") or {}) | set(self.indexes)) if "indexes" in lock else []:
+            was, now = (lock.get("indexes") or {}).get(name), self.indexes.get(name)
+            if was != now and any(c.pin_for(p).index == name for c in self._pypi().values() for p in self.platforms):
+                why.append(f"indexes.{name}: locked against {was or '(none)'}, the stack has {now or '(none)'}")
+        per_plat: dict[str, list[str]] = {}  # one line per problem, naming the platforms it holds on
+        for plat in self.platforms:
+            entry = (lock.get("platforms") or {}).get(plat)
+            if not entry:
+                why.append(f"platforms: {plat} is not in the lock")
+                continue
+            locked = entry.get("components") or {}
+            for key, c in sorted(self._pypi().items()):
+                pin, rec = c.pin_for(plat), locked.get(key)
+                if rec is None:
+                    per_plat.setdefault(f"components.{key}: {c.dist_name}=={pin.version} is not in the lock", []
+                                        ).append(plat)
+                elif (rec.get("version"), rec.get("index")) != (pin.version, pin.index):
+                    per_plat.setdefault(f"components.{key}: locked {rec.get('version')} from {rec.get('index')}, "
+                                        f"the stack pins {pin.version} from {pin.index}", []).append(plat)
+            for key in sorted(set(locked) - set(self._pypi())):
+                per_plat.setdefault(f"components.{key}: locked but no longer an installed pypi component", []
+                                    ).append(plat)
+        why += [f"{msg} ({', '.join(plats)})" for msg, plats in per_plat.items()]
+        if not why and lock.get("pins_digest") != self.pins_digest():
+            why.append("the pinned requirements (extras or names) changed since the lock was computed")
+        return list(dict.fromkeys(why))
+
+    def _pypi(self) -> dict[str, "Component"]:
+        return {k: c for k, c in self.installed_components.items() if c.source == "pypi"}
 
     def locked_deps(self, platform: str) -> dict[str, dict]:
         """Resolved dependencies (not components) for a platform, from a fresh lock; {} otherwise."""
@@ -354,6 +393,31 @@ class Stack(_Strict):
 def list_stacks(stacks_dir: Path | None = None) -> list[str]:
     d = stacks_dir or STACKS_DIR
     return sorted(p.stem for p in d.glob("*.yaml"))
+
+
+def dependants(name: str, stacks_dir: Path | None = None) -> list[str]:
+    """Stacks that extend `name`, directly or through others, parents before children (offline: `extends:` only).
+
+    A file that cannot be read is skipped here; loading it reports it properly."""
+    d = stacks_dir or STACKS_DIR
+    parent_of = {}
+    for other in list_stacks(d):
+        try:
+            parent_of[other] = read_yaml(d / f"{other}.yaml").get("extends")
+        except StackError:
+            continue
+    out: list[str] = []
+    frontier = [name]
+    while frontier:
+        children = sorted(s for s, p in parent_of.items() if p in frontier and s not in out and s != name)
+        out += children
+        frontier = children
+    return out
+
+
+def stack_path(name_or_path: str | Path, stacks_dir: Path | None = None) -> Path:
+    """The stack file a name or path means; StackError (exit 2) naming the known stacks when there is none."""
+    return _stack_path(name_or_path, stacks_dir)
 
 
 def named_file(name_or_path: str | Path, directory: Path, what: str, error: type[TrainboxError] | None = None,
@@ -544,4 +608,46 @@ def parse_sets(items: list[str] | None) -> dict[str, str]:
         if not sep or "." not in key or not key.strip() or not value.strip():
             raise StackError(f"--set {item}: expected COMPONENT.FIELD=VALUE, e.g. --set torch.version=2.13.0+cpu")
         out[key.strip()] = value.strip()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# comparing
+
+
+def _diff_view(stack: Stack) -> dict:
+    """Everything a build of the stack depends on, as plain JSON data (what `stack diff` compares)."""
+    comps = {}
+    for key, c in stack.components.items():
+        view = c.model_dump(exclude={"key", "platforms", "sha256", "note", "locked"}, exclude_none=True)
+        if c.source == "pypi":  # the pin and hashes in force per platform (stack file, per-platform pins, lock)
+            view.pop("version"), view.pop("index")
+            view["pins"] = {p: c.pin_for(p).model_dump() for p in stack.platforms}
+        elif c.sha256:
+            view["sha256"] = c.sha256
+        comps[key] = view
+    return {
+        "device": stack.device, "python": stack.python, "platforms": stack.platforms,
+        "base": stack.base.model_dump(exclude_none=True), "indexes": stack.indexes,
+        "system_packages": stack.system_packages, "build_packages": stack.build_packages,
+        "components": comps, "env": stack.env,
+        "lock": {"state": "none" if not stack.lock else "fresh" if stack.lock_is_fresh() else "stale"},
+    }
+
+
+def diff_stacks(a: Stack, b: Stack) -> list[dict]:
+    """[{key, a, b, change}] for every dotted key whose value differs; a side that lacks it has None."""
+    out: list[dict] = []
+    missing = object()
+
+    def walk(x: Any, y: Any, path: str) -> None:
+        if isinstance(x, dict) and isinstance(y, dict):
+            for k in sorted(set(x) | set(y)):
+                walk(x.get(k, missing), y.get(k, missing), f"{path}.{k}" if path else str(k))
+        elif x != y:
+            change = "added" if x is missing else "removed" if y is missing else "changed"
+            out.append({"key": path, "a": None if x is missing else x, "b": None if y is missing else y,
+                        "change": change})
+
+    walk(_diff_view(a), _diff_view(b), "")
     return out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._args import exits, group_help
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("base", help="make base images without a registry (debootstrap)")
@@ -25,9 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="extra package to install (repeatable)")
     b.add_argument("--force", action="store_true", help="rebuild even when the tag exists")
     b.add_argument("-v", "--verbose", action="store_true", help="show every debootstrap line")
+    exits(b, None, **{"2": "usage or invalid input, or debootstrap / the import failed (named, with its last lines)"})
     b.set_defaults(func=_bootstrap)
 
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    p.set_defaults(func=group_help(p))
 
 
 def _bootstrap(args: argparse.Namespace) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ._args import exits
+
 
 def register(subparsers) -> None:
     from ..runtime.doctor import cli
@@ -12,4 +14,5 @@ def register(subparsers) -> None:
         description=cli.DESCRIPTION,
     )
     cli.add_arguments(p)
+    exits(p, "a check failed (with --strict: a warning too)")
     p.set_defaults(func=cli.run)

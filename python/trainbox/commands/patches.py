@@ -4,8 +4,12 @@ import time)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+
+from ._args import add_json, add_stacks, exits, group_help
+from ._output import emit_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,14 +24,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "or fails at FILE hunk N. Exit status 1 when any patch fails. Works offline once the cache holds the "
         "sources.",
     )
-    v.add_argument("--stack", action="append", metavar="S", help="stack to check (repeatable; default: all stacks)")
-    v.add_argument("--component", metavar="C", help="only this component")
-    v.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_stacks(v, help="stacks to check (default: every stack)")
+    v.add_argument("--component", metavar="COMPONENT", help="only this component")
+    add_json(v, "one result per patch")
     v.add_argument("--strict", action="store_true", help="count hunks that apply only at an offset as failures")
     v.add_argument("--offline", action="store_true", help="use the cache only; never touch the network")
-    v.add_argument("--set", action="append", metavar="C.FIELD=VALUE", dest="sets",
-                   help="override a pin before checking, as in `trainbox render` (e.g. "
-                   "megatron-core.version=0.16.0 then megatron-core.sha256=HEX)")
+    v.add_argument("--set", action="append", metavar="COMPONENT.FIELD=VALUE", dest="sets",
+                   help="override a pin of the stack before checking; as in `trainbox image build`, e.g. "
+                   "megatron-core.version=0.16.0 then megatron-core.sha256=HEX")
+    exits(v, "a patch does not apply (or with --strict applies only at an offset)")
     v.set_defaults(func=_verify)
 
     e = psub.add_parser(
@@ -37,11 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "`upstream`) and each patch of its series as a commit on top. Change patches with ordinary git (commit "
         "--amend, rebase -i, new commits), then write them back with `trainbox patches export`.",
     )
-    e.add_argument("component", metavar="C", help="component key, e.g. megatron-core")
-    e.add_argument("--stack", metavar="S", help="take the pin from this stack (needed when stacks disagree)")
+    e.add_argument("component", metavar="COMPONENT", help="component key, e.g. megatron-core")
+    e.add_argument("--stack", metavar="STACK", help="take the pin from this stack (needed when stacks disagree)")
     e.add_argument("--dir", type=Path, help="where to create the tree (default: the cache's edit/C)")
     e.add_argument("--force", action="store_true", help="discard an existing tree at --dir")
     e.add_argument("--offline", action="store_true", help="use the cache only")
+    exits(e, "a patch of the series does not apply to the pin (the tree stops there to resolve it)")
     e.set_defaults(func=_edit)
 
     x = psub.add_parser(
@@ -51,11 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "hash, no signature, no numbering in subjects, no diffstat) and replace patches/<series>/ with the "
         "result, rewriting `series` in commit order. Unchanged commits give byte-identical files.",
     )
-    x.add_argument("component", metavar="C", help="component key, e.g. megatron-core")
+    x.add_argument("component", metavar="COMPONENT", help="component key, e.g. megatron-core")
     x.add_argument("--dir", type=Path, help="the edit tree (default: the cache's edit/C)")
+    exits(x)
     x.set_defaults(func=_export)
 
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    p.set_defaults(func=group_help(p))
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -64,9 +71,9 @@ def _verify(args: argparse.Namespace) -> int:
     from trainbox.stack import parse_sets
 
     sets = parse_sets(args.sets)
-    rows = patches.verify(args.stack, args.component, strict=args.strict, offline=args.offline, sets=sets)
+    rows = patches.verify(args.stacks or None, args.component, strict=args.strict, offline=args.offline, sets=sets)
     if args.json:
-        print(patches.rows_json(rows))
+        emit_json(json.loads(patches.rows_json(rows)))
     else:
         print(patches.format_table(rows) if rows else "no patched components")
     bad = [r for r in rows if not r.ok]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._args import add_output, add_stacks, exits
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -15,21 +17,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "base cannot be pulled, recorded in the report), `doctor --json` in the built image (findings a runner "
         "without accelerators and a substitute base must produce are marked expected), then every recipe on "
         "the stack rendered, shellchecked and dry-run. Prints a stack x step matrix; exit status 1 when any "
-        "step failed, 2 for a usage error. Needs no accelerator.",
-        epilog="Example (a machine that reaches PyPI only): trainbox smoke --stack cpu --stack npu-910b "
+        "step failed, 2 for a usage error. Needs no accelerator. --set here is a pin override per stack.",
+        epilog="Example (a machine that reaches PyPI only): trainbox smoke cpu npu-910b "
         "--profile ci/smoke-offline.yaml --wheelhouse /opt/wheels --keep-going --junit smoke.xml",
     )
-    p.add_argument("--stack", action="append", metavar="S", dest="stacks",
-                   help="stack to check (repeatable, in this order; default: the profile's, else every stack)")
-    p.add_argument("--json", action="store_true", help="print the JSON report (schema 1) on stdout; the matrix "
-                   "goes to stderr")
+    add_stacks(p, help="stacks to check, in this order (default: the profile's, else every stack)")
+    p.add_argument("--json", action="store_true", help="print the JSON report (with a \"schema\" version) on "
+                   "stdout; the matrix goes to stderr")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testsuite per stack, one testcase per step")
     p.add_argument("--keep-going", action="store_true",
                    help="check every stack even after one failed (default: the stacks after a failed one are "
                    "reported as not run)")
-    p.add_argument("--set", action="append", metavar="[S:]C.FIELD=V", dest="sets",
-                   help="override a pin for the build and the patch check, for stack S or (without S:) every "
-                   "stack, e.g. npu-910b:torch.version=2.13.0+cpu (repeatable; recorded in the report and the "
+    p.add_argument("--set", action="append", metavar="[STACK:]COMPONENT.FIELD=VALUE", dest="sets",
+                   help="override a pin of STACK (without STACK: of every stack); for the build and the patch "
+                   "check, e.g. npu-910b:torch.version=2.13.0+cpu (repeatable; recorded in the report and the "
                    "image manifest)")
     p.add_argument("--profile", metavar="FILE",
                    help="smoke profile YAML: stacks, set (per stack), wheelhouse, substitute_base, skip, keep_going; "
@@ -44,13 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip", action="append", metavar="STEP",
                    help="skip a step (repeatable or comma-separated): validate, lock, render, hadolint, patches, "
                    "build, doctor, recipes; skipping build skips doctor")
-    p.add_argument("--workdir", metavar="DIR",
-                   help="where logs, rendered files, build reports and report.json go "
-                   "(default: build/reports/smoke)")
+    add_output(p, "where logs, rendered files, build reports and report.json go (default: build/reports/smoke)",
+               old=("--workdir",), metavar="DIR")
     p.add_argument("--build-cache", metavar="DIR",
                    help="keep the BuildKit cache of each stack's build in DIR/<stack> (CI caches DIR between runs; "
                    "needs a buildx builder that exports caches, e.g. the docker-container driver)")
     p.add_argument("-v", "--verbose", action="store_true", help="stream the image builds' output")
+    exits(p, "a step failed for a stack")
     p.set_defaults(func=_smoke)
 
 
@@ -59,6 +60,6 @@ def _smoke(args: argparse.Namespace) -> int:
 
     opts = smoke.build_options(stacks=args.stacks, sets=args.sets, profile=args.profile, wheelhouse=args.wheelhouse,
                                substitute_base=args.substitute_base, keep_going=args.keep_going, skip=args.skip,
-                               workdir=args.workdir, pull_timeout=args.pull_timeout, verbose=args.verbose,
+                               workdir=args.output, pull_timeout=args.pull_timeout, verbose=args.verbose,
                                build_cache=args.build_cache)
     return smoke.main(opts, as_json=args.json, junit=args.junit)

@@ -1,50 +1,112 @@
-"""`trainbox stack validate|show|diff|lock|rules` (stdlib at import; host modules inside the handlers)."""
+"""`trainbox stack list|validate|show|diff|lock|rules` (stdlib at import; host modules inside the handlers)."""
 
 from __future__ import annotations
 
-import json
 import sys
+
+from ._args import EXIT_PROBLEMS, add_json, add_stack, add_stacks, exits, group_help
+from ._output import emit_json, print_table
 
 
 def register(sub) -> None:
-    p = sub.add_parser("stack", help="validate, show, diff and lock stack files")
+    p = sub.add_parser("stack", help="list, validate, show, diff and lock stack files",
+                       description="Stacks are build/stacks/NAME.yaml; every subcommand takes stack names (or "
+                       "stack files) as positional arguments.")
     s = p.add_subparsers(dest="stack_cmd", metavar="SUBCOMMAND")
 
-    v = s.add_parser("validate", help="schema + compatibility rules; --strict makes warnings errors")
-    v.add_argument("stacks", nargs="*", metavar="STACK", help="stack names or files (default: all)")
+    ls = s.add_parser("list", help="the stacks: device, Python, base, CANN, parent, lock state",
+                      description="One row per stack file: device, Python, parent (extends), CANN, chip, lock "
+                      "state (fresh, stale, none) and base image.")
+    exits(ls, "a stack file cannot be loaded")
+    add_json(ls, "the stacks")
+    ls.set_defaults(func=cmd_list)
+
+    v = s.add_parser("validate", help="schema + compatibility rules (base image reference, stale locks, ...)",
+                     description="Load each stack and run every compatibility rule (`trainbox stack rules`), "
+                     "among them the base image reference (declared CANN, chip, OS and Python against the "
+                     "image tag) and the lock's freshness.")
+    exits(v, "a stack has an error finding (with --strict: any finding)")
+    add_stacks(v)
     v.add_argument("--strict", action="store_true", help="warnings (unpinned sources, missing hashes) fail too")
-    v.add_argument("--json", action="store_true", help="machine-readable findings")
+    add_json(v, "the findings")
     v.set_defaults(func=cmd_validate)
 
     sh = s.add_parser("show", help="resolved pins as a table")
-    sh.add_argument("stack")
-    sh.add_argument("--json", action="store_true")
+    add_stack(sh)
+    add_json(sh, "the resolved stack")
+    exits(sh)
     sh.set_defaults(func=cmd_show)
 
-    d = s.add_parser("diff", help="what changes between two stacks (a bump or a variant)")
-    d.add_argument("a")
-    d.add_argument("b")
-    d.add_argument("--json", action="store_true")
+    d = s.add_parser("diff", help="what changes between two stacks (a bump or a variant); exit 1 when they differ",
+                     description="Compare everything a build depends on: device, Python, platforms, base image "
+                     "(CANN, chip, OS), indexes, system and build packages, every component field with the pin and "
+                     "hashes in force per platform, env and the lock state.")
+    exits(d, "the stacks differ (like `git diff --exit-code`)")
+    d.add_argument("a", metavar="STACK_A", help="stack name or file")
+    d.add_argument("b", metavar="STACK_B", help="stack name or file")
+    add_json(d, "the differences")
     d.set_defaults(func=cmd_diff)
 
-    lk = s.add_parser("lock", help="fill in / refresh hashes and the dependency lock from the package indexes")
-    lk.add_argument("stack")
-    lk.add_argument("--wheelhouse", help="directory of wheels offered to the resolver (air-gapped indexes)")
+    lk = s.add_parser("lock", help="fill in / refresh hashes and the dependency lock from the package indexes",
+                      description="Query each pin's index (PEP 691) for its artifact hashes and resolve the "
+                      "dependency closure with pip, per platform, and write build/stacks/NAME.lock. Stacks that "
+                      "extend a locked one (`extends:`) are locked after it, since their pins moved with it "
+                      "(--no-dependants only names them).")
+    exits(lk, "a pin cannot be locked, or with --check a lock would change")
+    add_stacks(lk, default_all=False, help="stack names or files to lock (or --all)")
+    lk.add_argument("--all", action="store_true", help="lock every stack")
+    lk.add_argument("--no-dependants", action="store_true",
+                    help="do not lock the stacks that extend these; name them instead")
+    lk.add_argument("--wheelhouse", metavar="DIR", help="directory of wheels offered to the resolver (air-gapped indexes)")
     lk.add_argument("--no-deps", action="store_true", help="refresh component hashes only")
-    lk.add_argument("--check", action="store_true", help="change nothing; exit 1 if the lock would change")
+    lk.add_argument("--check", action="store_true", help="change nothing; exit 1 if a lock would change")
+    add_json(lk, "what changed per stack")
     lk.set_defaults(func=cmd_lock)
 
     r = s.add_parser("rules", help="list the compatibility rules")
+    add_json(r, "the rules")
+    exits(r)
     r.set_defaults(func=cmd_rules)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    p.set_defaults(func=group_help(p))
+
+
+def _lock_state(stack) -> str:
+    if not stack.lock:
+        return "none"
+    return "fresh" if stack.lock_is_fresh() else "stale"
+
+
+def cmd_list(args) -> int:
+    from ..runtime.errors import TrainboxError
+    from ..stack import list_stacks, load_stack
+
+    rows, failed = [], False
+    for name in list_stacks():
+        try:
+            st = load_stack(name)
+        except TrainboxError as exc:
+            failed = True
+            print(f"FAIL {name}: {exc}", file=sys.stderr)
+            continue
+        rows.append({"name": st.name, "device": st.device, "python": st.python, "extends": st.extends,
+                     "base": st.base.image, "cann": st.base.cann, "chip": st.base.chip, "platforms": st.platforms,
+                     "lock": _lock_state(st), "file": str(st.source_file), "description": st.description})
+    if args.json:
+        emit_json({"stacks": rows})
+    else:
+        cols = ("name", "device", "python", "extends", "cann", "chip", "lock", "base")
+        print_table([c.upper() for c in cols], [[r[c] for c in cols] for r in rows])
+    return EXIT_PROBLEMS if failed else 0
 
 
 def cmd_validate(args) -> int:
-    from ..runtime.errors import TrainboxError
     from ..rules import check
-    from ..stack import list_stacks, load_stack
+    from ..runtime.errors import TrainboxError
+    from ..stack import list_stacks, load_stack, stack_path
 
     names = args.stacks or list_stacks()
+    for name in names:
+        stack_path(name)  # a name that is no stack is a usage error (2), not a finding
     failed = False
     report = []
     for name in names:
@@ -60,15 +122,15 @@ def cmd_validate(args) -> int:
         findings = check(stack)
         bad = [f for f in findings if f.level == "error" or args.strict]
         failed |= bool(bad)
-        report.append({"stack": name, "ok": not bad,
+        report.append({"stack": name, "ok": not bad, "file": str(stack.source_file),
                        "findings": [{"rule": f.rule, "level": f.level, "message": f.message} for f in findings]})
         if not args.json:
             print(f"{'FAIL' if bad else 'ok  '} {name} ({stack.source_file})")
             for f in findings:
                 print(f"  {f.format(stack)}", file=sys.stderr if f in bad else sys.stdout)
     if args.json:
-        print(json.dumps({"ok": not failed, "strict": args.strict, "stacks": report}, indent=2))
-    return 2 if failed else 0
+        emit_json({"ok": not failed, "strict": args.strict, "stacks": report})
+    return EXIT_PROBLEMS if failed else 0
 
 
 def _rows(stack):
@@ -87,95 +149,96 @@ def _rows(stack):
 
 
 def cmd_show(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from ..stack import load_stack
 
     stack = load_stack(args.stack)
     rows = _rows(stack)
     if args.json:
-        print(json.dumps({"stack": stack.name, "device": stack.device, "python": stack.python,
-                          "base": stack.base.model_dump(), "platforms": stack.platforms, "components": rows,
-                          "env": stack.env, "deps_locked": {p: bool(stack.locked_deps(p)) for p in stack.platforms}},
-                         indent=2, sort_keys=True))
+        emit_json({"stack": stack.name, "device": stack.device, "python": stack.python,
+                   "base": stack.base.model_dump(), "platforms": stack.platforms, "components": rows,
+                   "env": stack.env, "lock": _lock_state(stack),
+                   "deps_locked": {p: bool(stack.locked_deps(p)) for p in stack.platforms}})
         return 0
-    t = Table(title=f"{stack.name}: {stack.device}, Python {stack.python}, base {stack.base.image}")
-    for col in ("component", "platform", "pin", "index", "sha256", "patches"):
-        t.add_column(col)
-    for r in rows:
-        sha = ", ".join(h[:12] for h in r["sha256"]) or "-"
-        t.add_row(r["component"] + ("" if r["install"] else " (off)"), r["platform"], r["ref"],
-                  r["index"] or "-", sha, r["patches"] or "-")
-    Console().print(t)
+    table = [[r["component"] + ("" if r["install"] else " (off)"), r["platform"], r["ref"], r["index"],
+              ", ".join(h[:12] for h in r["sha256"]), r["patches"]] for r in rows]
+    print_table(["COMPONENT", "PLATFORM", "PIN", "INDEX", "SHA256", "PATCHES"], table,
+                title=f"{stack.name}: {stack.device}, Python {stack.python}, base {stack.base.image}")
     for k, v in sorted(stack.env.items()):
         print(f"env {k}={v}")
     return 0
 
 
 def cmd_diff(args) -> int:
-    from ..stack import load_stack
+    import json
+
+    from ..stack import diff_stacks, load_stack
 
     a, b = load_stack(args.a), load_stack(args.b)
-    changes = []
-
-    def cmp(what, x, y):
-        if x != y:
-            changes.append({"what": what, "a": x, "b": y})
-
-    cmp("device", a.device, b.device)
-    cmp("python", a.python, b.python)
-    cmp("platforms", a.platforms, b.platforms)
-    cmp("base.image", a.base.image, b.base.image)
-    for key in sorted(set(a.components) | set(b.components)):
-        ca, cb = a.components.get(key), b.components.get(key)
-        cmp(f"components.{key}", ca.pinned_ref if ca else None, cb.pinned_ref if cb else None)
-        if ca and cb:
-            cmp(f"components.{key}.patches", ca.patches, cb.patches)
-            cmp(f"components.{key}.install", ca.install, cb.install)
-    for k in sorted(set(a.env) | set(b.env)):
-        cmp(f"env.{k}", a.env.get(k), b.env.get(k))
+    changes = diff_stacks(a, b)
     if args.json:
-        print(json.dumps({"a": a.name, "b": b.name, "changes": changes}, indent=2))
+        emit_json({"a": a.name, "b": b.name, "same": not changes, "changes": changes})
     else:
         if not changes:
-            print(f"{a.name} and {b.name} resolve to the same pins")
+            print(f"{a.name} and {b.name} build the same (no difference in pins, base, indexes, packages or env)")
+
+        def show(v):
+            if isinstance(v, dict) and "source" in v:  # a whole component on one side only: its pins
+                pins = v.get("pins") or {}
+                return ", ".join(sorted({f"{v['source']} {p['version']} from {p['index']}" for p in pins.values()})
+                                 ) or f"{v['source']} {v.get('commit') or v.get('ref') or v.get('url')}"
+            return "(absent)" if v is None else v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+
         for c in changes:
-            print(f"{c['what']}: {c['a']} -> {c['b']}")
-    return 0
+            print(f"{c['key']}: {show(c['a'])} -> {show(c['b'])}")
+    return EXIT_PROBLEMS if changes else 0
 
 
 def cmd_lock(args) -> int:
     from pathlib import Path
 
-    from ..lock import lock_stack, write_lock
-    from ..stack import load_stack
+    from ..lock import lock_plan, lock_stack, write_lock
+    from ..stack import list_stacks
 
-    stack = load_stack(args.stack)
-    print(f"locking {stack.name} for Python {stack.python} on {', '.join(stack.platforms)} ...", file=sys.stderr)
-    rep = lock_stack(stack, Path(args.wheelhouse) if args.wheelhouse else None, resolve_deps=not args.no_deps)
-    for line in rep.unreachable:
-        print(f"unreachable: {line}", file=sys.stderr)
-    for line in rep.problems:
-        print(f"problem: {line}", file=sys.stderr)
-    for line in rep.incomplete:
-        print(f"incomplete: {line}", file=sys.stderr)
-    for line in rep.changes:
-        print(f"changed: {line}")
-    if not rep.changes:
-        print("no change")
-    if rep.problems:
-        return 1
-    if args.check:
-        return 1 if rep.changes else 0
-    path = write_lock(stack, rep.lock)
-    print(f"wrote {path}")
-    return 0
+    if args.all and args.stacks:
+        args._cmd_parser.error("give stack names or --all, not both")
+    if not (args.all or args.stacks):
+        args._cmd_parser.error("the following arguments are required: STACK (or --all)")
+    plan, named = lock_plan(list_stacks() if args.all else args.stacks, dependants=not args.no_dependants)
+    out = sys.stderr if args.json else sys.stdout
+    results, failed = [], False
+    for stack, why in plan:
+        print(f"locking {stack.name}{why} for Python {stack.python} on {', '.join(stack.platforms)} ...",
+              file=sys.stderr)
+        rep = lock_stack(stack, Path(args.wheelhouse) if args.wheelhouse else None, resolve_deps=not args.no_deps)
+        for kind in ("unreachable", "problems", "incomplete"):
+            for line in getattr(rep, kind):
+                print(f"{stack.name}: {kind.rstrip('s') if kind == 'problems' else kind}: {line}", file=sys.stderr)
+        for line in rep.changes:
+            print(f"{stack.name}: changed: {line}", file=out)
+        if not rep.changes:
+            print(f"{stack.name}: no change", file=out)
+        written = None
+        if not rep.problems and not args.check:
+            written = str(write_lock(stack, rep.lock))
+            print(f"{stack.name}: wrote {written}", file=out)
+        failed |= bool(rep.problems) or (args.check and bool(rep.changes))
+        results.append({"stack": stack.name, "changes": rep.changes, "problems": rep.problems,
+                        "unreachable": rep.unreachable, "incomplete": rep.incomplete, "written": written})
+    for name, parent in named:
+        print(f"{name} extends {parent}: its lock may now be stale; run `trainbox stack lock {name}` "
+              "(or lock without --no-dependants)", file=sys.stderr)
+    if args.json:
+        emit_json({"ok": not failed, "check": args.check, "stacks": results,
+                   "not_locked_dependants": [{"stack": n, "extends": p} for n, p in named]})
+    return EXIT_PROBLEMS if failed else 0
 
 
 def cmd_rules(args) -> int:
     from ..rules import RULES
 
+    if args.json:
+        emit_json({"rules": [{"id": r.id, "explanation": r.explanation} for r in RULES]})
+        return 0
     for r in RULES:
         print(f"{r.id}: {r.explanation}")
     return 0

@@ -5,11 +5,12 @@ Each step drives the public CLI in a child process (`python -m trainbox.cli ...`
 a step whose command is missing or broken fails instead of passing. Steps, in order, for each stack:
 
   validate  `trainbox stack validate S --strict --json`
-  lock      `trainbox stack lock S --no-deps --check`: every pin exists on its index with the hashes recorded
-  render    `trainbox render --stack S --check`: the committed generated files match the templates
+  lock      `trainbox stack lock S --no-deps --check --no-dependants`: every pin exists on its index with
+            the hashes recorded
+  render    `trainbox render S --check`: the committed generated files match the templates
   hadolint  the freshly rendered Dockerfile, with the repository's .hadolint.yaml
-  patches   `trainbox patches verify --stack S --json`: every series applies to its pinned upstream
-  build     `trainbox image build --stack S ...`, on the stack's substitute base when its own cannot be had
+  patches   `trainbox patches verify S --json`: every series applies to its pinned upstream
+  build     `trainbox image build S ...`, on the stack's substitute base when its own cannot be had
   doctor    `trainbox doctor --json` in the built image; findings a runner without accelerators (and a
             substitute base) must produce are marked expected, not failures
   recipes   every recipe on the stack: `trainbox launch render`, shellcheck, `trainbox run --dry-run`

@@ -59,7 +59,8 @@ class CheckSteps:
 
     def step_lock(self, sr: StackResult) -> StepResult:
         log = self._log(sr.stack, "lock")
-        proc = self._cli("lock", sr.stack, "stack", "lock", sr.stack, "--no-deps", "--check", log=log)
+        proc = self._cli("lock", sr.stack, "stack", "lock", sr.stack, "--no-deps", "--check", "--no-dependants",
+                         log=log)
         res = StepResult("lock", PASS, commands=[proc.argv], log=self._rel(log), duration_s=proc.seconds)
         problems = [ln[len("problem: "):] for ln in proc.err.splitlines() if ln.startswith("problem: ")]
         changes = [ln[len("changed: "):] for ln in proc.out.splitlines() if ln.startswith("changed: ")]
@@ -80,7 +81,7 @@ class CheckSteps:
 
     def step_render(self, sr: StackResult) -> StepResult:
         log = self._log(sr.stack, "render")
-        proc = self._cli("render", sr.stack, "render", "--stack", sr.stack, "--check", log=log)
+        proc = self._cli("render", sr.stack, "render", sr.stack, "--check", log=log)
         res = StepResult("render", PASS, commands=[proc.argv], log=self._rel(log), duration_s=proc.seconds)
         if not proc.ok:
             res.status = FAIL
@@ -94,7 +95,7 @@ class CheckSteps:
         log = self._log(sr.stack, "hadolint")
         out = self._dir(sr.stack) / "rendered"
         shutil.rmtree(out, ignore_errors=True)
-        proc = self._cli("render", sr.stack, "render", "--stack", sr.stack, "--out", str(out), log=log)
+        proc = self._cli("render", sr.stack, "render", sr.stack, "-o", str(out), log=log)
         res = StepResult("hadolint", PASS, commands=[proc.argv], log=self._rel(log), duration_s=proc.seconds)
         if not proc.ok:
             res.status = SKIPPED
@@ -123,7 +124,7 @@ class CheckSteps:
 
     def step_patches(self, sr: StackResult) -> StepResult:
         log = self._log(sr.stack, "patches")
-        args = ["patches", "verify", "--stack", sr.stack, "--json"]
+        args = ["patches", "verify", sr.stack, "--json"]
         for k, v in sr.overrides.items():
             args += ["--set", f"{k}={v}"]
         proc = self._cli("patches", sr.stack, *args, log=log)

@@ -70,7 +70,7 @@ class ImageSteps:
                 return res
         report = self._dir(sr.stack) / "build-report.json"
         report.unlink(missing_ok=True)
-        args = ["image", "build", "--stack", sr.stack, "--report", str(report)]
+        args = ["image", "build", sr.stack, "-o", str(report)]
         if use:
             args += ["--base", use]
         for k, v in sr.overrides.items():
@@ -170,6 +170,7 @@ class ImageSteps:
     def _recipe_list(self, log: Path) -> tuple[list[dict] | None, str | None, list[str]]:
         proc = self.run(cli_argv("launch", "list", "--json"), self.opts.timeouts["recipes"], log=log)
         data = _json(proc.out)
+        data = data.get("recipes") if isinstance(data, dict) else None
         if not proc.ok or not isinstance(data, list):
             return (data if isinstance(data, list) else None), failure_message(proc, "trainbox launch list"), proc.argv
         return data, None, proc.argv

@@ -78,7 +78,7 @@ def build_options(stacks: list[str] | None, sets: list[str] | None, profile: str
     chosen = list(stacks or prof.get("stacks") or known)
     unknown = [s for s in chosen if s not in known]
     if unknown:
-        raise TrainboxError(f"--stack {', '.join(unknown)}: no such stack in {REPO_ROOT / 'build' / 'stacks'} "
+        raise TrainboxError(f"stack {', '.join(unknown)}: no such stack in {REPO_ROOT / 'build' / 'stacks'} "
                             f"(stacks: {', '.join(known)})")
     skips: list[str] = []
     for item in list(prof.get("skip") or []) + list(skip or []):

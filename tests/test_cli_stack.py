@@ -1,0 +1,178 @@
+"""`trainbox stack diff|validate|lock|list` as a user scripts them (issue 15, items 3 and 6). Offline: the one
+index stand-in (`offline_lock`) replaces PyPI where a lock is computed, and is named so."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainbox import lock as lockmod
+from trainbox.cli import main
+from trainbox.paths import STACKS_DIR
+from trainbox.stack import load_stack
+
+
+@pytest.fixture
+def stacks(tmp_path) -> Path:
+    """The shipped npu-910b and npu-a3 (which extends it) and cpu, with their locks, in a scratch directory."""
+    for name in ("npu-910b", "npu-a3", "cpu"):
+        for ext in (".yaml", ".lock"):
+            shutil.copy(STACKS_DIR / f"{name}{ext}", tmp_path / f"{name}{ext}")
+    return tmp_path
+
+
+def edit(path: Path, fn) -> None:
+    data = yaml.safe_load(path.read_text())
+    fn(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def offline_lock(stack, wheelhouse=None, resolve_deps=True):
+    """Stand-in for the index (PyPI is not asked in these tests): a lock of the stack's pins as they are now."""
+    rep = lockmod.LockReport()
+    rep.lock = {"stack": stack.name, "python": stack.python, "pins_digest": stack.pins_digest(),
+                "indexes": dict(stack.indexes), "platforms": {}}
+    for plat in stack.platforms:
+        comps = {k: {"version": c.pin_for(plat).version, "index": c.pin_for(plat).index, "sha256": ["a" * 64]}
+                 for k, c in stack.installed_components.items() if c.source == "pypi"}
+        rep.lock["platforms"][plat] = {"components": comps}
+        old = ((stack.lock or {}).get("platforms") or {}).get(plat, {}).get("components") or {}
+        rep.changes += [f"{plat} {k}: {(old.get(k) or {}).get('version', '-')} -> {v['version']}"
+                        for k, v in comps.items() if old.get(k) != v]
+    return rep
+
+
+def test_diff_names_cann_chip_hashes_indexes_packages_env_and_exits_1(stacks, capsys):
+    def bump(d):
+        d["base"].update(image="quay.io/ascend/cann:9.0.0-910b-ubuntu22.04-py3.11", cann="9.0.0")
+        d["indexes"]["pypi"] = "https://mirror.example/simple"
+        d["system_packages"].append("numactl")
+        d["env"]["HCCL_BUFFSIZE"] = "400"
+        d["components"]["torch-npu"]["version"] = "2.9.0.post6"
+    shutil.copy(stacks / "npu-910b.yaml", stacks / "npu-new.yaml")
+    edit(stacks / "npu-new.yaml", lambda d: (d.update(name="npu-new"), bump(d)))
+    rc = main(["stack", "diff", str(stacks / "npu-910b.yaml"), str(stacks / "npu-new.yaml"), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and doc["schema"] == 1 and doc["same"] is False
+    keys = {c["key"] for c in doc["changes"]}
+    assert {"base.cann", "base.image", "indexes.pypi", "system_packages", "env.HCCL_BUFFSIZE",
+            "components.torch-npu.pins.linux/amd64.version", "components.torch-npu.pins.linux/amd64.sha256",
+            "lock.state"} <= keys, keys
+    cann = next(c for c in doc["changes"] if c["key"] == "base.cann")
+    assert (cann["a"], cann["b"], cann["change"]) == ("8.5.1", "9.0.0", "changed")
+    env = next(c for c in doc["changes"] if c["key"] == "env.HCCL_BUFFSIZE")
+    assert env == {"key": "env.HCCL_BUFFSIZE", "a": None, "b": "400", "change": "added"}
+
+    rc = main(["stack", "diff", str(stacks / "npu-910b.yaml"), str(stacks / "npu-new.yaml")])
+    out = capsys.readouterr().out
+    assert rc == 1 and "base.cann: 8.5.1 -> 9.0.0" in out and "env.HCCL_BUFFSIZE: (absent) -> 400" in out
+    assert "None" not in out and "['" not in out  # no Python reprs
+
+    assert main(["stack", "diff", "cpu", "cpu"]) == 0
+    assert "build the same" in capsys.readouterr().out
+
+
+def test_validate_checks_declared_cann_against_the_base_tag(stacks, capsys):
+    path = stacks / "npu-910b.yaml"
+    edit(path, lambda d: d["base"].update(image="quay.io/ascend/cann:9.0.0-910b-ubuntu22.04-py3.11"))
+    assert main(["stack", "validate", str(path), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    msgs = [f["message"] for s in doc["stacks"] for f in s["findings"] if f["rule"] == "base-reference"]
+    assert msgs and "base.cann: 8.5.1" in msgs[0] and "9.0.0" in msgs[0]
+    assert main(["stack", "validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}: [base-reference] error: base.cann: 8.5.1" in err  # file and key
+
+    edit(path, lambda d: d["base"].update(image="quay.io/ascend/cann:8.5.1-a3-ubuntu22.04-py3.11"))
+    main(["stack", "validate", str(path)])
+    assert "base.chip: 910b" in capsys.readouterr().err
+
+
+def test_lock_of_a_parent_relocks_its_dependants(stacks, capsys, monkeypatch):
+    monkeypatch.setattr(lockmod, "lock_stack", offline_lock)
+    edit(stacks / "npu-910b.yaml", lambda d: d["components"]["transformers"].update(version="5.10.3"))
+    # the problem: the derived stack's lock is stale and validate says so, naming the moved pin
+    assert main(["stack", "validate", str(stacks / "npu-a3.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "[lock-fresh] error: npu-a3.lock is stale: components.transformers: locked 5.10.4" in err
+    assert "the stack pins 5.10.3" in err
+
+    assert main(["stack", "lock", str(stacks / "npu-910b.yaml"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == 1 and [s["stack"] for s in doc["stacks"]] == ["npu-910b", "npu-a3"]
+    assert all(s["written"] for s in doc["stacks"])
+    assert load_stack(stacks / "npu-a3.yaml").lock_is_fresh()
+    assert main(["stack", "validate", str(stacks / "npu-a3.yaml"), str(stacks / "npu-910b.yaml")]) == 0
+
+
+def test_lock_no_dependants_names_them(stacks, capsys, monkeypatch):
+    monkeypatch.setattr(lockmod, "lock_stack", offline_lock)
+    edit(stacks / "npu-910b.yaml", lambda d: d["components"]["transformers"].update(version="5.10.3"))
+    assert main(["stack", "lock", str(stacks / "npu-910b.yaml"), "--no-dependants", "--json"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert [s["stack"] for s in doc["stacks"]] == ["npu-910b"]
+    assert doc["not_locked_dependants"] == [{"stack": "npu-a3", "extends": "npu-910b"}]
+    assert "npu-a3 extends npu-910b" in captured.err and "trainbox stack lock npu-a3" in captured.err
+    assert not load_stack(stacks / "npu-a3.yaml").lock_is_fresh()
+
+
+def test_lock_takes_several_stacks_and_all(stacks, capsys, monkeypatch):
+    monkeypatch.setattr(lockmod, "lock_stack", offline_lock)
+    rc = main(["stack", "lock", str(stacks / "npu-a3.yaml"), str(stacks / "cpu.yaml"), "--check", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert [s["stack"] for s in doc["stacks"]] == ["npu-a3", "cpu"]
+    assert rc == 1 and not any(s["written"] for s in doc["stacks"])  # --check: hashes would change, nothing written
+    assert main(["stack", "lock", "--all", "--check", "--json"]) == 1
+    names = [s["stack"] for s in json.loads(capsys.readouterr().out)["stacks"]]
+    assert names.index("npu-910b") < names.index("npu-a3") and names.index("cpu") < names.index("cpu-ray")
+    with pytest.raises(SystemExit) as exc:
+        main(["stack", "lock"])
+    assert exc.value.code == 2 and "usage: trainbox stack lock" in capsys.readouterr().err
+
+
+def test_stale_lock_names_a_moved_index_url(stacks):
+    edit(stacks / "npu-910b.yaml", lambda d: d["indexes"].update(pypi="https://mirror.example/simple"))
+    why = load_stack(stacks / "npu-910b.yaml").lock_staleness()
+    assert why == ["indexes.pypi: locked against https://pypi.org/simple, the stack has https://mirror.example/simple"]
+
+
+def test_stack_list(capsys):
+    assert main(["stack", "list", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["name"]: r for r in doc["stacks"]}
+    assert rows["npu-a3"]["extends"] == "npu-910b" and rows["npu-a3"]["cann"] == "8.5.1"
+    assert all(r["lock"] == "fresh" for r in rows.values())
+    assert main(["stack", "list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["NAME", "DEVICE", "PYTHON"] and any(line.startswith("npu-a3 ") for line in out)
+
+
+@pytest.mark.network
+def test_lock_check_against_pypi_covers_the_dependants(capsys):
+    """The real index (PEP 691): the shipped locks are current, and a derived stack is checked with its parent."""
+    rc = main(["stack", "lock", "npu-910b", "--check", "--no-deps", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert [s["stack"] for s in doc["stacks"]] == ["npu-910b", "npu-a3"]
+    assert rc == 0 and doc["ok"] and not any(s["written"] or s["changes"] for s in doc["stacks"]), doc
+
+
+def test_patches_edit_names_a_stale_lock_instead_of_two_identical_pins(stacks, monkeypatch, capsys):
+    """Issue 15, item 3: after locking only the parent, `patches edit` met two pins that printed the same."""
+    import trainbox.stack as stackmod
+    from trainbox.patches import PatchSeriesError, resolve_component
+
+    monkeypatch.setattr(lockmod, "lock_stack", offline_lock)
+    monkeypatch.setattr(stackmod, "STACKS_DIR", stacks)
+    (stacks / "cpu.yaml").unlink()
+    edit(stacks / "npu-910b.yaml", lambda d: d["components"]["megatron-core"].update(version="0.15.2"))
+    assert main(["stack", "lock", "npu-910b", "--no-dependants"]) == 0
+    with pytest.raises(PatchSeriesError, match=r"megatron-core==0.15.2 in every stack, but with other hashes .*"
+                                               r"a stale lock\?"):
+        resolve_component("megatron-core")
+    assert main(["stack", "lock", "npu-a3"]) == 0
+    assert resolve_component("megatron-core")[1].version == "0.15.2"
