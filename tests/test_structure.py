@@ -11,8 +11,10 @@ REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "python" / "trainbox"
 MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 80
-# Known to be over the limit and owned by another change (issue #11 item 4 reshapes launch); only these may be.
-KNOWN_LONG = {"launch.py:render_script", "launch.py:plan_run"}
+# Known to be over the limit and owned by other changes (issue #11 item 4 reshapes launch; the patch applier's
+# two came with the issue-14 hardening); only these may be, and a new one fails.
+KNOWN_LONG = {"launch.py:render_script", "launch.py:plan_run",
+              "runtime/apply_patches.py:_parse_diff", "runtime/apply_patches.py:apply_series"}
 
 
 def _product_modules() -> list[Path]:
