@@ -209,6 +209,17 @@ def parse_patch(path: Path) -> Patch:
     )
 
 
+def _check_extended_header(ln: str, at: str) -> None:
+    """Refuse a git extended header line that would make a link or a submodule, or move a file out."""
+    mode = _MODE_RE.match(ln)
+    if mode and mode.group(2) in _REFUSED_MODES:
+        raise PatchError(f"{at}: {ln!r}: the patch makes {_REFUSED_MODES[mode.group(2)]}; "
+                         "patches may change regular files only")
+    moved = _RENAME_RE.match(ln)
+    if moved:
+        _inside(_unquote(moved.group(3)), moved.group(3), at)
+
+
 def _parse_diff(lines: list[str], i: int, where: str) -> list[FilePatch]:
     files: list[FilePatch] = []
     cur: FilePatch | None = None
@@ -224,13 +235,7 @@ def _parse_diff(lines: list[str], i: int, where: str) -> list[FilePatch]:
             files.append(cur)
             i += 1
             continue
-        mode = _MODE_RE.match(ln)
-        if mode and mode.group(2) in _REFUSED_MODES:
-            raise PatchError(f"{where}:{i + 1}: {ln!r}: the patch makes {_REFUSED_MODES[mode.group(2)]}; "
-                             "patches may change regular files only")
-        moved = _RENAME_RE.match(ln)
-        if moved:
-            _inside(_unquote(moved.group(3)), moved.group(3), f"{where}:{i + 1}")
+        _check_extended_header(ln, f"{where}:{i + 1}")
         if ln.startswith("new file mode"):
             if cur:
                 cur.old_path = None
@@ -497,6 +502,17 @@ def _no_links(root: Path, rel: str, where: str) -> None:
                              "files inside the tree only")
 
 
+def _result_confined(last: PatchResult, scratch: Path, touched: list[str]) -> bool:
+    """False (and `last` marked failed) when applying left a symbolic link where a touched file goes."""
+    for rel in touched:
+        try:
+            _no_links(scratch, rel, rel)
+        except PatchError as exc:
+            last.status, last.detail = "failed", str(exc)
+            return False
+    return True
+
+
 def find_leftovers(root: Path, tops: list[str]) -> list[str]:
     """.rej/.orig files under the top-level directories a series touches."""
     found: list[str] = []
@@ -571,13 +587,7 @@ def apply_series(
                 results[-1].detail = f"left {', '.join(left)} behind"
                 failed = True
         if not failed:
-            for rel in touched:
-                try:
-                    _no_links(scratch, rel, rel)
-                except PatchError as exc:
-                    results[-1].status, results[-1].detail = "failed", str(exc)
-                    failed = True
-                    break
+            failed = not _result_confined(results[-1], scratch, touched)
         if failed or dry_run:
             return results
         for rel in touched:
