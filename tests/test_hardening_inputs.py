@@ -244,7 +244,7 @@ def test_insecure_sources_are_flagged(tmp_path, field, value):
 
 def test_insecure_source_fails_strict_validation(tmp_path, capsys):
     doc = yaml.safe_load((STACKS_DIR / "cpu.yaml").read_text())
-    doc["indexes"]["pytorch-cpu"] = "http://download.pytorch.org/whl/cpu"
+    doc["components"]["demo"] = {"source": "url", "url": "http://example.org/demo-1.0.tar.gz", "sha256": ["0" * 64]}
     path = stack_dir(tmp_path, yaml.safe_dump(doc))
     assert cli(["stack", "validate", str(path)]) == 0
     assert cli(["stack", "validate", "--strict", str(path)]) != 0
