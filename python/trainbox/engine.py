@@ -100,6 +100,16 @@ class Client:
             raise EngineError(f"`docker {' '.join(args)}` failed (exit {proc.returncode}): {err}")
         return proc
 
+    def attached(self, *args: str) -> int:
+        """`docker ARGS` in the foreground, its output streaming through; the exit code. On Ctrl-C the CLI got
+        the same SIGINT and forwards it to the container: wait for it to stop."""
+        proc = subprocess.Popen([self.docker, *args])
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                continue
+
     def engine_answers(self, timeout: float = 15) -> tuple[bool, str]:
         try:
             proc = subprocess.run([self.docker, "info", "--format", "{{.ServerVersion}}"],

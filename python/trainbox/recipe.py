@@ -405,9 +405,10 @@ def recipe_path(name_or_path: str | Path, recipes_dir: Path | None = None) -> Pa
                       hint="; `trainbox launch list` shows them")
 
 
-def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes: int | None = None) -> Recipe:
-    """Load and validate a recipe. `nodes` runs it on another node count: the layout's dp (and devices)
-    scale with it, everything else must still fit."""
+def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes: int | None = None,
+                nproc_per_node: int | None = None) -> Recipe:
+    """Load and validate a recipe. `nodes` / `nproc_per_node` run it on another node count or another
+    number of devices (processes on CPU) per node: the layout's dp scales, everything else must still fit."""
     path = recipe_path(name_or_path, recipes_dir)
     data = read_yaml(path, RecipeError, "recipe")
     if "name" in data and data["name"] != path.stem:
@@ -421,6 +422,12 @@ def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes
             data["parallel"] = {k: v for k, v in data["parallel"].items() if k != "dp"}
         if nodes > 1 and isinstance(data.get("torchrun"), dict):
             data["torchrun"] = {k: v for k, v in data["torchrun"].items() if k != "standalone"}
+    if nproc_per_node is not None:
+        if nproc_per_node < 1:
+            raise RecipeError(f"--nproc-per-node {nproc_per_node}: expected 1 or more")
+        data["devices_per_node"] = nproc_per_node
+        if isinstance(data.get("parallel"), dict):
+            data["parallel"] = {k: v for k, v in data["parallel"].items() if k != "dp"}
     if not RECIPE_NAME_RE.match(path.stem):
         raise RecipeError(f"{path}: recipe file names are lower-case words joined by '-' (got {path.stem!r})")
     try:

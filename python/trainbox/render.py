@@ -20,6 +20,7 @@ import jinja2
 from . import __version__
 from .grammar import check_env_name, check_image, controls
 from .runtime.errors import TrainboxError
+from .templating import make_env
 from .paths import PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
 from .stack import PLATFORM_MACHINE, Stack, list_stacks, load_stack
 
@@ -146,21 +147,14 @@ def manifest(stack: Stack, patches: dict[str, list[dict]]) -> dict:
 
 
 def _env() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
-    )
-    env.filters["tojson_compact"] = lambda v: json.dumps(v, sort_keys=True)
     # Quoting by context, the second line of defence behind the stack schema (trainbox.grammar)
-    env.filters["sh"] = lambda v: shlex.quote(_one_line(v))  # a word in a RUN shell command
-    env.filters["dq"] = dockerfile_string  # a double-quoted ENV / LABEL / ARG value
-    env.filters["line"] = _one_line  # text in a comment or an instruction argument
-    env.filters["image"] = _image_ref  # FROM / ARG BASE_IMAGE
-    return env
+    return make_env(TEMPLATES_DIR, {
+        "tojson_compact": lambda v: json.dumps(v, sort_keys=True),
+        "sh": lambda v: shlex.quote(_one_line(v)),  # a word in a RUN shell command
+        "dq": dockerfile_string,  # a double-quoted ENV / LABEL / ARG value
+        "line": _one_line,  # text in a comment or an instruction argument
+        "image": _image_ref,  # FROM / ARG BASE_IMAGE
+    })
 
 
 def _one_line(value) -> str:

@@ -602,10 +602,12 @@ def attach_lock(stack: Stack, lock: dict) -> None:
 
 def parse_sets(items: list[str] | None) -> dict[str, str]:
     """`--set COMPONENT.FIELD=VALUE` items as a dict (load_stack validates the components and fields)."""
+    from .sets import split_assignment
+
     out: dict[str, str] = {}
     for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or "." not in key or not key.strip() or not value.strip():
+        key, value = split_assignment(item, "COMPONENT.FIELD=VALUE", "torch.version=2.13.0+cpu")
+        if "." not in key or not value.strip():
             raise StackError(f"--set {item}: expected COMPONENT.FIELD=VALUE, e.g. --set torch.version=2.13.0+cpu")
         out[key.strip()] = value.strip()
     return out

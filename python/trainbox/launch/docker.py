@@ -1,0 +1,200 @@
+"""The `docker` target: a job's script written to the job cache and the `docker run` argv per node (host module).
+
+How the script reaches the container: it is written on the host to $TRAINBOX_CACHE/jobs/ (default
+~/.cache/trainbox/jobs/) under a name that hashes its content, bind-mounted read-only at
+/opt/trainbox/job.sh, and the container's command is `bash /opt/trainbox/job.sh` (after the image's
+entrypoint). Path inputs with `mount:` are bind-mounted at the same path as on the host, so a path means
+the same thing inside and outside the container.
+
+Device numbering: inside a container that was given /dev/davinci4..7 (or `--gpus device=4,5,6,7`), the
+runtime numbers the cards 0..3 (Ascend documents container logical ids; NVIDIA renumbers), so the
+visible-devices variable is set to 0..n-1 and the host's card numbers travel as TRAINBOX_DEVICES.
+Docker itself is reached only through trainbox.engine's client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..paths import CACHE_DIR
+from ..runtime import npu
+from ..runtime.errors import TrainboxError
+from .job import Job, resolve
+from .script import render_script
+
+JOB_SCRIPT_IN_IMAGE = "/opt/trainbox/job.sh"
+# docker run pieces (see DESIGN.md, "Domain facts"); the doctor checks for exactly these, so both come from one list
+NPU_CONTROL_DEVICES = npu.NPU_DEVICE_NODES
+NPU_DRIVER_MOUNTS = tuple(npu.NPU_DRIVER_MOUNTS)
+# memlock: HCCL / NCCL and RDMA pin host memory. CPU jobs pin nothing and get only the stack limit: some
+# hosts (unprivileged CI sandboxes) cannot raise memlock at all, and docker then refuses to start.
+ULIMITS = {"npu": ("memlock=-1", "stack=67108864"), "cuda": ("memlock=-1", "stack=67108864"),
+           "cpu": ("stack=67108864",)}
+CPU_SHM_SIZE = "8g"  # CPU jobs keep a private IPC namespace; accelerator jobs use --ipc host
+
+
+def csv_field(text: str) -> str:
+    """One field of docker's --mount value (a CSV record): quoted when it holds a comma, quote or newline."""
+    if any(c in text for c in ',"\n\r') or text != text.strip():
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+def mount_arg(source: str, target: str, readonly: bool) -> str:
+    fields = ["type=bind", f"source={source}", f"target={target}"] + (["readonly"] if readonly else [])
+    return ",".join(csv_field(f) for f in fields)
+
+
+def jobs_dir() -> Path:
+    env = os.environ.get("TRAINBOX_CACHE")
+    return (Path(env) if env else CACHE_DIR) / "jobs"
+
+
+def write_job_script(name: str, script: str) -> Path:
+    digest = hashlib.sha256(script.encode()).hexdigest()[:12]
+    d = jobs_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{name}-{digest}.sh"
+    if not path.exists() or path.read_text() != script:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(script)
+        tmp.chmod(0o644)
+        tmp.replace(path)
+    return path
+
+
+def device_args(job: Job) -> list[str]:
+    """--device / -v for NPU cards and their driver, --gpus for CUDA, nothing on CPU."""
+    if job.cards is None:
+        return []
+    if job.device == "cuda":
+        return ["--gpus", '"device=' + ",".join(str(c) for c in job.cards) + '"']
+    args: list[str] = []
+    for c in job.cards:
+        args += ["--device", f"/dev/davinci{c}"]
+    for d in NPU_CONTROL_DEVICES:
+        args += ["--device", d]
+    for m in NPU_DRIVER_MOUNTS:
+        args += ["-v", f"{m}:{m}:ro"]
+    return args
+
+
+def run_args(job: Job, *, shm_size: str | None = None, labels: list[str] | None = None,
+             name: str | None = None) -> list[str]:
+    """`docker run` options up to (not including) the job script's mount and the image: the same for every
+    node and every target that runs containers (the sbatch script adds its own per-node pieces)."""
+    base = ["run", "--rm"]
+    if name:
+        base += ["--name", name]
+    base += ["--label", f"trainbox.recipe={job.name}"]
+    for lab in labels or []:
+        base += ["--label", lab]
+    base += ["--network", "host"]
+    if shm_size:
+        base += ["--shm-size", shm_size]
+    elif job.device == "cpu":
+        base += ["--shm-size", CPU_SHM_SIZE]
+    else:
+        base += ["--ipc", "host"]
+    for u in ULIMITS[job.device]:
+        base += ["--ulimit", u]
+    base += device_args(job)
+    for key in sorted(job.env):
+        base += ["-e", f"{key}={job.env[key]}"]
+    for target in sorted(job.mounts):
+        base += ["--mount", mount_arg(target, target, job.mounts[target])]
+    return base
+
+
+@dataclass
+class RunPlan:
+    job: Job
+    image: str
+    script: str
+    script_path: Path
+    argv_per_node: list[list[str]]
+    host_dirs_to_create: list[str]
+    notes: list[str]
+
+    @property
+    def recipe(self):
+        return self.job.recipe
+
+    @property
+    def stack(self):
+        return self.job.stack
+
+
+def plan_run(recipe_name: str, *, sets: dict[str, str] | None = None, image: str | None = None,
+             devices: str | None = None, stack_name: str | None = None, shm_size: str | None = None,
+             labels: list[str] | None = None, name: str | None = None, docker: str | None = None,
+             dry_run: bool = False, nodes: int | None = None, nproc_per_node: int | None = None,
+             allow_substitute: bool = False) -> RunPlan:
+    from .images import choose_image
+
+    job = resolve(recipe_name, sets=sets, stack_name=stack_name, nodes=nodes, nproc_per_node=nproc_per_node,
+                  devices=devices, check_paths=not dry_run)
+    job.image, job.image_note = choose_image(job, image, allow_substitute=allow_substitute, dry_run=dry_run)
+    script = render_script(job.recipe, job.stack, job.sets)
+    script_path = write_job_script(job.name, script)
+    exe = docker or os.environ.get("TRAINBOX_DOCKER") or "docker"
+    base = run_args(job, shm_size=shm_size, labels=labels, name=name)
+    tail = ["--mount", mount_arg(str(script_path), JOB_SCRIPT_IN_IMAGE, True), job.image, "bash",
+            JOB_SCRIPT_IN_IMAGE]
+    argv_per_node = []
+    for rank in range(job.nodes):
+        node_env = ["-e", f"NODE_RANK={rank}"] if job.nodes > 1 else []
+        argv_per_node.append([exe, *base, *node_env, *tail])
+    notes = [job.image_note] if job.image_note else []
+    if job.nodes > 1:
+        notes.append(f"recipe {job.name} spans {job.nodes} nodes: run node r's command on node r "
+                     f"(node 0 at MASTER_ADDR); the script is {script_path}, copy it to the same path on every node")
+    return RunPlan(job, job.image, script, script_path, argv_per_node, job.create, notes)
+
+
+def format_argv(argv: list[str], image_index: int | None = None) -> str:
+    """A command line ready to paste: every word shell-quoted, one option (with its value) per line, and
+    the image with its command on a line of their own."""
+    words = [shlex.quote(w) for w in argv]
+    lines, cur = [], []
+    for i, w in enumerate(words):
+        if cur and i > 2 and (argv[i].startswith("-") or i == image_index):
+            lines.append(" ".join(cur))
+            cur = []
+        cur.append(w)
+    lines.append(" ".join(cur))
+    return " \\\n    ".join(lines)
+
+
+def format_plan(plan: RunPlan) -> str:
+    if len(plan.argv_per_node) == 1:
+        argv = plan.argv_per_node[0]
+        return format_argv(argv, len(argv) - 3) + "\n"
+    out = []
+    role = {"ray": ("Ray head, submits the job", "joins the Ray head")}.get(
+        plan.recipe.launcher, ("master", "worker"))
+    for rank, argv in enumerate(plan.argv_per_node):
+        out.append(f"# node {rank} of {len(plan.argv_per_node)} ({role[0] if rank == 0 else role[1]})")
+        out.append(format_argv(argv, len(argv) - 3))
+    return "\n".join(out) + "\n"
+
+
+def execute(plan: RunPlan, node_rank: int = 0) -> int:
+    """Run one node's container in the foreground (logs stream through) and return its exit code."""
+    from ..engine import find_client
+
+    if not 0 <= node_rank < len(plan.argv_per_node):
+        raise TrainboxError(f"--node-rank {node_rank}: recipe {plan.recipe.name} has nodes 0-{plan.recipe.nodes - 1}")
+    client = find_client()
+    if not client.image_exists(plan.image):
+        raise TrainboxError(f"image {plan.image} is not present: build it with `trainbox image build "
+                            f"{plan.stack.name}`, or name one with --image")
+    for d in plan.host_dirs_to_create:
+        os.makedirs(d, exist_ok=True)
+    print(f"trainbox run {plan.recipe.name}: {plan.image}, script {plan.script_path}", file=sys.stderr)
+    return client.attached(*plan.argv_per_node[node_rank][1:])

@@ -1,0 +1,228 @@
+"""The resolved job: a recipe, its stack and the user's values, computed once (host module).
+
+Everything a target needs comes from here: the docker script and argv (trainbox.launch.docker), the sbatch
+script (.slurm) and the Kubernetes manifests (.k8s). Precedence of the job's environment, lowest first:
+the stack's env, the recipe's env, `--set KEY=VALUE`, then what the launcher owns (visible devices).
+In generated scripts the caller's environment wins over the stack's and recipe's defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from .. import grammar
+from ..recipe import VISIBLE_DEVICES_VARS, Recipe, all_inputs, check_value, load_recipe, refs
+from ..runtime.errors import TrainboxError
+from ..sets import parse_assignments
+
+# Host paths a bind mount must not cover inside the container.
+_PROTECTED_TARGETS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
+                      "/sbin", "/sys", "/tmp", "/usr", "/var", "/usr/local", "/opt/trainbox"}
+# Ports a job owns on a host, and how far apart two jobs' ports are (a Ray head uses RAY_PORT .. RAY_PORT+7).
+PORT_INPUTS = {"MASTER_PORT": 29500, "RAY_PORT": 6379, "RAY_DASHBOARD_PORT": 8265}
+PORT_STRIDE = 10
+# What a cluster scheduler tells each node (the sbatch script, the Kubernetes operators).
+SCHEDULER_PROVIDES = ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass
+class StackInfo:
+    name: str
+    device: str
+    env: dict[str, str] = field(default_factory=dict)
+    cann: str | None = None
+    chip: str | None = None
+
+
+def load_stack_info(name: str) -> StackInfo:
+    from ..stack import load_stack
+
+    stack = load_stack(name)
+    base = getattr(stack, "base", None)
+    return StackInfo(stack.name, stack.device, dict(stack.env), getattr(base, "cann", None),
+                     getattr(base, "chip", None))
+
+
+def parse_sets(items: list[str] | None) -> dict[str, str]:
+    return parse_assignments(items, "NAME=VALUE", "MODEL_DIR=/data/Qwen3-4B")
+
+
+@dataclass
+class Values:
+    inputs: dict[str, str]  # inputs given with --set
+    env: dict[str, str]  # env keys overridden with --set (literal values)
+
+
+def split_sets(recipe: Recipe, stack: StackInfo, sets: dict[str, str]) -> Values:
+    inputs = all_inputs(recipe)
+    vals = Values({}, {})
+    for key, value in sets.items():
+        if key in inputs:
+            problem = check_value(inputs[key].kind, value)
+            if problem:
+                raise TrainboxError(f"--set {key}: {problem} (recipe {recipe.name}: {inputs[key].description})")
+            vals.inputs[key] = value
+        elif key in recipe.env or key in stack.env:
+            vals.env[key] = value
+        else:
+            raise TrainboxError(
+                f"--set {key}: recipe {recipe.name} has no input or environment variable {key!r} "
+                f"(inputs: {', '.join(inputs)}; environment: {', '.join(sorted({**stack.env, **recipe.env}))}; "
+                f"`trainbox launch show {recipe.name}` describes them)")
+    return vals
+
+
+def parse_devices(spec: str) -> list[int]:
+    """'0-3' / '0,2,4-5' -> sorted card numbers (bounded and checked by trainbox.grammar)."""
+    try:
+        return grammar.parse_devices(spec)
+    except ValueError as exc:
+        raise TrainboxError(str(exc)) from None
+
+
+@dataclass
+class Job:
+    """A recipe resolved for one run: what every target renders from."""
+
+    recipe: Recipe
+    stack: StackInfo
+    sets: dict[str, str]  # --set values as the script bakes them (mounted paths made absolute)
+    values: Values
+    cards: list[int] | None  # host cards per node (None: CPU)
+    env: dict[str, str]  # the container's environment (literal values only)
+    mounts: dict[str, bool]  # host path -> read-only, bind-mounted at the same path
+    create: list[str]  # host directories to create before the run
+    image: str = ""
+    image_note: str = ""  # why this image
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name
+
+    @property
+    def device(self) -> str:
+        return self.stack.device
+
+    @property
+    def nodes(self) -> int:
+        return self.recipe.nodes
+
+    @property
+    def per_node(self) -> int:
+        return self.recipe.devices_per_node
+
+    @property
+    def visible_var(self) -> str | None:
+        return VISIBLE_DEVICES_VARS.get(self.stack.device)
+
+    def input_value(self, name: str) -> str:
+        """An input's value as the job will see it: --set, else the recipe's default."""
+        spec = all_inputs(self.recipe)[name]
+        return self.sets.get(name) or (spec.default or "")
+
+
+def _check_stack(recipe: Recipe, stack: StackInfo, override: str | None) -> None:
+    if override and override != recipe.stack:
+        wanted = load_stack_info(recipe.stack).device
+        if wanted != stack.device:
+            raise TrainboxError(f"--stack {override}: a {stack.device} stack, but recipe {recipe.name} is written "
+                                f"for {recipe.stack} ({wanted})")
+
+
+def _cards(recipe: Recipe, stack: StackInfo, devices: str | None) -> list[int] | None:
+    if stack.device == "cpu":
+        if devices is not None:
+            raise TrainboxError(f"--devices: recipe {recipe.name} runs on the CPU stack {stack.name}; it has no "
+                                f"devices to choose (--nproc-per-node sets its {recipe.devices_per_node} "
+                                "processes per node)")
+        return None
+    cards = parse_devices(devices) if devices is not None else list(range(recipe.devices_per_node))
+    if len(cards) != recipe.devices_per_node:
+        raise TrainboxError(f"--devices {devices}: names {len(cards)} card(s), but recipe {recipe.name} uses "
+                            f"{recipe.devices_per_node} per node (--nproc-per-node changes that)")
+    return cards
+
+
+def _derive_ports(recipe: Recipe, sets: dict[str, str], cards: list[int] | None) -> None:
+    """Two jobs on one host with disjoint cards get disjoint ports: each port input the user did not set
+    moves by PORT_STRIDE per slot, the slot being the job's first card (0 for cards 0-3, 4 for 4-7)."""
+    slot = min(cards) if cards else 0
+    inputs = all_inputs(recipe)
+    for name, base in PORT_INPUTS.items():
+        if slot and name in inputs and name not in sets and str(inputs[name].default) == str(base):
+            sets[name] = str(base + PORT_STRIDE * slot)
+
+
+def _mounts(recipe: Recipe, vals: Values, sets: dict[str, str], check_paths: bool):
+    """Path inputs that are mounted: absolute, so the same path works on both sides of the mount."""
+    mounts: dict[str, bool] = {}
+    create: list[str] = []
+    for n, spec in all_inputs(recipe).items():
+        value = vals.inputs.get(n) or (spec.default if n in recipe.inputs else "")
+        if spec.kind != "path" or not spec.mount or not value:
+            continue
+        target = os.path.normpath(os.path.abspath(value))
+        if target in _PROTECTED_TARGETS or target.startswith(("/proc/", "/sys/", "/dev/", "/opt/trainbox/")):
+            raise TrainboxError(f"--set {n}={value}: refusing to mount over {target} inside the container; "
+                                "use a directory of its own")
+        sets[n] = target
+        mounts[target] = mounts.get(target, True) and spec.mount == "ro"
+        if spec.create:
+            create.append(target)
+        elif check_paths and not os.path.exists(target):
+            raise TrainboxError(f"--set {n}={value}: no such file or directory on this host ({spec.description})")
+    return mounts, create
+
+
+def _require_inputs(recipe: Recipe, vals: Values, provided: tuple[str, ...]) -> None:
+    inputs = all_inputs(recipe)
+    missing = [n for n, spec in inputs.items()
+               if spec.required and not vals.inputs.get(n) and n != "NODE_RANK" and n not in provided]
+    if missing:
+        lines = "\n".join(f"  --set {n}=...   {inputs[n].kind}: {' '.join(inputs[n].description.split())}"
+                          for n in missing)
+        raise TrainboxError(f"recipe {recipe.name} needs these inputs:\n{lines}")
+    if "NODE_RANK" in vals.inputs:
+        raise TrainboxError("--set NODE_RANK: the launcher sets NODE_RANK per node (`trainbox run`: use "
+                            "--node-rank; Slurm and Kubernetes give it to each node)")
+
+
+def container_env(recipe: Recipe, stack: StackInfo, vals: Values, cards: list[int] | None) -> dict[str, str]:
+    """stack env < the recipe's literal env < --set env < the visible-devices variables."""
+    env: dict[str, str] = dict(stack.env)
+    for key, value in recipe.env.items():
+        if not refs(value):
+            env[key] = value.replace("$$", "$")
+    env.update(vals.env)
+    if cards is not None:
+        env[VISIBLE_DEVICES_VARS[stack.device]] = ",".join(str(i) for i in range(len(cards)))
+        env["TRAINBOX_DEVICES"] = ",".join(str(c) for c in cards)
+    return env
+
+
+def resolve(recipe_name: str, *, sets: dict[str, str] | None = None, stack_name: str | None = None,
+            nodes: int | None = None, nproc_per_node: int | None = None, devices: str | None = None,
+            check_paths: bool = True, require_inputs: bool = True, host_paths: bool = True,
+            provided: tuple[str, ...] = ()) -> Job:
+    """The recipe with the user's values, checked once. `require_inputs`: every required input is given
+    (a run: the container sees only what --set gives); off for rendering a script that reads them later.
+    `host_paths`: mounted path inputs are host paths (made absolute, checked); off for a bare script.
+    `provided`: inputs the target's scheduler gives each node (Slurm, an operator: MASTER_ADDR)."""
+    recipe = load_recipe(recipe_name, nodes=nodes, nproc_per_node=nproc_per_node)
+    stack = load_stack_info(stack_name or recipe.stack)
+    _check_stack(recipe, stack, stack_name)
+    sets = dict(sets or {})
+    vals = split_sets(recipe, stack, sets)
+    if require_inputs:
+        _require_inputs(recipe, vals, provided)
+    cards = _cards(recipe, stack, devices)
+    _derive_ports(recipe, sets, cards)
+    mounts, create = _mounts(recipe, vals, sets, check_paths) if host_paths else ({}, [])
+    vals = split_sets(recipe, stack, sets)
+    return Job(recipe, stack, sets, vals, cards, container_env(recipe, stack, vals, cards), mounts, create)
+
+
+__all__ = ["Job", "StackInfo", "Values", "load_stack_info", "parse_devices", "parse_sets", "resolve", "split_sets",
+           "container_env"]

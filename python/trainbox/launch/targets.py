@@ -1,0 +1,54 @@
+"""Targets: what `trainbox launch render --target T` writes for a resolved job (host module)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..runtime.errors import TrainboxError
+from .job import Job
+
+
+def _docker(job: Job) -> str:
+    from .script import render_script
+
+    return render_script(job.recipe, job.stack, job.sets)
+
+
+def _slurm(job: Job) -> str:
+    from .slurm import render_sbatch
+
+    return render_sbatch(job)
+
+
+def _slurm_pyxis(job: Job) -> str:
+    from .slurm import render_sbatch
+
+    return render_sbatch(job, pyxis=True)
+
+
+def _k8s(kind: str) -> Callable[[Job], str]:
+    def render(job: Job) -> str:
+        from .k8s import render_manifest
+
+        return render_manifest(job, kind)
+
+    return render
+
+
+# name -> (renderer, what it writes, the kind of file)
+TARGETS: dict[str, tuple[Callable[[Job], str], str, str]] = {
+    "docker": (_docker, "the bash launcher script `trainbox run` mounts into the container", "sh"),
+    "slurm": (_slurm, "an sbatch script: one docker container per node", "sbatch"),
+    "slurm-pyxis": (_slurm_pyxis, "an sbatch script for pyxis/enroot (srun --container-image)", "sbatch"),
+    "ascendjob": (_k8s("ascendjob"), "a MindCluster AscendJob (mindxdl.gitee.com/v1), NPU torchrun/exec recipes",
+                  "yaml"),
+    "volcano": (_k8s("volcano"), "a Volcano Job (batch.volcano.sh/v1alpha1)", "yaml"),
+    "pytorchjob": (_k8s("pytorchjob"), "a Kubeflow PyTorchJob (kubeflow.org/v1), torchrun recipes", "yaml"),
+    "rayjob": (_k8s("rayjob"), "a KubeRay RayJob (ray.io/v1), Ray recipes", "yaml"),
+}
+
+
+def render_target(job: Job, target: str) -> str:
+    if target not in TARGETS:
+        raise TrainboxError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
+    return TARGETS[target][0](job)
