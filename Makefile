@@ -10,6 +10,7 @@ WHEELHOUSE ?= $(if $(PIP_LINKS_DIR),$(if $(wildcard $(PIP_LINKS_DIR)/torch-*+cpu
 WHEELHOUSE_ARG = $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE),)
 PYTEST ?= $(PYTHON) -m pytest
 
+.PHONY: slurm-up slurm-down
 .PHONY: help docs install ensure-installed engine render render-check lint test test-fast smoke image-cpu image-npu image-cuda demo bench bench-build bench-import
 
 help:
@@ -49,11 +50,18 @@ lint: render-check
 	$(PYTHON) -m trainbox.cli_reference --check README.md
 	$(TRAINBOX) stack validate --strict
 	hadolint Dockerfile.npu Dockerfile.cuda build/generated/*/Dockerfile
-	shellcheck .ci/run ci/*.sh
+	shellcheck .ci/run ci/*.sh ci/slurm/*.sh
 	$(TRAINBOX) launch check
 
 test: engine ensure-installed
 	$(PYTEST) -q -ra
+
+# The Slurm tests start the two-node test cluster themselves (and stop it afterwards); these keep one up.
+slurm-up:
+	bash ci/slurm/up.sh
+
+slurm-down:
+	bash ci/slurm/down.sh
 
 test-fast: ensure-installed
 	$(PYTEST) -q -ra -m "not docker and not network"

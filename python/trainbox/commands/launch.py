@@ -20,7 +20,13 @@ def register(sub) -> None:
     r.add_argument("recipe", metavar="RECIPE", help="recipe name (launchers/recipes/NAME.yaml) or a recipe file")
     r.add_argument("--set", dest="sets", action="append", metavar="NAME=VALUE", help=SET_HELP)
     r.add_argument("--stack", help="render for another stack of the same device type")
-    r.add_argument("--nodes", type=int, help="run on this many nodes instead of the recipe's (dp scales)")
+    _scale_args(r)
+    r.add_argument("--target", default="docker", metavar="TARGET",
+                   help="docker (default: the bash script `run` uses), slurm, slurm-pyxis (sbatch scripts), "
+                        "ascendjob, volcano, pytorchjob, rayjob (Kubernetes manifests)")
+    r.add_argument("--image", help="image the job runs in (cluster targets; default trainbox/STACK:latest)")
+    r.add_argument("--devices", metavar="LIST", help="host cards, e.g. 4-7: ports derive from them so jobs on "
+                   "0-3 and 4-7 do not collide")
     r.add_argument("-o", "--output", metavar="FILE", help="write the script here (mode 0755) instead of stdout")
     exits(r)
     r.set_defaults(func=cmd_render)
@@ -51,7 +57,11 @@ def register(sub) -> None:
                      "default: 0..devices_per_node-1); also sets the visible-devices variable")
     run.add_argument("--set", dest="sets", action="append", metavar="NAME=VALUE", help=SET_HELP)
     run.add_argument("--stack", help="run with another stack of the same device type")
-    run.add_argument("--nodes", type=int, help="run on this many nodes instead of the recipe's (dp scales)")
+    _scale_args(run)
+    run.add_argument("--target", default="docker", choices=("docker", "slurm", "slurm-pyxis"),
+                     help="docker (default: here), or slurm / slurm-pyxis: submit with sbatch and follow the job")
+    run.add_argument("--allow-substitute", action="store_true",
+                     help="run a device job in an image built on a substitute base (it has no NPU/CUDA runtime)")
     run.add_argument("--node-rank", type=int, default=0, help="multi-node recipes: which node this is (default 0)")
     run.add_argument("--shm-size", help="private /dev/shm of this size instead of --ipc host (CPU default: 8g)")
     run.add_argument("--label", dest="labels", action="append", metavar="KEY=VALUE", help="extra container label")
@@ -63,10 +73,20 @@ def register(sub) -> None:
     run.set_defaults(func=cmd_run)
 
 
-def cmd_render(args) -> int:
-    from ..launch import node_commands, parse_sets, render
+def _scale_args(p) -> None:
+    p.add_argument("--nodes", type=int, help="run on this many nodes instead of the recipe's (dp scales)")
+    p.add_argument("--nproc-per-node", type=int, metavar="N", help="devices (CPU: processes) per node instead of "
+                   "the recipe's; the parallel layout is checked again (dp scales)")
 
-    recipe, _stack, script = render(args.recipe, parse_sets(args.sets), args.stack, args.nodes)
+
+def cmd_render(args) -> int:
+    from ..launch import node_commands, parse_sets
+    from ..launch.targets import render_target, resolve_for
+
+    job = resolve_for(args.target, args.recipe, sets=parse_sets(args.sets), image=args.image,
+                      stack_name=args.stack, nodes=args.nodes, nproc_per_node=args.nproc_per_node,
+                      devices=args.devices)
+    recipe, script = job.recipe, render_target(job, args.target)
     if args.output:
         from ..runtime.errors import TrainboxError
 
@@ -79,7 +99,7 @@ def cmd_render(args) -> int:
             raise TrainboxError(f"-o {args.output}: cannot write the script there ({exc.strerror or exc}); "
                                 "create the directory first or choose another path") from None
         print(f"wrote {path}", file=sys.stderr)
-        if recipe.nodes > 1:
+        if recipe.nodes > 1 and args.target == "docker":
             print("run it on every node:", file=sys.stderr)
             for line in node_commands(recipe, args.output):
                 print(f"  {line}", file=sys.stderr)
@@ -191,9 +211,12 @@ def cmd_run(args) -> int:
 
     if args.json and not args.dry_run:
         args._cmd_parser.error("--json describes the plan: use it with --dry-run")
+    if args.target != "docker":
+        return _run_on_slurm(args)
     plan = plan_run(args.recipe, sets=parse_sets(args.sets), image=args.image, devices=args.devices,
                     stack_name=args.stack, shm_size=args.shm_size, labels=args.labels, name=args.name,
-                    dry_run=args.dry_run, nodes=args.nodes)
+                    dry_run=args.dry_run, nodes=args.nodes, nproc_per_node=args.nproc_per_node,
+                    allow_substitute=args.allow_substitute)
     for note in plan.notes:
         print(f"trainbox run: {note}", file=sys.stderr)
     if args.json:
@@ -207,3 +230,19 @@ def cmd_run(args) -> int:
         sys.stdout.write(format_plan(plan))
         return 0
     return execute(plan, args.node_rank)
+
+
+def _run_on_slurm(args) -> int:
+    from ..launch import parse_sets
+    from ..launch.slurm import submit
+    from ..launch.targets import render_target, resolve_for
+
+    job = resolve_for(args.target, args.recipe, sets=parse_sets(args.sets), image=args.image,
+                      stack_name=args.stack, nodes=args.nodes, nproc_per_node=args.nproc_per_node,
+                      devices=args.devices)
+    script = render_target(job, args.target)
+    print(f"trainbox run: {job.image_note}", file=sys.stderr)
+    if args.dry_run:
+        sys.stdout.write(script)
+        return 0
+    return submit(job, script)

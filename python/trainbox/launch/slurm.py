@@ -57,6 +57,47 @@ def render_sbatch(job: Job, *, pyxis: bool = False) -> str:
         nodes=job.nodes, exclusive=job.device != "cpu", ports=ports, port_slots=PORT_SLOTS,
         port_stride=PORT_STRIDE, eof=eof, job_script=script + "\n", pyxis=pyxis, image=job.image,
         run_args=" ".join(shlex.quote(a) for a in args), stop_seconds=20, script_in_image=JOB_SCRIPT_IN_IMAGE,
-        env=sorted(job.env.items()),
+        env=sorted(job.env.items()), create=job.create,
         pyxis_mounts=",".join(f"{p}:{p}" + (":ro" if ro else "") for p, ro in sorted(job.mounts.items())),
         entrypoint=["--container-entrypoint"])
+
+
+def submit(job: Job, script: str, workdir: str | None = None, poll: float = 1.0) -> int:
+    """`sbatch --wait` the script and follow its output file until the job ends; the job's exit code."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    from .docker import write_job_script
+
+    if not shutil.which("sbatch"):
+        raise TrainboxError("sbatch: command not found (run on a Slurm login node, or install slurm-wlm)")
+    path = write_job_script(f"{job.name}-slurm", script)
+    workdir = workdir or os.getcwd()
+    out = os.path.join(workdir, f"trainbox-{job.name}-%j.out")
+    proc = subprocess.Popen(["sbatch", "--parsable", "--wait", "--chdir", workdir, "--output", out, str(path)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    job_id = proc.stdout.readline().strip().split(";")[0]
+    if not job_id:
+        return proc.wait() or 1
+    log = out.replace("%j", job_id)
+    print(f"trainbox run: Slurm job {job_id}, output {log} (scancel {job_id} stops it)", file=sys.stderr)
+    pos = 0
+    while True:
+        done = proc.poll() is not None
+        if os.path.exists(log):
+            with open(log, "rb") as fh:
+                fh.seek(pos)
+                chunk = fh.read()
+                pos += len(chunk)
+                sys.stdout.write(chunk.decode(errors="replace"))
+                sys.stdout.flush()
+        if done:
+            return proc.returncode
+        try:
+            time.sleep(poll)
+        except KeyboardInterrupt:
+            subprocess.run(["scancel", job_id], check=False)

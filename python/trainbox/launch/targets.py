@@ -52,3 +52,23 @@ def render_target(job: Job, target: str) -> str:
     if target not in TARGETS:
         raise TrainboxError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
     return TARGETS[target][0](job)
+
+
+def resolve_for(target: str, recipe_name: str, *, sets: dict[str, str] | None = None, image: str | None = None,
+                stack_name: str | None = None, nodes: int | None = None, nproc_per_node: int | None = None,
+                devices: str | None = None) -> Job:
+    """The job as `target` needs it. The docker script may leave inputs to the environment it runs in; a
+    cluster target bakes them (its nodes see only what the job carries), and its scheduler gives each node
+    NODE_RANK / MASTER_ADDR / MASTER_PORT. Paths are the cluster's: they are not checked here."""
+    from .images import choose_image
+    from .job import SCHEDULER_PROVIDES, resolve
+
+    if target not in TARGETS:
+        raise TrainboxError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
+    cluster = target != "docker"
+    job = resolve(recipe_name, sets=sets, stack_name=stack_name, nodes=nodes, nproc_per_node=nproc_per_node,
+                  devices=devices, check_paths=False, require_inputs=cluster, host_paths=cluster,
+                  provided=SCHEDULER_PROVIDES if cluster else ())
+    if cluster:
+        job.image, job.image_note = choose_image(job, image, dry_run=True)
+    return job

