@@ -17,7 +17,10 @@ from .docker import JOB_SCRIPT_IN_IMAGE, run_args
 from .job import PORT_INPUTS, PORT_STRIDE, Job
 from .script import HOST_NEEDS, oneline, render_script, render_template
 
-PORT_SLOTS = 3000  # 29500 + 10 * 2999 stays under 65535 and off the Linux ephemeral range's start
+# Per-job ports: base + 10 * (job id % PORT_SLOTS). The three blocks do not overlap, stay below Linux's
+# ephemeral range (32768-) and clear of the HCCL socket blocks (20480-28671).
+PORT_SLOTS = 300
+SLURM_PORT_BASES = {"MASTER_PORT": 29500, "RAY_PORT": 6400, "RAY_DASHBOARD_PORT": 10300}
 SLURM_VARS_OWNED = ("NODE_RANK", "MASTER_ADDR")
 
 
@@ -26,8 +29,7 @@ def _ports(job: Job) -> list[tuple[str, int]]:
     from ..recipe import all_inputs
 
     inputs = all_inputs(job.recipe)
-    base = {"MASTER_PORT": 20000, "RAY_PORT": 30000, "RAY_DASHBOARD_PORT": 40000}
-    return [(n, base[n]) for n in PORT_INPUTS if n in inputs and n not in job.sets]
+    return [(n, SLURM_PORT_BASES[n]) for n in PORT_INPUTS if n in inputs and n not in job.sets]
 
 
 def _header(job: Job, pyxis: bool) -> str:

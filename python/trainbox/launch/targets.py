@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 from ..runtime.errors import TrainboxError
 from .job import Job
+
+IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
 
 
 def _docker(job: Job) -> str:
@@ -69,6 +72,8 @@ def resolve_for(target: str, recipe_name: str, *, sets: dict[str, str] | None = 
     job = resolve(recipe_name, sets=sets, stack_name=stack_name, nodes=nodes, nproc_per_node=nproc_per_node,
                   devices=devices, check_paths=False, require_inputs=cluster, host_paths=cluster,
                   provided=SCHEDULER_PROVIDES if cluster else ())
+    if image is not None and not IMAGE_RE.match(image):
+        raise TrainboxError(f"--image {image!r}: expected an image reference like registry/name:tag or name@sha256:...")
     if cluster:
         job.image, job.image_note = choose_image(job, image, dry_run=True)
     return job

@@ -1,0 +1,226 @@
+"""Kubernetes targets: AscendJob (MindCluster ascend-operator), Volcano Job, Kubeflow PyTorchJob, KubeRay RayJob
+(host module). Each manifest is two documents: a ConfigMap with the job's launcher script, and the job, whose
+pods mount it and run `bash /opt/trainbox/job/job.sh` after the image's entrypoint (`args`, not `command`,
+so tini and the trainbox entrypoint stay PID 1). Everything a recipe or user supplies is a YAML value
+(yaml.safe_dump quotes it): a recipe cannot add a key.
+
+Facts (shared/k8s-crds/README.md, MindCluster v26.1.0): AscendJob labels `ring-controller.atlas: ascend-910b`
+and `framework: pytorch`, container `ascend` with port `ascendjob-port`, cards requested as
+`huawei.com/Ascend910` (910B and A3 alike, told apart by the `accelerator-type` node selector), A3 jobs
+annotated `sp-block`; the operator injects MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_WORLD_SIZE and
+mounts the rank table. KubeRay <= 1.7.0 does not map huawei.com/Ascend* to Ray's `NPU`: rayStartParams say it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import yaml
+
+from ..runtime import npu
+from ..runtime.errors import TrainboxError
+from .job import Job
+from .script import oneline, render_script
+
+SCRIPT_DIR = "/opt/trainbox/job"
+NPU_RESOURCE = "huawei.com/Ascend910"
+GPU_RESOURCE = "nvidia.com/gpu"
+ACCELERATOR_TYPE = {"910b": "module-910b-8", "a3": "module-a3-16-super-pod"}
+RING_CONTROLLER = "ascend-910b"
+SHM = {"cpu": "8Gi", "cuda": "64Gi", "npu": "64Gi"}  # a memory-backed /dev/shm (the runtime's default is 64 MiB)
+ASCEND_PORT, PYTORCH_PORT = 2222, 23456
+# Multi-node NPU pods also need the NIC tool and its configuration from the host (HCCL over RoCE).
+NPU_MULTINODE_MOUNTS = ("/usr/local/Ascend/driver/tools/hccn_tool", "/etc/hccn.conf")
+KINDS = {"ascendjob": ("npu", ("torchrun", "exec")), "volcano": (None, ("torchrun", "exec")),
+         "pytorchjob": (None, ("torchrun",)), "rayjob": (None, ("ray",))}
+
+
+def k8s_name(text: str, limit: int = 50) -> str:
+    """A DNS-1123 label from a recipe name (room left for the suffixes operators add)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:limit].strip("-")
+    return name or "trainbox-job"
+
+
+def _check(job: Job, kind: str) -> None:
+    device, launchers = KINDS[kind]
+    if device and job.device != device:
+        raise TrainboxError(f"--target {kind}: recipe {job.name} runs on a {job.device} stack; an AscendJob is for "
+                            "NPU recipes (use pytorchjob or volcano)")
+    if job.recipe.launcher not in launchers:
+        raise TrainboxError(f"--target {kind}: recipe {job.name} uses the {job.recipe.launcher} launcher; "
+                            f"{kind} takes {' or '.join(launchers)} recipes"
+                            + (" (Ray recipes: --target rayjob)" if job.recipe.launcher == "ray" else ""))
+    if kind in ("ascendjob", "pytorchjob") and job.recipe.torchrun.standalone and job.nodes > 1:
+        raise TrainboxError(f"--target {kind}: a standalone torchrun recipe is single-node")
+
+
+def _resources(job: Job) -> dict:
+    if job.device == "npu":
+        return {"requests": {NPU_RESOURCE: job.per_node}, "limits": {NPU_RESOURCE: job.per_node}}
+    if job.device == "cuda":
+        return {"limits": {GPU_RESOURCE: job.per_node}}
+    return {"requests": {"cpu": str(job.per_node)}}
+
+
+def _volumes(job: Job, configmap: str) -> tuple[list[dict], list[dict]]:
+    """(volumes, volumeMounts): the script, a memory /dev/shm, NPU driver files, the recipe's path inputs."""
+    vols = [{"name": "trainbox-job", "configMap": {"name": configmap}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM[job.device]}}]
+    mounts = [{"name": "trainbox-job", "mountPath": SCRIPT_DIR, "readOnly": True},
+              {"name": "dshm", "mountPath": "/dev/shm"}]
+    host = []
+    if job.device == "npu":
+        host += [(p, True) for p in npu.NPU_DRIVER_MOUNTS]
+        if job.nodes > 1:
+            host += [(p, True) for p in NPU_MULTINODE_MOUNTS]
+    host += sorted(job.mounts.items())
+    for i, (path, readonly) in enumerate(host):
+        vols.append({"name": f"host-{i}", "hostPath": {"path": path}})
+        mounts.append({"name": f"host-{i}", "mountPath": path, "readOnly": readonly})
+    return vols, mounts
+
+
+def _env(job: Job, scheduler: str) -> list[dict]:
+    env = dict(job.env)
+    env.pop("TRAINBOX_DEVICES", None)  # the device plugin picks the cards; the pod sees them as 0..n-1
+    env["TRAINBOX_SCHEDULER"] = scheduler
+    return [{"name": k, "value": v} for k, v in sorted(env.items())]
+
+
+def _container(job: Job, name: str, scheduler: str, mounts: list[dict], ports: list[dict] | None = None,
+               args: list[str] | None = None) -> dict:
+    c = {"name": name, "image": job.image, "imagePullPolicy": "IfNotPresent",
+         "args": args if args is not None else ["bash", f"{SCRIPT_DIR}/job.sh"],
+         "env": _env(job, scheduler), "resources": _resources(job), "volumeMounts": mounts}
+    if ports:
+        c["ports"] = ports
+    return c
+
+
+def _pod(job: Job, container: dict, volumes: list[dict], labels: dict, restart: str = "Never",
+         scheduler: str | None = None) -> dict:
+    spec: dict = {"restartPolicy": restart, "containers": [container], "volumes": volumes}
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    if job.device == "npu" and job.stack.chip in ACCELERATOR_TYPE:
+        spec["nodeSelector"] = {"accelerator-type": ACCELERATOR_TYPE[job.stack.chip]}
+    return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def _meta(job: Job, name: str, labels: dict | None = None, annotations: dict | None = None) -> dict:
+    ann = {"trainbox.io/recipe": job.name, "trainbox.io/description": oneline(job.recipe.description),
+           "trainbox.io/image": job.image, **(annotations or {})}
+    return {"name": name, "labels": {"app.kubernetes.io/managed-by": "trainbox", "trainbox.io/recipe":
+                                     k8s_name(job.name, 63), **(labels or {})}, "annotations": ann}
+
+
+def _configmap(job: Job, name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, name),
+            "data": {"job.sh": render_script(job.recipe, job.stack, job.sets)}}
+
+
+def _replicas(job: Job, pod_for, restart: str) -> dict:
+    """Master (node 0) and, for more nodes, Worker replica specs, the layout Kubeflow and MindCluster share."""
+    specs = {"Master": {"replicas": 1, "restartPolicy": restart, "template": pod_for("Master")}}
+    if job.nodes > 1:
+        specs["Worker"] = {"replicas": job.nodes - 1, "restartPolicy": restart, "template": pod_for("Worker")}
+    return specs
+
+
+def ascendjob(job: Job, name: str) -> dict:
+    ring = {"ring-controller.atlas": RING_CONTROLLER}
+    labels = {**ring, "framework": "pytorch"}
+    vols, mounts = _volumes(job, f"{name}-launcher")
+    ports = [{"name": "ascendjob-port", "containerPort": ASCEND_PORT}]
+    annotations = {"sp-block": str(job.nodes * job.per_node)} if job.stack.chip == "a3" else {}
+
+    def pod(_role):
+        return _pod(job, _container(job, "ascend", "operator", mounts, ports), vols, dict(ring))
+
+    return {"apiVersion": "mindxdl.gitee.com/v1", "kind": "AscendJob",
+            "metadata": _meta(job, name, labels, annotations),
+            "spec": {"schedulerName": "volcano",
+                     "runPolicy": {"schedulingPolicy": {"minAvailable": job.nodes, "queue": "default"}},
+                     "successPolicy": "AllWorkers", "replicaSpecs": _replicas(job, pod, "Never")}}
+
+
+def pytorchjob(job: Job, name: str) -> dict:
+    vols, mounts = _volumes(job, f"{name}-launcher")
+    ports = [{"name": "pytorchjob-port", "containerPort": PYTORCH_PORT}]
+
+    def pod(_role):
+        return _pod(job, _container(job, "pytorch", "operator", mounts, ports), vols, {})
+
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(job, name),
+            "spec": {"nprocPerNode": str(job.per_node), "pytorchReplicaSpecs": _replicas(job, pod, "OnFailure")}}
+
+
+def volcano(job: Job, name: str) -> dict:
+    vols, mounts = _volumes(job, f"{name}-launcher")
+    container = _container(job, "main", "volcano", mounts)
+    task = "node"
+    # the svc plugin writes /etc/volcano/<task>.host (one pod host name a line, index order) and a headless
+    # service that resolves them; the env plugin sets VC_TASK_INDEX
+    container["env"].append({"name": "TRAINBOX_VC_HOSTFILE", "value": f"/etc/volcano/{task}.host"})
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": _meta(job, name),
+            "spec": {"minAvailable": job.nodes, "schedulerName": "volcano", "queue": "default",
+                     "plugins": {"svc": [], "env": []},
+                     "policies": [{"event": "PodEvicted", "action": "RestartJob"}],
+                     "tasks": [{"name": task, "replicas": job.nodes,
+                                "template": _pod(job, container, vols, {})}]}}
+
+
+def _ray_start_params(job: Job) -> dict:
+    if job.device == "npu":
+        # KubeRay <= 1.7.0 does not turn huawei.com/Ascend910 into Ray's NPU resource: say it by hand
+        return {"resources": json.dumps(json.dumps({"NPU": job.per_node}))}
+    if job.device == "cuda":
+        return {"num-gpus": str(job.per_node)}
+    return {"num-cpus": str(job.per_node)}
+
+
+def rayjob(job: Job, name: str) -> dict:
+    vols, mounts = _volumes(job, f"{name}-launcher")
+    params = _ray_start_params(job)
+    # no args: KubeRay writes the `ray start` command into the container itself
+    head = _pod(job, _container(job, "ray-head", "kuberay", mounts, args=[]), vols, {}, restart="Always")
+    worker = _pod(job, _container(job, "ray-worker", "kuberay", mounts, args=[]), vols, {}, restart="Always")
+    for pod in (head, worker):
+        c = pod["spec"]["containers"][0]
+        del c["args"]
+        if job.device == "npu":  # raylets must see the flag, not only the job's runtime env
+            c["env"] += [{"name": v, "value": "1"} for v in npu.NPU_NOSET if v not in job.env]
+    cluster = {"headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0", **params}, "template": head}}
+    if job.nodes > 1:
+        cluster["workerGroupSpecs"] = [{"groupName": "workers", "replicas": job.nodes - 1,
+                                        "minReplicas": job.nodes - 1, "maxReplicas": job.nodes - 1,
+                                        "rayStartParams": params, "template": worker}]
+    env_vars = {k: v for k, v in job.env.items() if k != "TRAINBOX_DEVICES"}
+    if job.device == "npu":
+        env_vars.update({v: "1" for v in npu.NPU_NOSET})
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": _meta(job, name),
+            "spec": {"entrypoint": f"TRAINBOX_SCHEDULER=kuberay bash {SCRIPT_DIR}/job.sh",
+                     "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 600,
+                     "runtimeEnvYAML": yaml.safe_dump({"env_vars": env_vars}, sort_keys=True),
+                     "rayClusterSpec": cluster}}
+
+
+BUILDERS = {"ascendjob": ascendjob, "volcano": volcano, "pytorchjob": pytorchjob, "rayjob": rayjob}
+
+
+def manifests(job: Job, kind: str, name: str | None = None) -> list[dict]:
+    """[ConfigMap, job] as Python objects (what render_manifest dumps)."""
+    _check(job, kind)
+    for owned in ("NODE_RANK", "MASTER_ADDR"):
+        if owned in job.sets and kind != "rayjob":
+            raise TrainboxError(f"--set {owned}: the {kind} scheduler tells each pod this; leave it out")
+    name = k8s_name(name or job.name)
+    return [_configmap(job, f"{name}-launcher"), BUILDERS[kind](job, name)]
+
+
+def render_manifest(job: Job, kind: str, name: str | None = None) -> str:
+    head = (f"# GENERATED by trainbox: {kind} for recipe {job.name}, {job.nodes} node(s) x {job.per_node}, "
+            f"image {oneline(job.image)}\n# kubectl apply -f THIS_FILE (see the README's Kubernetes section for what the "
+            "cluster must provide)\n")
+    return head + yaml.safe_dump_all(manifests(job, kind, name), sort_keys=False, width=1000)
