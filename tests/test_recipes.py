@@ -11,7 +11,7 @@ import pytest
 
 from trainbox.runtime.errors import TrainboxError
 from trainbox.launch import render
-from trainbox.recipe import list_recipes, load_recipe, shell_word
+from trainbox.recipe import RecipeError, list_recipes, load_recipe, shell_word
 
 RECIPES = list_recipes()
 SHELLCHECK = shutil.which("shellcheck")
@@ -40,7 +40,8 @@ def test_recipe_facts_from_the_seeds():
         assert r.devices_per_node == 4 and "--colocate" in " ".join(map(str, r.command))
         assert any("torch_memory_saver_hook_mode_preload" in p.python for p in r.preflight)
     spec = load_recipe("specforge-domino-qwen35-4b-npu")
-    assert spec.launcher == "torchrun" and "--attention-backend sdpa" in " ".join(map(str, spec.command))
+    assert spec.launcher == "torchrun" and "--attention-backend ${ATTENTION_BACKEND}" in " ".join(map(str, spec.command))
+    assert spec.inputs["ATTENTION_BACKEND"].default == "sdpa"
     assert "max_split_size_mb" in spec.env["PYTORCH_NPU_ALLOC_CONF"]
     assert load_recipe("swift-megatron-qwen35-8npu").env["USE_MCORE_GDN"] == "0"
     layouts = {n: load_recipe(n).layout() for n in ("twinkle-megatron-tp-8npu", "twinkle-megatron-moe-8npu",
@@ -199,3 +200,30 @@ def test_shell_word_array_must_be_whole():
     assert shell_word("${ARGS[@]}") == '"${ARGS[@]}"'
     with pytest.raises(ValueError, match="must be a whole word"):
         shell_word("x${ARGS[@]}")
+
+
+def test_gpu_recipes_extend_their_npu_counterparts():
+    """`extends:` merges mappings key by key (KEY: null drops one) and replaces everything else."""
+    gpu, npu_ = load_recipe("specforge-domino-qwen35-4b-gpu"), load_recipe("specforge-domino-qwen35-4b-npu")
+    assert gpu.stack == "cuda" and gpu.command == npu_.command and gpu.workdir == npu_.workdir
+    assert gpu.inputs["ATTENTION_BACKEND"].default == "flex_attention"
+    assert "PYTORCH_NPU_ALLOC_CONF" not in gpu.env and gpu.env["PYTHONPATH"] == npu_.env["PYTHONPATH"]
+    swift = load_recipe("swift-megatron-qwen35-8gpu")
+    assert swift.layout()["TP"] == 2 and "USE_MCORE_GDN" not in swift.env
+    assert swift.inputs["MEGATRON_LM_PATH"].mount == "ro" and "megatron-core" in swift.inputs["MEGATRON_LM_PATH"].description
+    relax = load_recipe("relax-qwen3-4b-4gpu-colocate")
+    assert [p.name for p in relax.preflight] == [p.name for p in load_recipe("relax-qwen3-4b-4npu-colocate").preflight]
+    assert not any(k.startswith(("HCCL_", "PYTORCH_NPU")) for k in relax.env)
+
+
+def test_extends_loops_and_bad_parents_are_refused(tmp_path):
+    (tmp_path / "a.yaml").write_text("extends: b\n")
+    (tmp_path / "b.yaml").write_text("extends: a\n")
+    with pytest.raises(RecipeError, match="`extends` loops: a.yaml -> b.yaml -> a.yaml"):
+        load_recipe(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("extends: [cpu-ddp]\n")
+    with pytest.raises(RecipeError, match="extends: expected a recipe name"):
+        load_recipe(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("extends: cpu-ddp\ndevices_per_node: 4\nparallel: {dp: null}\nenv: {OMP_NUM_THREADS: null}\n")
+    d = load_recipe(tmp_path / "d.yaml")
+    assert d.devices_per_node == 4 and d.env == {} and d.name == "d" and d.stack == "cpu"

@@ -405,12 +405,44 @@ def recipe_path(name_or_path: str | Path, recipes_dir: Path | None = None) -> Pa
                       hint="; `trainbox launch list` shows them")
 
 
+def _drop_nulls(merged: dict, child: dict) -> None:
+    """`KEY: null` in a child's mapping removes the parent's KEY (an NPU-only env variable, say)."""
+    for key, value in child.items():
+        if value is None and isinstance(merged, dict):
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            _drop_nulls(merged[key], value)
+
+
+def _raw_recipe(path: Path, recipes_dir: Path | None, seen: tuple[Path, ...] = ()) -> dict:
+    """The recipe's mapping with `extends: PARENT` applied like stacks do: mappings (inputs, env, parallel,
+    ...) merge key by key, anything else (command, source, preflight, upstream) is replaced whole."""
+    from .stack import _merge
+
+    if path.resolve() in seen:
+        chain = " -> ".join(p.name for p in seen + (path.resolve(),))
+        raise RecipeError(f"{path}: `extends` loops: {chain}")
+    data = read_yaml(path, RecipeError, "recipe")
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str) or not RECIPE_NAME_RE.match(parent):
+        raise RecipeError(f"{path}: extends: expected a recipe name, got {parent!r}")
+    sibling = path.parent / f"{parent}.yaml"
+    base = _raw_recipe(sibling if sibling.is_file() else recipe_path(parent, recipes_dir), recipes_dir,
+                       seen + (path.resolve(),))
+    base.pop("name", None)
+    merged = _merge(base, data)
+    _drop_nulls(merged, data)
+    return merged
+
+
 def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes: int | None = None,
                 nproc_per_node: int | None = None) -> Recipe:
     """Load and validate a recipe. `nodes` / `nproc_per_node` run it on another node count or another
     number of devices (processes on CPU) per node: the layout's dp scales, everything else must still fit."""
     path = recipe_path(name_or_path, recipes_dir)
-    data = read_yaml(path, RecipeError, "recipe")
+    data = _raw_recipe(path, recipes_dir)
     if "name" in data and data["name"] != path.stem:
         raise RecipeError(f"{path}: name: expected {path.stem!r} (the file name), got {data['name']!r}")
     data["name"] = path.stem
