@@ -120,3 +120,15 @@ def test_scancel_stops_the_containers(slurm_env, cpu_image, tmp_path):
                                                           capture_output=True, text=True).stdout.split():
         assert time.monotonic() < deadline, f"containers left after scancel: {containers(job_id)}"
         time.sleep(1)
+
+
+@pytest.mark.docker
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_trainbox_run_submits_and_follows(slurm_env, cpu_image, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "trainbox.cli", "run", "cpu-ddp", "--target", "slurm", "--nodes", "2",
+                           "--nproc-per-node", "1", "--image", cpu_image, "--set", "STEPS=6"],
+                          env=slurm_env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Slurm job" in proc.stderr and "ranks reporting: [0, 1]" in proc.stdout
+    assert list(tmp_path.glob("trainbox-cpu-ddp-*.out"))

@@ -1,0 +1,140 @@
+"""The job model and its targets, without Docker or a cluster: one resolved job, the sbatch script's
+scheduler plumbing, ports derived from the cards, the caller's environment over recipe defaults, the
+scale options, and the image choice that never silently takes a substitute-built image."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trainbox.launch import plan_run, render_script
+from trainbox.launch.images import choose_image
+from trainbox.launch.job import load_stack_info, resolve
+from trainbox.launch.targets import TARGETS, render_target, resolve_for
+from trainbox.recipe import load_recipe
+from trainbox.runtime.errors import TrainboxError
+
+RELAX = {"CODE_DIR": "/src/Relax", "MODEL_DIR": "/data/m", "REF_LOAD": "/data/r", "DATA_PATH": "/data/d.jsonl",
+         "CKPT_DIR": "/ckpt/run1"}
+
+
+@pytest.fixture(autouse=True)
+def _job_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
+
+
+def test_every_target_is_listed_and_unknown_ones_are_refused():
+    assert set(TARGETS) == {"docker", "slurm", "slurm-pyxis", "ascendjob", "volcano", "pytorchjob", "rayjob"}
+    with pytest.raises(TrainboxError, match="--target 'nomad': expected one of"):
+        resolve_for("nomad", "cpu-ddp")
+
+
+def test_sbatch_maps_slurm_variables_and_derives_ports():
+    job = resolve_for("slurm", "cpu-ddp", nodes=2, nproc_per_node=1, image="img:1")
+    text = render_target(job, "slurm")
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text and "NodeAddr=" in text
+    assert "export MASTER_PORT=${MASTER_PORT:-$(( 29500 + port_slot * 10 ))}" in text
+    assert "port_slot=$(( SLURM_JOB_ID % 300 ))" in text
+    assert "export NODE_RANK=$SLURM_NODEID" in text and "-e TRAINBOX_SCHEDULER" in text
+    assert 'docker stop --time 20 "$name"' in text and "label=trainbox.slurm.job=$SLURM_JOB_ID" in text
+    assert "--network host" in text and "img:1 bash /opt/trainbox/job.sh" in text
+
+
+def test_cluster_targets_refuse_what_the_scheduler_owns():
+    with pytest.raises(TrainboxError, match="Slurm tells each node"):
+        render_target(resolve_for("slurm", "cpu-ddp", sets={"MASTER_ADDR": "10.0.0.1"}, nodes=2), "slurm")
+    with pytest.raises(TrainboxError, match="needs these inputs"):
+        resolve_for("slurm", "relax-qwen3-4b-4npu-colocate")
+
+
+def test_the_job_script_maps_operator_variables(tmp_path):
+    """Run the rendered script's scheduler block with a stub torchrun: RANK becomes NODE_RANK, the operator's
+    RANK/WORLD_SIZE do not leak to the launcher, a LOCAL_WORLD_SIZE that disagrees is refused."""
+    recipe = load_recipe("cpu-ddp", nodes=2, nproc_per_node=1)
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(recipe, load_stack_info("cpu"), {}))
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "torchrun").write_text('#!/bin/sh\necho "torchrun $* RANK=${RANK-unset}"\n')
+    (stub / "torchrun").chmod(0o755)
+    base = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}", TRAINBOX_SCHEDULER="operator",
+                MASTER_ADDR="10.1.2.3", MASTER_PORT="23456", WORLD_SIZE="2")
+    out = subprocess.run(["bash", str(script)], env=dict(base, RANK="1", LOCAL_WORLD_SIZE="1"),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--node-rank 1 --master-addr 10.1.2.3 --master-port 23456" in out.stdout and "RANK=unset" in out.stdout
+    bad = subprocess.run(["bash", str(script)], env=dict(base, RANK="0", LOCAL_WORLD_SIZE="8"),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "LOCAL_WORLD_SIZE=8" in bad.stderr
+
+
+def test_ports_derive_from_the_cards():
+    def env_of(devices):
+        plan = plan_run("relax-qwen3-4b-4npu-colocate", sets=RELAX, devices=devices, image="img:1", dry_run=True)
+        return plan.script, plan.job.sets
+
+    _, low = env_of("0-3")
+    script, high = env_of("4-7")
+    assert "MASTER_PORT" not in low and high["MASTER_PORT"] == "29540"
+    assert high["RAY_PORT"] == "6419" and high["RAY_DASHBOARD_PORT"] == "8305"
+    assert "MASTER_PORT=29540" in script
+
+
+def test_render_takes_devices_and_says_what_the_host_must_provide(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "trainbox.cli", "launch", "render", "relax-qwen3-4b-4npu-colocate",
+                          "--devices", "4-7"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "MASTER_PORT=29540" in out.stdout
+    assert "# The host must provide: Ascend driver" in out.stdout
+
+
+def test_callers_environment_wins_over_recipe_defaults(tmp_path):
+    recipe = load_recipe("cpu-ddp")
+    text = render_script(recipe, load_stack_info("cpu"), {})
+    assert 'if [[ -z "${OMP_NUM_THREADS+x}" ]]; then export OMP_NUM_THREADS=1; fi' in text
+    forced = render_script(recipe, load_stack_info("cpu"), {"OMP_NUM_THREADS": "3"})
+    assert "export OMP_NUM_THREADS=3" in forced
+
+
+def test_cpu_process_count_and_nodes_are_first_class():
+    job = resolve("cpu-ddp", nproc_per_node=3, require_inputs=False)
+    assert job.per_node == 3 and job.recipe.layout()["DP"] == 3
+    with pytest.raises(TrainboxError, match="--nproc-per-node 0"):
+        resolve("cpu-ddp", nproc_per_node=0)
+    with pytest.raises(TrainboxError, match="--nproc-per-node sets"):
+        resolve("cpu-ddp", devices="0-1")
+    with pytest.raises(TrainboxError, match="does not divide"):
+        resolve("twinkle-megatron-tp-8npu", nproc_per_node=3, require_inputs=False)
+
+
+class _FakeClient:
+    def __init__(self, labels):
+        self._labels = labels
+
+    def image_exists(self, ref):
+        return self._labels is not None
+
+    def labels(self, ref):
+        return self._labels
+
+
+@pytest.mark.parametrize("device_recipe", ["relax-qwen3-4b-4npu-colocate"])
+def test_substitute_built_image_is_never_taken_silently(device_recipe, monkeypatch):
+    import trainbox.engine as engine
+
+    job = resolve(device_recipe, sets=RELAX, check_paths=False)
+    monkeypatch.setattr(engine, "find_client", lambda: _FakeClient({"io.trainbox.base.substituted": "local/debian"}))
+    with pytest.raises(TrainboxError, match="substitute base local/debian.*--image trainbox/npu-910b:latest"):
+        choose_image(job, None)
+    image, why = choose_image(job, None, allow_substitute=True)
+    assert image == "trainbox/npu-910b:latest" and "substitute" in why
+    assert choose_image(job, "mine:1") == ("mine:1", "image mine:1 (--image)")
+    monkeypatch.setattr(engine, "find_client", lambda: _FakeClient({}))
+    assert "without pin overrides" in choose_image(job, None)[1]
+    cpu = resolve("cpu-ddp", require_inputs=False)
+    monkeypatch.setattr(engine, "find_client", lambda: _FakeClient({"io.trainbox.base.substituted": "local/debian"}))
+    assert choose_image(cpu, None)[0] == "trainbox/cpu:latest"  # a CPU job runs fine on the substitute
