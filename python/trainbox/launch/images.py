@@ -44,3 +44,19 @@ def choose_image(job: Job, image: str | None, *, allow_substitute: bool = False,
         return latest, msg + " (allowed: " + ("--allow-substitute" if allow_substitute else "dry run") + ")"
     how = f", built on {substitute}" if substitute else ""
     return latest, f"image {latest} (the stack's default tag, built without pin overrides{how})"
+
+
+def pinned(image: str) -> tuple[str, str | None]:
+    """(the reference a cluster should pull, the local image id). A pushed image is named by its registry
+    digest (repo@sha256:...), so every node runs the same bytes; a local-only image keeps its tag."""
+    try:
+        from ..engine import find_client
+
+        data = find_client().inspect(image)
+    except Exception:  # noqa: BLE001 - not here, or no engine: the tag as given
+        return image, None
+    repo = image.split("@")[0].rsplit(":", 1)[0] if "/" in image.split(":")[0] or ":" in image else image
+    for digest in data.get("RepoDigests") or []:
+        if digest.split("@")[0] == repo:
+            return digest, data.get("Id")
+    return image, data.get("Id")

@@ -95,6 +95,7 @@ class Job:
     create: list[str]  # host directories to create before the run
     image: str = ""
     image_note: str = ""  # why this image
+    image_id: str | None = None  # the local image's id, when the engine here has it
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -63,7 +63,7 @@ def resolve_for(target: str, recipe_name: str, *, sets: dict[str, str] | None = 
     """The job as `target` needs it. The docker script may leave inputs to the environment it runs in; a
     cluster target bakes them (its nodes see only what the job carries), and its scheduler gives each node
     NODE_RANK / MASTER_ADDR / MASTER_PORT. Paths are the cluster's: they are not checked here."""
-    from .images import choose_image
+    from .images import choose_image, pinned
     from .job import SCHEDULER_PROVIDES, resolve
 
     if target not in TARGETS:
@@ -76,4 +76,8 @@ def resolve_for(target: str, recipe_name: str, *, sets: dict[str, str] | None = 
         raise TrainboxError(f"--image {image!r}: expected an image reference like registry/name:tag or name@sha256:...")
     if cluster:
         job.image, job.image_note = choose_image(job, image, dry_run=True)
+        ref, image_id = pinned(job.image)
+        if ref != job.image:
+            job.image_note += f"; pinned to {ref}"
+        job.image, job.image_id = ref, image_id
     return job
