@@ -13,7 +13,7 @@ import hashlib
 import shlex
 
 from ..runtime.errors import TrainboxError
-from .docker import JOB_SCRIPT_IN_IMAGE, run_args
+from .docker import JOB_SCRIPT_IN_IMAGE, NPU_DRIVER_MOUNTS, run_args
 from .job import PORT_INPUTS, PORT_STRIDE, Job
 from .script import HOST_NEEDS, oneline, render_script, render_template
 
@@ -33,7 +33,8 @@ def _ports(job: Job) -> list[tuple[str, int]]:
 
 
 def _header(job: Job, pyxis: bool) -> str:
-    how = ("pyxis + enroot (srun --container-image) with the image importable on every node"
+    how = ("pyxis >= 0.12 + enroot (srun --container-image; the image in enroot's form, REGISTRY#IMAGE:TAG or "
+           "a .sqsh path), an enroot hook that adds the Ascend/NVIDIA devices"
            if pyxis else "Docker on every node (the submitting user may run `docker`), nodes that reach each other")
     return "\n".join([
         f"{job.name}: {oneline(job.recipe.description)}",
@@ -44,6 +45,13 @@ def _header(job: Job, pyxis: bool) -> str:
         f"The cluster must provide: {how}; on each node {HOST_NEEDS[job.device]}.",
         "Each node's cards 0..n-1 are given to the job (hence --exclusive for device jobs).",
     ])
+
+
+def _pyxis_mounts(job: Job) -> list[tuple[str, bool]]:
+    """The recipe's path inputs, plus the NPU driver files read-only (the device nodes themselves need the
+    site's enroot hook for Ascend)."""
+    driver = [(m, True) for m in NPU_DRIVER_MOUNTS] if job.device == "npu" else []
+    return driver + sorted(job.mounts.items())
 
 
 def render_sbatch(job: Job, *, pyxis: bool = False) -> str:
@@ -60,7 +68,7 @@ def render_sbatch(job: Job, *, pyxis: bool = False) -> str:
         port_stride=PORT_STRIDE, eof=eof, job_script=script + "\n", pyxis=pyxis, image=job.image,
         run_args=" ".join(shlex.quote(a) for a in args), stop_seconds=20, script_in_image=JOB_SCRIPT_IN_IMAGE,
         env=sorted(job.env.items()), create=job.create,
-        pyxis_mounts=",".join(f"{p}:{p}" + (":ro" if ro else "") for p, ro in sorted(job.mounts.items())),
+        pyxis_mounts=",".join(f"{p}:{p}" + (":ro" if ro else "") for p, ro in _pyxis_mounts(job)),
         entrypoint=["--container-entrypoint"])
 
 

@@ -8,7 +8,7 @@ from typing import Callable
 from ..runtime.errors import TrainboxError
 from .job import Job
 
-IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
+IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+#-]*$")  # "#": enroot's REGISTRY#IMAGE form
 
 
 def _docker(job: Job) -> str:
