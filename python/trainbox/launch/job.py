@@ -118,11 +118,6 @@ class Job:
     def visible_var(self) -> str | None:
         return VISIBLE_DEVICES_VARS.get(self.stack.device)
 
-    def input_value(self, name: str) -> str:
-        """An input's value as the job will see it: --set, else the recipe's default."""
-        spec = all_inputs(self.recipe)[name]
-        return self.sets.get(name) or (spec.default or "")
-
 
 def _check_stack(recipe: Recipe, stack: StackInfo, override: str | None) -> None:
     if override and override != recipe.stack:
