@@ -138,3 +138,30 @@ def test_substitute_built_image_is_never_taken_silently(device_recipe, monkeypat
     cpu = resolve("cpu-ddp", require_inputs=False)
     monkeypatch.setattr(engine, "find_client", lambda: _FakeClient({"io.trainbox.base.substituted": "local/debian"}))
     assert choose_image(cpu, None)[0] == "trainbox/cpu:latest"  # a CPU job runs fine on the substitute
+
+
+def test_the_job_script_maps_volcano_and_slurm_variables(tmp_path):
+    recipe = load_recipe("cpu-ddp", nodes=2, nproc_per_node=1)
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(recipe, load_stack_info("cpu"), {}))
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "torchrun").write_text('#!/bin/sh\necho "torchrun $*"\n')
+    (stub / "torchrun").chmod(0o755)
+    hosts = tmp_path / "node.host"
+    hosts.write_text("job-node-0.job\njob-node-1.job\n")
+    base = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}")
+    for k in ("NODE_RANK", "MASTER_ADDR", "RANK"):
+        base.pop(k, None)
+    vc = subprocess.run(["bash", str(script)], env=dict(base, TRAINBOX_SCHEDULER="volcano", VC_TASK_INDEX="1",
+                                                        TRAINBOX_VC_HOSTFILE=str(hosts)),
+                        capture_output=True, text=True, timeout=60)
+    assert vc.returncode == 0, vc.stderr
+    assert "--node-rank 1 --master-addr job-node-0.job" in vc.stdout
+    sl = subprocess.run(["bash", str(script)], env=dict(base, TRAINBOX_SCHEDULER="slurm", SLURM_NODEID="1",
+                                                        SLURM_NNODES="3", MASTER_ADDR="10.0.0.1"),
+                        capture_output=True, text=True, timeout=60)
+    assert sl.returncode == 2 and "Slurm gave 3 node(s)" in sl.stderr
+    bad = subprocess.run(["bash", str(script)], env=dict(base, TRAINBOX_SCHEDULER="lsf"),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "expected slurm, operator, volcano or kuberay" in bad.stderr
