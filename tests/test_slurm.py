@@ -127,7 +127,7 @@ def test_scancel_stops_the_containers(slurm_env, cpu_image, tmp_path):
 @pytest.mark.slow
 def test_trainbox_run_submits_and_follows(slurm_env, cpu_image, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "trainbox.cli", "run", "cpu-ddp", "--target", "slurm", "--nodes", "2",
-                           "--nproc-per-node", "1", "--image", cpu_image, "--set", "STEPS=6"],
+                           "--nproc-per-node", "1", "--image", cpu_image, "--set", "STEPS=20"],
                           env=slurm_env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Slurm job" in proc.stderr and "ranks reporting: [0, 1]" in proc.stdout
