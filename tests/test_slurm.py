@@ -116,10 +116,15 @@ def test_scancel_stops_the_containers(slurm_env, cpu_image, tmp_path):
     finally:
         subprocess.run(["scancel", job_id], env=slurm_env, timeout=30)
     deadline = time.monotonic() + 90
-    while containers(job_id) or job_id in subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm_env,
-                                                          capture_output=True, text=True).stdout.split():
-        assert time.monotonic() < deadline, f"containers left after scancel: {containers(job_id)}"
-        time.sleep(1)
+    try:
+        while containers(job_id) or job_id in subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm_env,
+                                                              capture_output=True, text=True).stdout.split():
+            assert time.monotonic() < deadline, f"containers left after scancel: {containers(job_id)}"
+            time.sleep(1)
+    finally:  # a failed test must not leave a training container running
+        left = containers(job_id)
+        if left:
+            subprocess.run(["docker", "rm", "-f", *left], capture_output=True, timeout=60)
 
 
 @pytest.mark.docker
