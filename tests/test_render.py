@@ -124,3 +124,15 @@ def test_hadolint_ignores_have_reasons():
     for i, line in enumerate(text):
         if line.strip().startswith("- DL"):
             assert text[i - 1].strip().startswith("#"), f"{line.strip()} has no written reason above it"
+
+
+def test_a_substitute_built_image_does_not_claim_its_cann():
+    """Issue 15: an npu image built on the Debian substitute has no CANN; its label must not say it has."""
+    from trainbox.render import render_stack
+    from trainbox.stack import load_stack
+
+    real = render_stack(load_stack("npu-910b")).dockerfile
+    assert "io.trainbox.cann=" in real
+    stack = load_stack("npu-910b", base="local/debian:bookworm")
+    text = render_stack(stack).dockerfile
+    assert "io.trainbox.cann=" not in text and "io.trainbox.cann.declared=" in text

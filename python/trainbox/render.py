@@ -265,7 +265,10 @@ def _labels(stack: Stack) -> dict[str, str]:
     if torch and torch.version:
         labels["io.trainbox.torch"] = torch.version
     if stack.base.cann:
-        labels["io.trainbox.cann"] = stack.base.cann
+        # built on a substitute base (Debian standing in for the CANN image) the image holds no CANN: say
+        # which one the stack declares without claiming it (`trainbox run` reads io.trainbox.cann)
+        key = "io.trainbox.cann.declared" if stack.declared_base else "io.trainbox.cann"
+        labels[key] = stack.base.cann
     for key in ("torch-npu", "megatron-core"):
         c = stack.components.get(key)
         if c and c.install and c.version:
