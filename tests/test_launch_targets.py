@@ -165,3 +165,27 @@ def test_the_job_script_maps_volcano_and_slurm_variables(tmp_path):
     bad = subprocess.run(["bash", str(script)], env=dict(base, TRAINBOX_SCHEDULER="lsf"),
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "expected slurm, operator, volcano or kuberay" in bad.stderr
+
+
+def test_recipe_env_beats_the_image_default_but_not_the_caller(tmp_path):
+    """The stack's value may be baked in the image as ENV: equal to it means "not the caller's"."""
+    recipe = load_recipe("relax-qwen3-4b-4npu-colocate")
+    stack = load_stack_info(recipe.stack)
+    assert stack.env["HCCL_CONNECT_TIMEOUT"] != recipe.env["HCCL_CONNECT_TIMEOUT"]
+    text = render_script(recipe, stack, RELAX)
+    start = text.index("# --- environment")
+    block = text[start:min(i for i in (text.find(m, start) for m in ("\n# --- preflight", "\ncd -- ")) if i > 0)]
+    probe = tmp_path / "env.sh"
+    probe.write_text("set -euo pipefail\nCODE_DIR=/src/Relax MASTER_PORT=29500\n" + block + 'echo "T=$HCCL_CONNECT_TIMEOUT"\n')
+
+    def timeout_with(value):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HCCL_")} | {"TRAINBOX_SKIP_PREFLIGHT": "1"}
+        if value is not None:
+            env["HCCL_CONNECT_TIMEOUT"] = value
+        out = subprocess.run(["bash", str(probe)], env=env, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split("T=")[1].strip()
+
+    assert timeout_with(None) == recipe.env["HCCL_CONNECT_TIMEOUT"]
+    assert timeout_with(stack.env["HCCL_CONNECT_TIMEOUT"]) == recipe.env["HCCL_CONNECT_TIMEOUT"]  # image ENV
+    assert timeout_with("3600") == "3600"  # the caller's

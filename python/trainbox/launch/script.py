@@ -130,14 +130,16 @@ def _input_rows(recipe: Recipe, vals: Values) -> list[dict]:
 
 def _env_rows(recipe: Recipe, stack: StackInfo, vals: Values, words_used: list[str]):
     """(stack defaults, recipe env). A recipe value that extends its own key (PYTHONPATH: ...:${PYTHONPATH:-})
-    always applies; any other recipe value is a default the caller's environment overrides; --set wins."""
+    always applies; any other recipe value is a default the caller's environment overrides (a value equal to
+    the stack's default is the image's ENV, not the caller's: the recipe's value replaces it); --set wins."""
     recipe_env = []
     for key, value in recipe.env.items():
         if key in vals.env:
             recipe_env.append({"key": key, "word": sh_quote(vals.env[key]), "force": True})
         else:
             recipe_env.append({"key": key, "word": shell_word(value),
-                               "force": any(name == key for name, _ in refs(value))})
+                               "force": any(name == key for name, _ in refs(value)),
+                               "stack_default": stack.env.get(key) if stack.env.get(key) != value else None})
             words_used.append(value)
     stack_env = []
     for key, value in stack.env.items():
