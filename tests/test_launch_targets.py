@@ -189,3 +189,13 @@ def test_recipe_env_beats_the_image_default_but_not_the_caller(tmp_path):
     assert timeout_with(None) == recipe.env["HCCL_CONNECT_TIMEOUT"]
     assert timeout_with(stack.env["HCCL_CONNECT_TIMEOUT"]) == recipe.env["HCCL_CONNECT_TIMEOUT"]  # image ENV
     assert timeout_with("3600") == "3600"  # the caller's
+
+
+def test_launch_check_lints_every_target():
+    cli = [sys.executable, "-m", "trainbox.cli", "launch", "check"]
+    ok = subprocess.run(cli + ["--target", "slurm", "--target", "slurm-pyxis", "--target", "ascendjob",
+                               "--target", "rayjob", "cpu-ddp", "ray-cpu", "relax-qwen3-4b-4npu-colocate"],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run(cli + ["--target", "nomad", "cpu-ddp"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--target 'nomad'" in bad.stderr

