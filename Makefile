@@ -51,7 +51,7 @@ lint: render-check
 	$(TRAINBOX) stack validate --strict
 	hadolint Dockerfile.npu Dockerfile.cuda build/generated/*/Dockerfile
 	shellcheck .ci/run ci/*.sh ci/slurm/*.sh
-	$(TRAINBOX) launch check
+	$(TRAINBOX) launch check --target slurm --target slurm-pyxis --target ascendjob --target volcano --target pytorchjob --target rayjob
 
 test: engine ensure-installed
 	$(PYTEST) -q -ra
