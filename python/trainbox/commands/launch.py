@@ -55,14 +55,17 @@ def register(sub) -> None:
 
     run = sub.add_parser("run", help="run a recipe in its stack's image (docker run with devices, mounts, env)")
     run.add_argument("recipe", metavar="RECIPE", help="recipe name or file")
-    run.add_argument("--image", help="image to run (default: trainbox/STACK:latest, else the newest trainbox/STACK)")
+    run.add_argument("--image", help="image to run (default: trainbox/STACK:latest, never a substitute-built image for an "
+                     "NPU/CUDA job unless --allow-substitute; `run` says which image and why)")
     run.add_argument("--devices", metavar="LIST", help="host cards to give the job, e.g. 0-3 or 0,1,4-5 (NPU/CUDA; "
-                     "default: 0..devices_per_node-1); also sets the visible-devices variable")
+                     "default: 0..devices_per_node-1); also sets the visible-devices variable, and moves the job's ports "
+                     "by 10 per first card so jobs on 0-3 and 4-7 do not collide")
     run.add_argument("--set", dest="sets", action="append", metavar="NAME=VALUE", help=SET_HELP)
     run.add_argument("--stack", help="run with another stack of the same device type")
     _scale_args(run)
     run.add_argument("--target", default="docker", choices=("docker", "slurm", "slurm-pyxis"),
-                     help="docker (default: here), or slurm / slurm-pyxis: submit with sbatch and follow the job")
+                     help="docker (default: here), or slurm / slurm-pyxis: submit with sbatch and follow the job "
+                          "(--dry-run prints the sbatch script)")
     run.add_argument("--allow-substitute", action="store_true",
                      help="run a device job in an image built on a substitute base (it has no NPU/CUDA runtime)")
     run.add_argument("--node-rank", type=int, default=0, help="multi-node recipes: which node this is (default 0)")
