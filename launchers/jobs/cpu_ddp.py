@@ -69,9 +69,6 @@ def main(argv: list[str] | None = None) -> int:
             with open(os.path.join(args.output_dir, "metrics.json"), "w") as fh:
                 json.dump({"world_size": info.world_size, "backend": info.backend, "losses": losses,
                            "ranks": ranks, "ok": ok}, fh, indent=2)
-    # every rank past its last collective before any tears its group down: a Gloo peer that closes its
-    # connections while another is still in all_gather_object aborts that one ("terminate called ...")
-    dist.barrier()
     destroy_distributed()
     if len(ranks) != info.world_size:
         print(f"cpu-ddp: all_gather_object returned {len(ranks)} objects for {info.world_size} ranks",
