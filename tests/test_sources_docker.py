@@ -29,7 +29,7 @@ def trainbox(args: list[str], env: dict[str, str], timeout: int = 900) -> subpro
 
 
 def build_args(stack: Path, report: Path) -> list[str]:
-    args = ["image", "build", "--stack", str(stack), "--report", str(report)]
+    args = ["image", "build", str(stack), "-o", str(report)]
     if Path("/opt/wheels").is_dir():
         args += ["--wheelhouse", "/opt/wheels"]
     return args
@@ -168,13 +168,13 @@ def test_bundle_builds_with_the_network_off_to_the_same_tag(built, mirrors):
     assert json.loads(proc.stdout)["schema"] == "trainbox.bundle/1"
     offline = {k: v for k, v in env.items() if not k.startswith("GIT_CONFIG_")}
     offline["TRAINBOX_CACHE"] = str(tmp / "empty-cache")  # nothing from the online build's source cache
-    dry = trainbox(["image", "build", "--stack", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle),
+    dry = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle),
                     "--dry-run"], offline)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "--network none" in dry.stdout and "TRAINBOX_OFFLINE=1" in dry.stdout
     report = tmp / "offline.json"
-    proc = trainbox(["image", "build", "--stack", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle),
-                     "--force", "--report", str(report)], offline, timeout=1200)
+    proc = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle),
+                     "--force", "-o", str(report)], offline, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rep = json.loads(report.read_text())
     assert rep["tag"] == tag and not rep["skipped"] and rep["rebuilt_steps"] > 0
@@ -198,6 +198,6 @@ def test_a_tampered_bundle_is_refused(built, tmp_path):
                 import io
                 f = io.BytesIO(data)
             dst.addfile(m, f)
-    proc = trainbox(["image", "build", "--stack", str(tmp / "cpu-sources.yaml"), "--bundle", str(bad)], env)
+    proc = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bad)], env)
     assert proc.returncode != 0
     assert "bundle.json does not match its SHA256SUMS entry" in proc.stderr

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._args import add_json, add_stacks, exits
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -14,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "transports), verifying each: wheels and archives by sha256, git commits by the fetched HEAD. "
         "`trainbox image build` then finds them in the cache (and with --offline needs nothing else).",
     )
-    p.add_argument("stacks", nargs="*", metavar="STACK", help="stack names or files (default: every stack)")
+    exits(p, None, **{"2": "usage or invalid input, or a source that cannot be fetched or does not match its pin "
+                           "(the component, URL and commit or hash are named)"})
+    add_stacks(p)
     p.add_argument("--sources-only", action="store_true",
                    help="only git commits and archives (not the PyPI artifacts, which the build's pip fetches)")
     p.add_argument("--offline", action="store_true", help="check that the cache holds everything; fetch nothing")
@@ -23,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wheelhouse", metavar="DIR", help="wheels already at hand (used only where a pin's sha256 "
                    "names them), e.g. one from an index this host cannot reach")
     p.add_argument("--platform", metavar="P", help="with --bundle: target platform (default: this machine's)")
-    p.add_argument("--json", action="store_true", help="print what was fetched as JSON")
+    add_json(p, "what was fetched (schema trainbox.fetch/1; with --bundle: trainbox.bundle/1)")
     p.set_defaults(func=_fetch)
 
 

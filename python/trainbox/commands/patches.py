@@ -70,9 +70,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Upstream-Ref (the pin: URL@commit for git), and write the series back. Fails, changing nothing, when a "
         "file's change does not apply to the pin.",
     )
+    exits(i, None, **{"2": "usage or invalid input, or a file of the diff does not apply to the pin (named; "
+                           "nothing under patches/ changes)"})
     i.add_argument("diff", type=Path, metavar="DIFF", help="the diff file")
-    i.add_argument("--component", required=True, metavar="C", help="component key whose series receives it")
-    i.add_argument("--stack", metavar="S", help="take the pin from this stack")
+    i.add_argument("--component", required=True, metavar="COMPONENT", help="component key whose series receives it")
+    i.add_argument("--stack", metavar="STACK", help="take the pin from this stack")
     i.add_argument("--status", default="Pending", help="Upstream-Status for the entries (default: Pending)")
     i.add_argument("--why", help="the explanation each entry's message carries")
     i.add_argument("--offline", action="store_true", help="use the cache only")
