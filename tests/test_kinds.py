@@ -77,7 +77,7 @@ def test_git_pip_and_tree_install_in_the_builder(tmp_path):
     (f"{{source: git, git: 'https://x.invalid/x.git', commit: {COMMIT}, install: wheel}}",
      r"components.extra.install"),
     (f"{{source: git, git: 'https://x.invalid/x.git', commit: {COMMIT}, subdir: ../up}}",
-     r"components.extra: subdir '../up' must be a relative path"),
+     r"components.extra.subdir: subdir '../up': must stay inside the tree"),
     (f"{{source: url, url: 'https://x.invalid/tool.deb', sha256: [{SHA}]}}",
      r"components.extra: url 'https://x.invalid/tool.deb': expected a wheel"),
     ("{source: url, url: 'https://x.invalid/x-1-py3-none-any.whl'}",

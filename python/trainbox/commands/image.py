@@ -43,10 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--cache-to", action="append", default=[], metavar="SPEC",
                    help="BuildKit cache export, e.g. type=local,dest=DIR,mode=max (buildx with a builder that "
                    "exports caches, e.g. the docker-container driver)")
-    b.add_argument("--offline", action="store_true",
-                   help="take git commits and archives only from trainbox's cache (fill it with `trainbox fetch`)")
-    b.add_argument("--bundle", metavar="FILE",
-                   help="build from a `trainbox fetch --bundle` file alone, with the build's network off")
+    b.add_argument("--offline", action="store_true", help="git commits and archives only from trainbox's cache")
+    b.add_argument("--bundle", metavar="FILE", help="build from a `trainbox fetch --bundle` file, network off")
     b.add_argument("--dry-run", action="store_true",
                    help="print the plan (base, inputs, content hash, tags, secrets, what is fetched from where) and "
                    "a docker command that runs as printed; builds nothing, needs no engine and no index")
