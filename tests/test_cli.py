@@ -32,7 +32,8 @@ OFFLINE_JSON = {
     "launch show": (["launch", "show", "cpu-ddp"], 0),
     "run": (["run", "cpu-ddp", "--dry-run", "--image", "trainbox/cpu:any"], 0),
     "doctor": (["doctor", "--quick"], None),  # 1 when a check fails on this host
-    "image build": (["image", "build", "cpu", "--dry-run"], 0),  # a dry run needs no engine and no index
+    "image build": (["image", "build", "cpu", "--dry-run"], 0),
+    "fetch": (["fetch", "cpu", "--sources-only", "--offline"], 0),  # cpu has no git or archive source  # a dry run needs no engine and no index
     "smoke": (["smoke", "cpu", "--skip", "validate,lock,render,hadolint,patches,build,doctor,recipes"], 0),
 }
 # these need the Docker engine (tests/test_cli_docker.py walks them) or PyPI (tests/test_wheelhouse.py)

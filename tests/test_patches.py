@@ -450,7 +450,7 @@ def test_git_source_by_commit(tmp_path):
     assert (unpack(got, tmp_path / "tree") / "lib.py").read_text() == "x = 1\n"
     shutil.rmtree(bare)  # offline from here
     assert fetch(pin, cache_dir=cache, offline=True).commit == first
-    with pytest.raises(SourceError, match="does not exist in"):
+    with pytest.raises(SourceError, match="cannot fetch from .*upstream.git: fatal: .*does not appear to be a git"):
         fetch(Pin(key="lib", source="git", name="lib", git=pin.git, commit="f" * 40), cache_dir=cache)
     with pytest.raises(SourceError, match="exact `commit`"):
         fetch(Pin(key="lib", source="git", name="lib", git=pin.git, commit=None), cache_dir=cache)

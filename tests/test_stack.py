@@ -157,12 +157,13 @@ def test_set_override_moves_pin_and_drops_stale_hashes():
     assert s.overrides == {"torch.version": "2.13.0+cpu"}
 
 
-def test_strict_flags_git_without_commit(tmp_path):
+def test_git_without_commit_is_refused_at_validation(tmp_path):
+    """A branch or tag alone moves: refused with the file and key, never listed as installed."""
     def edit(d):
         del d["components"]["mindspeed"]["commit"]
-    f = check(npu_stack(tmp_path, edit=edit))
-    assert "pinned-sources" in ids(f, "warning")
-    assert any("mindspeed" in x.message and "commit" in x.message for x in f)
+    with pytest.raises(TrainboxError, match=r"npu-test.yaml: components.mindspeed: a git component needs `commit:` "
+                                            r"\(the full 40-hex sha that 'core_r0.15.3' names\)"):
+        npu_stack(tmp_path, edit=edit)
 
 
 def test_strict_flags_missing_hash(tmp_path):

@@ -162,6 +162,8 @@ class PlanInputs:
     cache_from: list[str] = field(default_factory=list)
     cache_to: list[str] = field(default_factory=list)
     source_root: Path | None = None  # the checkout whose inputs are built (tests and bench use a copy)
+    sources: dict[str, Path] = field(default_factory=dict)  # staged git trees and archives (build/sources/...)
+    offline: bool = False  # `--bundle`: the build runs with --network none and pip uses the wheelhouse only
 
 
 def render_for(stack, base: Base):
@@ -178,7 +180,8 @@ def render_for(stack, base: Base):
 
 
 def _args(inp: PlanInputs, dockerfile: Path, tags: list[str], labels: dict[str, str], mode: str) -> list[str]:
-    args = ["-f", str(dockerfile), "--network", "host", "--platform", inp.platform]
+    args = ["-f", str(dockerfile), "--network", "none" if inp.offline else "host", "--platform", inp.platform]
+    args += ["--build-arg", "TRAINBOX_OFFLINE=1"] if inp.offline else []
     for t in tags:
         args += ["-t", t]
     for k, v in labels.items():
@@ -203,9 +206,12 @@ def make_plan(stack, base: Base, inp: PlanInputs, client=None) -> BuildPlan:
     files: dict[str, Path | bytes] = dict(input_files(inp.source_root))
     files.update(rendered.context_files)
     files[dockerfile_rel] = rendered.dockerfile.encode()
+    files.update(inp.sources)
     extra = {"base": base.image_id or base.used, "platform": inp.platform,
              **{f"label {k}": v for k, v in inp.labels.items()}}
-    digest = content_hash(files, inp.wheels, extra)
+    # the wheelhouse counts only where it can change what is installed: with every requirement hash-locked,
+    # online and `--bundle` builds install the same bytes and get the same tag
+    digest = content_hash(files, [] if rendered.manifest.get("deps_locked") else inp.wheels, extra)
     repo = f"trainbox/{stack.name}"
     tags = [f"{repo}:{digest[:12]}"]
     if inp.tag_latest and not stack.overrides:

@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "stack",
     "render",
     "patches",
+    "fetch",
     "base",
     "image",
     "launch",

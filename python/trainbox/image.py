@@ -14,15 +14,17 @@ import hashlib
 import json
 import os
 import platform as _platform
+import shutil
 import ssl
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from . import buildrun
 from .buildplan import (CONTEXT_ITEMS, WHEELHOUSE_DIR, Base, BuildPlan, PlanInputs,  # noqa: F401 - re-exported
-                        content_hash, copy_inputs, format_plan, make_plan, stage)
+                        content_hash, copy_inputs, format_plan, make_plan, stage, tree_files)
 from .buildrun import BuildFailed, BuildOutcome  # noqa: F401 - re-exported
 from .dists import canon, dist_key, norm_version
 from .engine import Client, EngineError, find_client
@@ -132,6 +134,9 @@ class BuildOptions:
     tag_latest: bool = True  # also tag trainbox/<stack>:latest (plain builds of the stack as it is)
     check_wheelhouse: bool = True  # tests turn this off to prove pip's own hash check in the build
     source_root: Path | None = None  # build another checkout's inputs (tests and the bench edit a copy)
+    offline: bool = False  # git commits and archives only from trainbox's cache (`trainbox fetch` filled it)
+    bundle: str | None = None  # `trainbox fetch --bundle` file: build from it alone, with the network off
+    sources_cache: str | None = None  # where fetched sources live (default trainbox's cache; a bundle's own)
 
 
 def _pull_hint(image: str) -> str:
@@ -205,7 +210,7 @@ def _lock_overrides(stack, plat: str, wheels: list[WheelFile], wheelhouse: str |
 
     def missing() -> list:
         return [c for c in stack.installed_components.values()
-                if c.source == "pypi" and not c.pin_for(plat).sha256]
+                if c.kind.from_index and not c.pin_for(plat).sha256]
 
     if not missing() and stack.lock_is_fresh():
         return
@@ -267,6 +272,10 @@ def _check_inputs(opts: BuildOptions):
     from .stack import load_stack
 
     stack = load_stack(opts.stack, sets=opts.sets or None, base=opts.base)
+    if opts.bundle:  # its checked wheelhouse and sources stand in for every index and git host
+        from .bundle import use_bundle
+
+        use_bundle(opts, stack, print if opts.dry_run else _say)
     plat = opts.platform or host_platform()
     if plat not in stack.platforms:
         raise TrainboxError(f"--platform {plat}: stack {stack.name} supports {', '.join(stack.platforms)} "
@@ -281,7 +290,7 @@ def _check_inputs(opts: BuildOptions):
     inp = PlanInputs(platform=plat, wheels=wheels, wheelhouse=opts.wheelhouse, ca_bundle=str(ca) if ca else None,
                      pip_index_url=bool(opts.pip_index_url), tags=list(opts.tags), labels=dict(opts.labels),
                      tag_latest=opts.tag_latest, no_cache=opts.no_cache, cache_from=list(opts.cache_from),
-                     cache_to=list(opts.cache_to), source_root=opts.source_root)
+                     cache_to=list(opts.cache_to), source_root=opts.source_root, offline=bool(opts.bundle))
     return stack, inp
 
 
@@ -308,6 +317,23 @@ def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[
             del stack.indexes[name]
 
 
+def _staged_sources(stack, opts: BuildOptions, say: Callable[[str], None]) -> dict[str, Path]:
+    """The stack's git trees and archives, fetched (or found in the cache) and verified, their patch series
+    checked, staged for the context as build/sources/<component>/... (bind-mounted by the builder)."""
+    import atexit
+
+    from .fetch import fetch_sources, stage as stage_sources
+
+    sources = fetch_sources(stack, offline=opts.offline, say=say,
+                            cache_dir=Path(opts.sources_cache) if opts.sources_cache else None)
+    if not sources.fetched:
+        return {}
+    root = Path(tempfile.mkdtemp(prefix=f"trainbox-sources-{stack.name}-"))
+    atexit.register(shutil.rmtree, root, True)
+    stage_sources(root, sources)
+    return tree_files(root, ["build"])
+
+
 def _check_cache_to(opts: BuildOptions, client: Client | None) -> None:
     if opts.cache_to and (client is None or client.mode != "buildx"):
         raise TrainboxError("--cache-to needs docker buildx with a builder that exports caches (`docker buildx "
@@ -332,6 +358,7 @@ def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] =
 
         bootstrap(tag=base.used, suite=base.used.rsplit(":", 1)[-1], client=client, say=say)
         base.image_id = client.image_id(base.used)
+    inp.sources = _staged_sources(stack, opts, say)
     p = make_plan(stack, base, inp, client)
     p.notes[:0] = notes
     return p

@@ -51,7 +51,7 @@ def _pip_resolve(stack: Stack, platform: str, wheelhouse: Path | None, skip: set
     """The closure pip would install for the stack's pypi pins on one platform: {name: {version, sha256}}."""
     reqs = []
     for c in stack.installed_components.values():
-        if c.source != "pypi":
+        if not c.kind.from_index:
             continue
         pin = c.pin_for(platform)
         extras = f"[{','.join(c.extras)}]" if c.extras else ""
@@ -104,7 +104,7 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
         old_plat = (old.get("platforms") or {}).get(plat) or {}
         comps: dict = {}
         for key, c in sorted(stack.installed_components.items()):
-            if c.source != "pypi":
+            if not c.kind.from_index:
                 continue
             pin = c.pin_for(plat)
             prev = (old_plat.get("components") or {}).get(key) or {}

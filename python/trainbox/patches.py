@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from .runtime.errors import TrainboxError
-from .dists import canon
 from .paths import CACHE_DIR, PATCHES_DIR
+from .kinds import kind_of
 from .sources import Pin, fetch, pin_from_component, unpack
 
 _EDIT_META = "trainbox-edit.json"
@@ -76,32 +76,10 @@ def applied_patches(series: str, patches_dir: Path | None = None) -> list[dict[s
 
 
 def _ref_matches(ref: str | None, pin: Pin) -> str | None:
-    """None when `Upstream-Ref` fits the pin, else what is wrong with it."""
-    ap = applier()
+    """None when `Upstream-Ref` fits the pin, else what is wrong with it (the pin's kind knows its form)."""
     if not ref:
         return "no Upstream-Ref header"
-    if pin.source == "pypi":
-        m = ap.PYPI_REF_RE.match(ref)
-        if not m:
-            return f"Upstream-Ref {ref!r} is not NAME==VERSION sha256:HEX"
-        if canon(m.group("name")) != canon(pin.name) or m.group("version") != pin.version:
-            return f"made against {m.group('name')} {m.group('version')}, but the pin is {pin.ref}"
-        if m.group("sha256") and pin.sha256 and m.group("sha256") not in pin.sha256:
-            return f"made against artifact sha256:{m.group('sha256')[:12]}, which {pin.ref} does not pin"
-        return None
-    if pin.source == "git":
-        m = ap.GIT_REF_RE.match(ref)
-        if not m:
-            return f"Upstream-Ref {ref!r} is not URL@COMMIT"
-        if m.group("commit") != pin.commit:
-            return f"made against commit {m.group('commit')[:12]}, but the pin is {pin.commit[:12]}"
-        return None
-    m = ap.URL_REF_RE.match(ref)
-    if not m:
-        return f"Upstream-Ref {ref!r} is not URL sha256:HEX"
-    if m.group("sha256") not in pin.sha256:
-        return f"made against sha256:{m.group('sha256')[:12]}, which the pin does not name"
-    return None
+    return kind_of(pin.source).ref_problem(ref, pin)
 
 
 def header_problems(patch: Any) -> list[str]:

@@ -20,9 +20,9 @@ import jinja2
 from . import __version__
 from .grammar import check_env_name, check_image, controls
 from .runtime.errors import TrainboxError
-from .templating import make_env
 from .paths import PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
-from .stack import PLATFORM_MACHINE, Stack, list_stacks, load_stack
+from .templating import make_env
+from .stack import Stack, list_stacks, load_stack, platform_marker
 
 # Stacks whose Dockerfile is rendered to the repo root (the rest live under build/generated/ only).
 DEFAULT_DOCKERFILES = {"npu-910b": "Dockerfile.npu", "cuda": "Dockerfile.cuda"}
@@ -44,33 +44,11 @@ class RenderedStack:
         return f"{GENERATED_DIR}/{self.stack.name}"
 
 
-def _marker(platform: str, platforms: list[str]) -> str:
-    return "" if len(platforms) == 1 else f' ; platform_machine == "{PLATFORM_MACHINE[platform]}"'
-
-
 def _require_lines(stack: Stack) -> list[str]:
-    """name==version --hash=... per platform group; one line per distinct pin."""
+    """Each installed component's hash-checked requirement lines, as its kind writes them."""
     lines = []
     for key, c in sorted(stack.installed_components.items()):
-        if c.source == "pypi":
-            groups: dict[tuple, list[str]] = {}
-            for plat in stack.platforms:
-                pin = c.pin_for(plat)
-                if not pin.sha256:
-                    raise TrainboxError(
-                        f"{stack.source_file}: components.{key}: no sha256 for {plat}; run "
-                        f"`trainbox stack lock {stack.name}` (every artifact is installed in hash-checking mode)")
-                groups.setdefault((pin.version, tuple(sorted(pin.sha256))), []).append(plat)
-            extras = f"[{','.join(c.extras)}]" if c.extras else ""
-            for (version, shas), plats in sorted(groups.items()):
-                marker = "" if len(plats) == len(stack.platforms) else \
-                    " ; " + " or ".join(f'platform_machine == "{PLATFORM_MACHINE[p]}"' for p in plats)
-                hashes = " ".join(f"--hash=sha256:{h}" for h in shas)
-                lines.append(f"{c.dist_name}{extras}=={version}{marker} {hashes}")
-        elif c.source == "url":
-            if not c.sha256:
-                raise TrainboxError(f"{stack.source_file}: components.{key}: a url source needs sha256")
-            lines.append(f"{c.dist_name} @ {c.url} " + " ".join(f"--hash=sha256:{h}" for h in c.sha256))
+        lines += c.kind.requirement_lines(c, stack)
     return lines
 
 
@@ -87,8 +65,7 @@ def _dep_lines(stack: Stack) -> list[str]:
     for (name, version, shas), plats in sorted(groups.items()):
         if not shas:
             continue
-        marker = "" if len(plats) == len(stack.platforms) else \
-            " ; " + " or ".join(f'platform_machine == "{PLATFORM_MACHINE[p]}"' for p in plats)
+        marker = platform_marker(plats, stack.platforms)
         lines.append(f"{name}=={version}{marker} " + " ".join(f"--hash=sha256:{h}" for h in shas))
     return lines
 
@@ -111,19 +88,7 @@ def _patch_list(stack: Stack) -> dict[str, list[dict]]:
 def manifest(stack: Stack, patches: dict[str, list[dict]]) -> dict:
     comps = {}
     for key, c in sorted(stack.installed_components.items()):
-        entry: dict = {"name": c.dist_name, "source": c.source}
-        if c.source == "pypi":
-            pins = {p: c.pin_for(p) for p in stack.platforms}
-            entry["version"] = c.version
-            entry["index"] = c.index
-            entry["sha256"] = sorted({h for pin in pins.values() for h in pin.sha256})
-            variants = {p: pin.version for p, pin in pins.items() if pin.version != c.version}
-            if variants:
-                entry["platform_versions"] = variants
-        elif c.source == "git":
-            entry.update({"git": c.git, "commit": c.commit, "ref": c.ref})
-        else:
-            entry.update({"url": c.url, "sha256": c.sha256})
+        entry = c.kind.manifest_entry(c, stack)
         if c.patches:
             entry["patches"] = c.patches
         comps[key] = entry
@@ -144,6 +109,16 @@ def manifest(stack: Stack, patches: dict[str, list[dict]]) -> dict:
         "deps_locked": bool(_dep_lines(stack)),
         "overrides": dict(sorted(stack.overrides.items())),
     }
+
+
+def _sourced(stack: Stack) -> dict[str, str]:
+    """{component: install_source.py arguments} for the components whose source the build context stages."""
+    out = {}
+    for key, c in sorted(stack.installed_components.items()):
+        args = c.kind.install_args(c)
+        if args:
+            out[key] = " ".join(shlex.quote(a) for a in args)
+    return out
 
 
 def _env() -> jinja2.Environment:
@@ -199,8 +174,8 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2") -> RenderedStack
     requirements = header.format(stack.name) + "".join(line + "\n" for line in req_lines)
     deps = header.format(stack.name) + "".join(line + "\n" for line in dep_lines)
     manifest_text = json.dumps(man, indent=2, sort_keys=True) + "\n"
-    names = sorted({c.dist_name + (f"[{','.join(c.extras)}]" if c.extras else "")
-                    for c in stack.installed_components.values() if c.source == "pypi"})
+    names = sorted({c.dist_name + c.extras_suffix
+                    for c in stack.installed_components.values() if c.kind.from_index})
     src = stack.source_file.relative_to(REPO_ROOT) if stack.source_file and \
         stack.source_file.is_relative_to(REPO_ROOT) else stack.source_file
     try:
@@ -212,7 +187,11 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2") -> RenderedStack
             dockerfile_name=DEFAULT_DOCKERFILES.get(stack.name, f"{gen}/Dockerfile"),
             deps_locked=bool(dep_lines),
             dep_names=names,
-            patched={k: stack.components[k] for k in patches},
+            patched={k: stack.components[k] for k in patches if not stack.components[k].kind.install_args(
+                stack.components[k])},
+            sourced=_sourced(stack),
+            source_packages=sorted({p for c in stack.installed_components.values() for p in c.kind.builder_packages(c)}),
+            trees=any(c.install == "tree" for c in stack.installed_components.values()),
             patches=patches,
             env=dict(sorted(stack.env.items())),
             env_lines=[f"{_env_key(k)}={dockerfile_string(v)}" for k, v in sorted(stack.env.items())],
@@ -269,6 +248,10 @@ def _labels(stack: Stack) -> dict[str, str]:
         # which one the stack declares without claiming it (`trainbox run` reads io.trainbox.cann)
         key = "io.trainbox.cann.declared" if stack.declared_base else "io.trainbox.cann"
         labels[key] = stack.base.cann
+    for key, c in stack.installed_components.items():
+        if c.kind.install_args(c):  # provenance of what the build staged: URL, commit, tree, mode, patches
+            entry = c.kind.manifest_entry(c, stack)
+            labels[f"io.trainbox.source.{key}"] = json.dumps(entry, sort_keys=True, separators=(",", ":"))
     for key in ("torch-npu", "megatron-core"):
         c = stack.components.get(key)
         if c and c.install and c.version:

@@ -68,17 +68,8 @@ def _component(stack: Stack, *names: str):
       "with sha256; a moved pin needs `trainbox stack lock`")
 def pinned_sources(stack: Stack) -> Iterator[Finding]:
     for key, c in stack.installed_components.items():
-        if c.source == "pypi":
-            for plat in stack.platforms:
-                if not c.pin_for(plat).sha256:
-                    yield Finding("pinned-sources", "warning",
-                                  f"components.{key}: no sha256 for {plat}; run `trainbox stack lock {stack.name}`")
-        elif c.source == "git" and not c.commit:
-            yield Finding("pinned-sources", "warning",
-                          f"components.{key}: git ref {c.ref!r} is a tag or branch, not a commit; pin `commit:` to "
-                          "the full 40-hex sha")
-        elif c.source == "url" and not c.sha256:
-            yield Finding("pinned-sources", "warning", f"components.{key}: url without sha256")
+        for msg in c.kind.pin_warnings(c, stack):
+            yield Finding("pinned-sources", "warning", f"components.{key}: {msg}")
 
 
 @rule("torch-npu-cann", "torch_npu pairs with exactly one torch and one CANN release line (Ascend's table, "

@@ -9,6 +9,7 @@ kept as bare mirrors under CACHE_DIR/sources/git/. Everything already cached is 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -27,11 +28,11 @@ from typing import Any, Iterable
 from .dists import is_dist_of, sha256_file, wheel_tags
 from .runtime.errors import TrainboxError
 from .index import ssl_context
+from .kinds import COMMIT_RE, kind_of
 from .paths import CACHE_DIR
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 class SourceError(TrainboxError):
@@ -54,12 +55,12 @@ class Pin:
     url: str | None = None
 
     @property
+    def dist_name(self) -> str:
+        return self.name
+
+    @property
     def ref(self) -> str:
-        if self.source == "pypi":
-            return f"{self.name}=={self.version}"
-        if self.source == "git":
-            return f"{self.git}@{self.commit}"
-        return str(self.url)
+        return kind_of(self.source).pinned_ref(self)
 
 
 def _index_url(name: str, indexes: dict[str, str] | None) -> str:
@@ -106,7 +107,8 @@ def pin_from_component(comp: Any, stack: Any = None, platform: str | None = None
         name=name,
         version=getattr(comp, "version", None),
         index_name=index_name,
-        index_url=_index_url(index_name, getattr(stack, "indexes", None)) if source == "pypi" else DEFAULT_INDEX,
+        index_url=(_index_url(index_name, getattr(stack, "indexes", None)) if kind_of(source).from_index
+                   else DEFAULT_INDEX),
         sha256=tuple(seen),
         git=getattr(comp, "git", None),
         commit=getattr(comp, "commit", None),
@@ -130,18 +132,12 @@ class Fetched:
             return "git"
         if self.filename.endswith(".whl"):
             return "wheel"
-        return "sdist" if self.pin.source == "pypi" else "archive"
+        return "sdist" if kind_of(self.pin.source).from_index else "archive"
 
     @property
     def upstream_ref(self) -> str:
         """The `Upstream-Ref:` value for patches made against this source."""
-        if self.commit:
-            return f"{self.pin.git}@{self.commit}"
-        if self.pin.source == "pypi":
-            tree = ("installed package, patch -p1 in site-packages" if self.kind == "wheel"
-                    else "sdist root, patch -p1")
-            return f"{self.pin.name}=={self.pin.version} sha256:{self.sha256} (tree: {tree})"
-        return f"{self.pin.url} sha256:{self.sha256}"
+        return kind_of(self.pin.source).upstream_ref(self)
 
     @property
     def label(self) -> str:
@@ -286,6 +282,8 @@ GIT_PROTOCOLS = "https:ssh:file"
 
 
 def _git(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """The user's own git with the user's configuration (insteadOf mirrors, credential helpers, proxies);
+    never a prompt, and only the transports in GIT_PROTOCOLS unless the environment sets its own."""
     env = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C")
     env.setdefault("GIT_ALLOW_PROTOCOL", GIT_PROTOCOLS)
     proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
@@ -298,33 +296,72 @@ def _has_commit(repo: Path, commit: str) -> bool:
     return _git("--git-dir", str(repo), "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode == 0
 
 
+def git_cache_repo(url: str, cache_dir: Path | None = None) -> Path:
+    """The bare repository that holds the fetched commits of `url` (one per URL as the stack spells it)."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", url.rstrip("/").rsplit("/", 1)[-1]).strip("-") or "repo"
+    return _cache(cache_dir) / "git" / f"{slug}-{hashlib.sha256(url.encode()).hexdigest()[:12]}.git"
+
+
+def _git_reason(text: str) -> str:
+    """git's own reason: its first `fatal:`/`error:` line (the lines after it are consequences and advice)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    told = [ln for ln in lines if ln.startswith(("fatal:", "error:"))]
+    return (told or lines[-1:] or ["no output"])[0]
+
+
 def _fetch_git(pin: Pin, offline: bool, cache_dir: Path | None) -> Fetched:
-    what = f"{pin.key} ({pin.git})"
+    """The pinned commit, fetched by id (depth 1) into the cache and verified: FETCH_HEAD must be it."""
+    what = f"{pin.key} ({pin.git}@{pin.commit})"
     if not pin.commit or not COMMIT_RE.match(pin.commit):
-        raise SourceError(f"{what}: patches need an exact `commit` (40 hex digits), not only a ref; pin one")
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", pin.git.rstrip("/").rsplit("/", 1)[-1]).strip("-") or "repo"
-    repo = _cache(cache_dir) / "git" / f"{slug}-{hashlib.sha256(pin.git.encode()).hexdigest()[:12]}.git"
+        raise SourceError(f"{what}: a git component needs an exact `commit` (40 hex digits), not only a ref")
+    repo = git_cache_repo(pin.git, cache_dir)
     if repo.is_dir() and _has_commit(repo, pin.commit):
         return Fetched(pin, repo, repo.name, commit=pin.commit)
     if offline:
-        raise SourceError(f"{what}: commit {pin.commit} is not in the cache and --offline was given")
+        raise SourceError(f"{what}: commit is not in the cache ({repo}) and the build is offline; run "
+                          "`trainbox fetch` where the repository answers")
     if not repo.is_dir():
         repo.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=repo.parent))
         try:
-            _git("clone", "--quiet", "--bare", "--", pin.git, str(tmp / "r.git"))  # `--`: a URL is never an option
-            os.rename(tmp / "r.git", repo)
+            _git("init", "--quiet", "--bare", str(tmp / "r.git"))
+            with contextlib.suppress(OSError):
+                os.rename(tmp / "r.git", repo)  # a concurrent fetch may have made it first
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    if not _has_commit(repo, pin.commit):
-        _git("--git-dir", str(repo), "fetch", "--quiet", "--", pin.git, "+refs/heads/*:refs/heads/*",
-             "+refs/tags/*:refs/tags/*", check=False)
-    if not _has_commit(repo, pin.commit):
-        # servers that allow it hand out unadvertised commits by id
-        _git("--git-dir", str(repo), "fetch", "--quiet", "--", pin.git, pin.commit, check=False)
-    if not _has_commit(repo, pin.commit):
-        raise SourceError(f"{what}: commit {pin.commit} does not exist in {pin.git}; check the pin")
+    # the URL after `--`, so that a URL starting with "-" can never be read as an option
+    proc = _git("--git-dir", str(repo), "fetch", "--quiet", "--no-tags", "--depth", "1", "--", pin.git,
+                pin.commit, check=False)
+    if proc.returncode != 0:
+        err = _git_reason(proc.stderr or proc.stdout)
+        if "not our ref" in err or "couldn't find remote ref" in err or "no such remote ref" in err:
+            raise SourceError(f"{what}: the repository has no commit {pin.commit}; check `commit:` (git said: {err})")
+        raise SourceError(f"{what}: cannot fetch from {pin.git}: {err}")
+    got = _git("--git-dir", str(repo), "rev-parse", "FETCH_HEAD").stdout.strip()
+    if got != pin.commit:
+        raise SourceError(f"{what}: fetched {got}, not the pinned commit; check `commit:` and the mirror")
+    # keep it reachable so that git gc in the cache does not drop it
+    _git("--git-dir", str(repo), "update-ref", f"refs/trainbox/{pin.commit}", pin.commit)
     return Fetched(pin, repo, repo.name, commit=pin.commit)
+
+
+def tree_id(fetched: Fetched) -> str:
+    """git's tree hash of the fetched commit: names the exact file contents, recorded in the manifest."""
+    return _git("--git-dir", str(fetched.path), "rev-parse", f"{fetched.commit}^{{tree}}").stdout.strip()
+
+
+def _fetch_url(pin: Pin, offline: bool, cache_dir: Path | None) -> Fetched:
+    what = f"{pin.key} ({pin.url})"
+    if len(pin.sha256) != 1:
+        raise SourceError(f"{what}: a url source needs exactly one sha256 to be fetched")
+    sha = pin.sha256[0]
+    path = cached_artifact(sha, cache_dir)
+    if path is None:
+        if offline:
+            raise SourceError(f"{what}: not in the cache and the build is offline; run `trainbox fetch` first")
+        name = urllib.parse.unquote(urllib.parse.urlparse(pin.url).path.rsplit("/", 1)[-1]) or "download"
+        path = _download(pin.url, sha, name, cache_dir, what)
+    return Fetched(pin, path, path.name, sha256=sha)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -333,23 +370,7 @@ def _fetch_git(pin: Pin, offline: bool, cache_dir: Path | None) -> Fetched:
 
 def fetch(pin: Pin, *, prefer: Iterable[str] = (), offline: bool = False, cache_dir: Path | None = None) -> Fetched:
     """The pinned source, from the cache or downloaded into it. `prefer`: sha256s to choose first."""
-    if pin.source == "pypi":
-        return _fetch_pypi(pin, list(prefer), offline, cache_dir)
-    if pin.source == "git":
-        return _fetch_git(pin, offline, cache_dir)
-    if pin.source == "url":
-        what = f"{pin.key} ({pin.url})"
-        if len(pin.sha256) != 1:
-            raise SourceError(f"{what}: a url source needs exactly one sha256 to be fetched for patching")
-        sha = pin.sha256[0]
-        path = cached_artifact(sha, cache_dir)
-        if path is None:
-            if offline:
-                raise SourceError(f"{what}: not in the cache and --offline was given")
-            name = urllib.parse.unquote(urllib.parse.urlparse(pin.url).path.rsplit("/", 1)[-1]) or "download"
-            path = _download(pin.url, sha, name, cache_dir, what)
-        return Fetched(pin, path, path.name, sha256=sha)
-    raise SourceError(f"{pin.key}: unknown source {pin.source!r}")
+    return kind_of(pin.source).fetch_pin(pin, prefer=list(prefer), offline=offline, cache_dir=cache_dir)
 
 
 def _safe_members(names: Iterable[str], archive: str) -> None:

@@ -12,8 +12,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from .kinds import Kind, kind_of
 from .runtime.errors import TrainboxError
 from . import grammar
 from .dists import canon  # noqa: F401 - re-exported: stack.canon is used across the host side
@@ -21,10 +22,16 @@ from .paths import STACKS_DIR
 from .yamlfile import load_yaml_file
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 PLATFORM_RE = re.compile(r"^linux/(amd64|arm64)$")
 # pip markers for the platforms a stack can target
 PLATFORM_MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+
+
+def platform_marker(plats: list[str], all_plats: list[str]) -> str:
+    """The requirement marker that limits a line to `plats` ("" when it holds on every platform)."""
+    if len(plats) == len(all_plats):
+        return ""
+    return " ; " + " or ".join(f'platform_machine == "{PLATFORM_MACHINE[p]}"' for p in plats)
 
 
 class StackError(TrainboxError):
@@ -85,9 +92,9 @@ class PlatformPin(_Strict):
 
 class Component(_Strict):
     key: str = ""  # filled from the mapping key
-    source: Literal["pypi", "git", "url"]
+    source: str  # a kind in trainbox.kinds.KINDS
     name: str | None = None  # distribution name (pypi), defaults to the key
-    version: str | None = None
+    version: str | None = None  # pypi: the pin; git with install: pip: the version the built wheel must have
     index: str = "pypi"
     sha256: list[str] = Field(default_factory=list)
     extras: list[str] = Field(default_factory=list)
@@ -95,10 +102,12 @@ class Component(_Strict):
     git: str | None = None
     commit: str | None = None
     ref: str | None = None  # tag or branch the commit was taken from; informational
-    subdirectory: str | None = None
+    subdir: str | None = None  # git: where the package lives below the repository root
     url: str | None = None
     patches: str | None = None  # series name: a directory under patches/
-    install: bool = True
+    # false: listed only (e.g. what the base provides); git: pip (a wheel built from the tree) or tree
+    install: bool | Literal["pip", "tree"] = True
+    build_isolation: bool = True  # git, install: pip: false builds with the venv's own setuptools
     note: str | None = None
 
     @field_validator("sha256")
@@ -139,10 +148,10 @@ class Component(_Strict):
     def _ref(cls, v: str | None) -> str | None:
         return v if v is None else grammar.check_git_ref(v)
 
-    @field_validator("subdirectory")
+    @field_validator("subdir")
     @classmethod
-    def _subdirectory(cls, v: str | None) -> str | None:
-        return v if v is None else grammar.check_relpath(v, "subdirectory")
+    def _subdir(cls, v: str | None) -> str | None:
+        return v if v is None else grammar.check_relpath(v, "subdir")
 
     @field_validator("note")
     @classmethod
@@ -157,28 +166,26 @@ class Component(_Strict):
                 raise ValueError(f"platform {p!r} is not one of linux/amd64, linux/arm64")
         return v
 
+    @field_validator("source")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        kind_of(v)
+        return v
+
     @model_validator(mode="after")
     def _source_fields(self) -> "Component":
-        if self.source == "pypi":
-            if not self.version:
-                raise ValueError("a pypi component needs `version` (an exact pin, used as name==version)")
-            if any(ch in self.version for ch in "<>=!~*, "):
-                raise ValueError(f"version {self.version!r} must be one exact version, not a range")
+        self.kind.validate(self)
+        if self.version:
             grammar.check_version(self.version)
-            for bad in ("git", "commit", "url"):
-                if getattr(self, bad):
-                    raise ValueError(f"`{bad}` does not belong to a pypi component")
-        elif self.source == "git":
-            if not self.git:
-                raise ValueError("a git component needs `git` (the repository URL)")
-            if self.commit and not COMMIT_RE.match(self.commit):
-                raise ValueError(f"commit {self.commit!r} must be a full 40-hex sha")
-            if not self.commit and not self.ref:
-                raise ValueError("a git component needs `commit` (a full sha) or at least `ref`")
-        elif self.source == "url":
-            if not self.url:
-                raise ValueError("a url component needs `url`")
         return self
+
+    @property
+    def kind(self) -> Kind:
+        return kind_of(self.source)
+
+    @property
+    def extras_suffix(self) -> str:
+        return f"[{','.join(self.extras)}]" if self.extras else ""
 
     @property
     def dist_name(self) -> str:
@@ -186,6 +193,8 @@ class Component(_Strict):
 
     # hashes the lock file recorded for this pin, per platform (filled by load_stack)
     locked: dict[str, list[str]] = Field(default_factory=dict, exclude=True)
+    # git's tree hash of the fetched commit (filled by the image build once fetched; recorded in the manifest)
+    _tree_id: str | None = PrivateAttr(None)
 
     def pin_for(self, platform: str) -> PlatformPin:
         """The version / index / hashes in force on one platform (stack file first, then the lock)."""
@@ -203,11 +212,7 @@ class Component(_Strict):
 
     @property
     def pinned_ref(self) -> str:
-        if self.source == "pypi":
-            return f"{self.dist_name}=={self.version}"
-        if self.source == "git":
-            return f"{self.git}@{self.commit or self.ref}"
-        return str(self.url)
+        return self.kind.pinned_ref(self)
 
 
 class Stack(_Strict):
@@ -300,7 +305,7 @@ class Stack(_Strict):
     def _cross(self) -> "Stack":
         for key, comp in self.components.items():
             comp.key = key
-            if comp.source == "pypi":
+            if comp.kind.from_index:
                 for plat in [comp.index] + [p.index for p in comp.platforms.values() if p.index]:
                     if plat not in self.indexes:
                         raise ValueError(f"components.{key}.index {plat!r} is not defined under `indexes`")
@@ -324,9 +329,9 @@ class Stack(_Strict):
         rows = []
         for plat in self.platforms:
             for key, c in sorted(self.installed_components.items()):
-                if c.source == "pypi":
+                if c.kind.from_index:
                     pin = c.pin_for(plat)
-                    rows.append(f"{plat} {c.dist_name}{'[' + ','.join(c.extras) + ']' if c.extras else ''}"
+                    rows.append(f"{plat} {c.dist_name}{c.extras_suffix}"
                                 f"=={pin.version} {pin.index}")
         rows.append(f"python {self.python}")
         return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
@@ -593,7 +598,7 @@ def attach_lock(stack: Stack, lock: dict) -> None:
     for plat, entry in (lock.get("platforms") or {}).items():
         for key, rec in ((entry or {}).get("components") or {}).items():
             comp = stack.components.get(key)
-            if comp is None or comp.source != "pypi":
+            if comp is None or not comp.kind.from_index:
                 continue
             pin = comp.pin_for(plat)
             if rec.get("version") == pin.version and rec.get("index") == pin.index:

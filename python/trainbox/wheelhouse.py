@@ -43,7 +43,7 @@ def read_wheelhouse(path: str | os.PathLike) -> list[WheelFile]:
 def pins_for(stack, platform: str) -> list[Pin]:
     """The stack's pypi components as they stand on one platform."""
     return [pin_from_component(c, stack, platform=platform)
-            for c in stack.installed_components.values() if c.source == "pypi"]
+            for c in stack.installed_components.values() if c.kind.from_index]
 
 
 def wanted(stack, platform: str) -> list[Pin]:

@@ -43,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--cache-to", action="append", default=[], metavar="SPEC",
                    help="BuildKit cache export, e.g. type=local,dest=DIR,mode=max (buildx with a builder that "
                    "exports caches, e.g. the docker-container driver)")
+    b.add_argument("--offline", action="store_true", help="git commits and archives only from trainbox's cache")
+    b.add_argument("--bundle", metavar="FILE", help="build from a `trainbox fetch --bundle` file, network off")
     b.add_argument("--dry-run", action="store_true",
                    help="print the plan (base, inputs, content hash, tags, secrets, what is fetched from where) and "
                    "a docker command that runs as printed; builds nothing, needs no engine and no index")
@@ -104,6 +106,7 @@ def _build(args: argparse.Namespace) -> int:
         platform=args.platform, force=args.force, dry_run=args.dry_run, report=args.output,
         verbose=args.verbose, no_cache=args.no_cache, cache_from=args.cache_from, cache_to=args.cache_to,
         json=bool(args.json and args.dry_run),
+        offline=args.offline, bundle=args.bundle,
     )
     if not args.json or args.dry_run:
         image.build(opts)  # a dry run prints its plan, as JSON with --json

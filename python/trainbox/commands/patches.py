@@ -62,7 +62,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     exits(x)
     x.set_defaults(func=_export)
 
+    i = psub.add_parser(
+        "import",
+        help="turn a single diff from another project into series entries with provenance headers",
+        description="Apply DIFF (e.g. one of Relax's docker/npu_patch/*.patch) to the component's pinned source "
+        "on top of its series, one entry per file, each with a message naming DIFF, Upstream-Status and "
+        "Upstream-Ref (the pin: URL@commit for git), and write the series back. Fails, changing nothing, when a "
+        "file's change does not apply to the pin.",
+    )
+    exits(i, None, **{"2": "usage or invalid input, or a file of the diff does not apply to the pin (named; "
+                           "nothing under patches/ changes)"})
+    i.add_argument("diff", type=Path, metavar="DIFF", help="the diff file")
+    i.add_argument("--component", required=True, metavar="COMPONENT", help="component key whose series receives it")
+    i.add_argument("--status", default="Pending", help="Upstream-Status for the entries (default: Pending)")
+    i.add_argument("--why", help="the explanation each entry's message carries")
+    i.add_argument("--offline", action="store_true", help="use the cache only")
+    i.set_defaults(func=_import)
+
     p.set_defaults(func=group_help(p))
+
+
+def _import(args: argparse.Namespace) -> int:
+    from trainbox.patch_import import import_diff
+
+    names = import_diff(args.diff, args.component, status=args.status, why=args.why,
+                        offline=args.offline)
+    print(f"{args.component}: series now {len(names)} patch(es): {', '.join(names)}")
+    return 0
 
 
 def _verify(args: argparse.Namespace) -> int:

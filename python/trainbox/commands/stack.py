@@ -137,7 +137,7 @@ def _rows(stack):
     rows = []
     for key, c in sorted(stack.components.items()):
         for plat in stack.platforms:
-            pin = c.pin_for(plat) if c.source == "pypi" else None
+            pin = c.pin_for(plat) if c.kind.from_index else None
             rows.append({
                 "component": key, "platform": plat, "source": c.source,
                 "ref": (f"{c.dist_name}=={pin.version}" if pin else c.pinned_ref),

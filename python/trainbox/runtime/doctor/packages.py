@@ -75,7 +75,7 @@ def check_versions(ctx: Context) -> Result:
     drifted, missing, checked, unpinned = [], [], [], []
     reinstall = []  # pip requirement strings that restore the pins
     for key, comp in comps.items():
-        if comp.get("install") is False:
+        if comp.get("install") in (False, "tree"):  # trees: packages.sources checks their commit
             continue
         name = comp.get("name") or key
         want = comp.get("version")
@@ -107,6 +107,44 @@ def check_versions(ctx: Context) -> Result:
     return Result(PASS, f"{len(checked)} packages match the stack"
                         + (f" ({len(unpinned)} without a version pin not compared)" if unpinned else ""),
                   data=data)
+
+
+@check("packages.sources")
+def check_sources(ctx: Context) -> Result:
+    """Source trees (`install: tree` git components) are the commits the manifest names, and on sys.path."""
+    comps = (ctx.manifest or {}).get("components") or {}
+    trees = {k: c for k, c in comps.items() if c.get("install") == "tree" and c.get("path")}
+    if not trees:
+        return Result(SKIP, "the stack installs no source trees")
+    bad, good = [], []
+    for key, c in sorted(trees.items()):
+        found = _tree_marker(ctx, c["path"])
+        if found is None:
+            bad.append(f"{key}: no tree at {c['path']}")
+            continue
+        if found.get("commit") != c.get("commit"):
+            bad.append(f"{key}: {c['path']} holds {found.get('commit')}, the stack pins {c.get('commit')}")
+        elif ctx.root in ("", "/") and c["path"] not in sys.path:
+            bad.append(f"{key}: {c['path']} is not on sys.path (its .pth file in site-packages is gone)")
+        else:
+            good.append(f"{key} @ {str(c.get('commit'))[:12]}")
+    if bad:
+        return Result(FAIL, "source trees differ from the stack: " + "; ".join(bad),
+                      "rebuild the image; trees are not meant to be edited in place", data={"problems": bad})
+    return Result(PASS, "source trees as pinned: " + ", ".join(good), data={"trees": good})
+
+
+def _tree_marker(ctx: Context, path: str) -> dict | None:
+    """The .trainbox-source.json the build wrote at the tree's root (the path may be a subdir of it)."""
+    parts = path.rstrip("/").split("/")
+    for n in range(len(parts), 2, -1):
+        f = ctx.path("/".join(parts[:n]) + "/.trainbox-source.json")
+        try:
+            with open(f) as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 @check("packages.torch_npu")

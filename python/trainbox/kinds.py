@@ -1,0 +1,301 @@
+"""Component kinds: one object per `source:` value (host module).
+
+Each kind says, for a stack component of its kind, what validation requires, its pinned reference, the lines
+it adds to the build's hash-checked requirements, its entry in the image manifest, and how it is fetched.
+No other module branches on `source:`; they ask the component's kind (`KINDS[c.source]`). A kind added here
+is a new `source:` value everywhere at once; a value with no kind is refused at validation.
+
+    pypi  name==version from an index, hash-checked (the lock records the hashes per platform)
+    url   one file by URL and sha256: a wheel (installed from its URL, hash-checked) or an archive of wheels
+          (.tar.gz/.tgz/.zip: fetched on the host, verified, its wheels installed --no-deps)
+    git   a repository at a full 40-hex commit: a wheel built from the tree (`install: pip`) or the tree itself
+          on sys.path (`install: tree`), optionally below `subdir:` and with a patch series applied first
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".zip")
+#: Where `install: tree` checkouts live in the image (one directory per component key).
+TREE_ROOT = "/opt/src"
+
+
+def _hash_suffix(shas) -> str:
+    return " ".join(f"--hash=sha256:{h}" for h in shas)
+
+
+class Kind:
+    """What every kind supplies. `c` is a stack Component, `stack` its Stack (duck-typed)."""
+
+    name: ClassVar[str] = ""
+    #: its artifacts come from a PyPI-style index: locked per platform, served by a wheelhouse, resolved by pip
+    from_index: ClassVar[bool] = False
+    #: fields that belong to other kinds only (refused here so a typo'd kind cannot hide a pin)
+    foreign: ClassVar[tuple[str, ...]] = ()
+
+    def validate(self, c: Any) -> None:
+        """Raise ValueError (pydantic turns it into file + key path) when `c` cannot be installed as given."""
+        for f in self.foreign:
+            if getattr(c, f, None) not in (None, [], False):
+                raise ValueError(f"`{f}` does not belong to a {self.name} component")
+
+    def pinned_ref(self, c: Any) -> str:
+        raise NotImplementedError
+
+    def requirement_lines(self, c: Any, stack: Any) -> list[str]:
+        """Lines for the build's hash-checked requirements.txt (none: the kind installs another way)."""
+        return []
+
+    def manifest_entry(self, c: Any, stack: Any) -> dict:
+        return {"name": c.dist_name, "source": self.name}
+
+    def install_args(self, c: Any) -> list[str]:
+        """Arguments of the builder's install_source.py, for a component whose fetched source (tree or
+        archive) the image build stages into the build context ([]: pip installs it from the requirements)."""
+        return []
+
+    def builder_packages(self, c: Any) -> list[str]:
+        """Distribution packages the builder stage needs to install this component."""
+        return []
+
+    def pin_warnings(self, c: Any, stack: Any) -> list[str]:
+        """What `trainbox stack check` should say about a pin that validates but is not fully pinned."""
+        return []
+
+    def ref_problem(self, ref: str, pin: Any) -> str | None:
+        """None when a patch's `Upstream-Ref:` names this pin (a sources.Pin), else what is wrong with it."""
+        raise NotImplementedError
+
+    def upstream_ref(self, fetched: Any) -> str:
+        """The `Upstream-Ref:` value for patches made against a fetched source (sources.Fetched)."""
+        raise NotImplementedError
+
+    def fetch(self, c: Any, stack: Any = None, *, offline: bool = False, cache_dir=None, prefer=()):
+        """The pinned source in trainbox's cache (sources.Fetched), verified."""
+        from .sources import pin_from_component
+
+        return self.fetch_pin(pin_from_component(c, stack), prefer=list(prefer), offline=offline,
+                              cache_dir=cache_dir)
+
+    def fetch_pin(self, pin: Any, *, prefer: list[str], offline: bool, cache_dir):
+        raise NotImplementedError
+
+
+class PypiKind(Kind):
+    name = "pypi"
+    from_index = True
+    foreign = ("git", "commit", "url", "subdir")
+
+    def validate(self, c: Any) -> None:
+        super().validate(c)
+        if not c.version:
+            raise ValueError("a pypi component needs `version` (an exact pin, used as name==version)")
+        if any(ch in c.version for ch in "<>=!~*, "):
+            raise ValueError(f"version {c.version!r} must be one exact version, not a range")
+        if c.install not in (True, False, "pip"):
+            raise ValueError(f"install: {c.install!r} is for git components; a pypi component takes true or false")
+
+    def pinned_ref(self, c: Any) -> str:
+        return f"{c.dist_name}=={c.version}"
+
+    def requirement_lines(self, c: Any, stack: Any) -> list[str]:
+        from .stack import StackError, platform_marker
+
+        groups: dict[tuple, list[str]] = {}
+        for plat in stack.platforms:
+            pin = c.pin_for(plat)
+            if not pin.sha256:
+                raise StackError(
+                    f"{stack.source_file}: components.{c.key}: no sha256 for {plat}; run "
+                    f"`trainbox stack lock {stack.name}` (every artifact is installed in hash-checking mode)")
+            groups.setdefault((pin.version, tuple(sorted(pin.sha256))), []).append(plat)
+        lines = []
+        for (version, shas), plats in sorted(groups.items()):
+            marker = platform_marker(plats, stack.platforms)
+            lines.append(f"{c.dist_name}{c.extras_suffix}=={version}{marker} {_hash_suffix(shas)}")
+        return lines
+
+    def manifest_entry(self, c: Any, stack: Any) -> dict:
+        pins = {p: c.pin_for(p) for p in stack.platforms}
+        entry = {**super().manifest_entry(c, stack), "version": c.version, "index": c.index,
+                 "sha256": sorted({h for pin in pins.values() for h in pin.sha256})}
+        variants = {p: pin.version for p, pin in pins.items() if pin.version != c.version}
+        if variants:
+            entry["platform_versions"] = variants
+        return entry
+
+    def ref_problem(self, ref: str, pin: Any) -> str | None:
+        from .runtime.apply_patches import PYPI_REF_RE
+        from .stack import canon
+
+        m = PYPI_REF_RE.match(ref)
+        if not m:
+            return f"Upstream-Ref {ref!r} is not NAME==VERSION sha256:HEX"
+        if canon(m.group("name")) != canon(pin.name) or m.group("version") != pin.version:
+            return f"made against {m.group('name')} {m.group('version')}, but the pin is {pin.ref}"
+        if m.group("sha256") and pin.sha256 and m.group("sha256") not in pin.sha256:
+            return f"made against artifact sha256:{m.group('sha256')[:12]}, which {pin.ref} does not pin"
+        return None
+
+    def upstream_ref(self, fetched: Any) -> str:
+        tree = ("installed package, patch -p1 in site-packages" if fetched.filename.endswith(".whl")
+                else "sdist root, patch -p1")
+        return f"{fetched.pin.name}=={fetched.pin.version} sha256:{fetched.sha256} (tree: {tree})"
+
+    def fetch_pin(self, pin: Any, *, prefer: list[str], offline: bool, cache_dir):
+        from .sources import _fetch_pypi
+
+        return _fetch_pypi(pin, prefer, offline, cache_dir)
+
+    def pin_warnings(self, c: Any, stack: Any) -> list[str]:
+        return [f"no sha256 for {plat}; run `trainbox stack lock {stack.name}`"
+                for plat in stack.platforms if not c.pin_for(plat).sha256]
+
+
+class UrlKind(Kind):
+    name = "url"
+    foreign = ("git", "commit", "subdir")
+
+    def validate(self, c: Any) -> None:
+        super().validate(c)
+        if not c.url:
+            raise ValueError("a url component needs `url`")
+        if len(c.sha256) != 1:
+            raise ValueError("a url component needs exactly one `sha256` (of the file at `url`)")
+        path = c.url.split("?", 1)[0].split("#", 1)[0]
+        if not path.endswith((".whl",) + ARCHIVE_SUFFIXES):
+            raise ValueError(f"url {c.url!r}: expected a wheel (.whl) or an archive of wheels "
+                             f"({', '.join(ARCHIVE_SUFFIXES)}); other files cannot be installed")
+        if c.install not in (True, False, "pip"):
+            raise ValueError(f"install: {c.install!r} is for git components; a url component takes true or false")
+
+    def ref_problem(self, ref: str, pin: Any) -> str | None:
+        from .runtime.apply_patches import URL_REF_RE
+
+        m = URL_REF_RE.match(ref)
+        if not m:
+            return f"Upstream-Ref {ref!r} is not URL sha256:HEX"
+        if m.group("sha256") not in pin.sha256:
+            return f"made against sha256:{m.group('sha256')[:12]}, which the pin does not name"
+        return None
+
+    def upstream_ref(self, fetched: Any) -> str:
+        return f"{fetched.pin.url} sha256:{fetched.sha256}"
+
+    def fetch_pin(self, pin: Any, *, prefer: list[str], offline: bool, cache_dir):
+        from .sources import _fetch_url
+
+        return _fetch_url(pin, offline, cache_dir)
+
+    def is_archive(self, c: Any) -> bool:
+        return c.url.split("?", 1)[0].split("#", 1)[0].endswith(ARCHIVE_SUFFIXES)
+
+    def pinned_ref(self, c: Any) -> str:
+        return str(c.url)
+
+    def requirement_lines(self, c: Any, stack: Any) -> list[str]:
+        if self.is_archive(c):
+            return []  # staged by the host, verified and installed by the builder (see install_source.py)
+        return [f"{c.dist_name} @ {c.url} {_hash_suffix(c.sha256)}"]
+
+    def manifest_entry(self, c: Any, stack: Any) -> dict:
+        return {**super().manifest_entry(c, stack), "url": c.url, "sha256": list(c.sha256)}
+
+    def install_args(self, c: Any) -> list[str]:
+        return ["--mode", "archive", "--sha256", c.sha256[0]] if self.is_archive(c) else []
+
+
+class GitKind(Kind):
+    name = "git"
+    foreign = ("url", "extras")
+
+    def validate(self, c: Any) -> None:
+        super().validate(c)
+        if not c.git:
+            raise ValueError("a git component needs `git` (the repository URL)")
+        if not c.commit:
+            raise ValueError(f"a git component needs `commit:` (the full 40-hex sha{' that ' + repr(c.ref) + ' names' if c.ref else ''}); "
+                             "a branch or tag alone moves, so it is refused")
+        if not COMMIT_RE.match(c.commit):
+            raise ValueError(f"commit {c.commit!r} must be a full 40-hex sha (a branch, tag or short sha is refused)")
+        scheme = c.git.split("://", 1)[0] if "://" in c.git else ("ssh" if re.match(r"^[\w.-]+@[\w.-]+:", c.git) else "")
+        if scheme not in ("https", "ssh", "file"):
+            raise ValueError(f"git {c.git!r}: only https://, ssh:// (or user@host:path) and file:// URLs are "
+                             "allowed (use git's url.<base>.insteadOf for mirrors)")
+        if c.subdir and (c.subdir.startswith("/") or ".." in c.subdir.split("/")):
+            raise ValueError(f"subdir {c.subdir!r} must be a relative path inside the repository")
+        if c.install not in (True, False, "pip", "tree"):
+            raise ValueError(f"install: {c.install!r}: expected pip (a wheel built from the tree), tree "
+                             "(the checkout on sys.path) or false")
+        if c.sha256:
+            raise ValueError("`sha256` does not belong to a git component (the commit is its pin)")
+        if c.install == "tree" and c.version:
+            raise ValueError("`version` is checked against the wheel built from the tree; `install: tree` builds none")
+
+    def pinned_ref(self, c: Any) -> str:
+        return f"{c.git}@{c.commit}"
+
+    def ref_problem(self, ref: str, pin: Any) -> str | None:
+        from .runtime.apply_patches import GIT_REF_RE
+
+        m = GIT_REF_RE.match(ref)
+        if not m:
+            return f"Upstream-Ref {ref!r} is not URL@COMMIT"
+        if m.group("commit") != pin.commit:
+            return f"made against commit {m.group('commit')[:12]}, but the pin is {pin.commit[:12]}"
+        return None
+
+    def upstream_ref(self, fetched: Any) -> str:
+        return f"{fetched.pin.git}@{fetched.commit}"
+
+    def fetch_pin(self, pin: Any, *, prefer: list[str], offline: bool, cache_dir):
+        from .sources import _fetch_git
+
+        return _fetch_git(pin, offline, cache_dir)
+
+    def install_args(self, c: Any) -> list[str]:
+        args = ["--mode", self.mode(c), "--git", c.git, "--commit", c.commit]
+        if c.subdir:
+            args += ["--subdir", c.subdir]
+        if c.version:
+            args += ["--version", c.version]
+        if not c.build_isolation:
+            args.append("--no-build-isolation")
+        if c.patches:
+            args += ["--patches", f"/tmp/trainbox/patches/{c.patches}"]
+        return args
+
+    def builder_packages(self, c: Any) -> list[str]:
+        # a plain `docker build` without staged trees fetches the commit with git in the builder
+        return ["git", "ca-certificates"]
+
+    def mode(self, c: Any) -> str:
+        return "tree" if c.install == "tree" else "pip"
+
+    def tree_path(self, c: Any) -> str:
+        return f"{TREE_ROOT}/{c.key}"
+
+    def manifest_entry(self, c: Any, stack: Any) -> dict:
+        entry = {**super().manifest_entry(c, stack), "git": c.git, "commit": c.commit, "ref": c.ref,
+                 "install": self.mode(c), "subdir": c.subdir,
+                 "build_flags": [] if c.build_isolation else ["--no-build-isolation"]}
+        if c.version:
+            entry["version"] = c.version
+        if getattr(c, "_tree_id", None):
+            entry["tree"] = c._tree_id  # git's tree hash of the commit, known once fetched
+        if self.mode(c) == "tree":
+            entry["path"] = self.tree_path(c) + (f"/{c.subdir}" if c.subdir else "")
+        return entry
+
+
+KINDS: dict[str, Kind] = {k.name: k for k in (PypiKind(), UrlKind(), GitKind())}
+
+
+def kind_of(source: str) -> Kind:
+    try:
+        return KINDS[source]
+    except KeyError:
+        raise ValueError(f"source {source!r}: expected one of {', '.join(KINDS)}") from None

@@ -1,0 +1,208 @@
+"""Install one source component inside an image build (standard library only, any Python 3.10+).
+
+Run as `python -m trainbox.runtime.install_source` with the checkout's python/ on PYTHONPATH (the Dockerfile
+bind-mounts it; the builder has no trainbox package yet).
+
+The host (`trainbox fetch` / `trainbox image build`) fetched and verified the source and staged it in the build
+context under build/sources/<component>/ with a `.trainbox-source.json` that names URL and commit; the Dockerfile
+bind-mounts that directory, so no layer ever holds `.git` or a credential. Without a staged copy (a plain
+`docker build` of the committed Dockerfile) a git component is fetched here with git, by commit, and the fetched
+HEAD is checked against the pin.
+
+    --mode pip      apply the patch series to a copy of the tree, build a wheel from it (or from --subdir),
+                    install it --no-deps and record the commit in its direct_url.json (PEP 610)
+    --mode tree     apply the series, put the tree (no .git) at /opt/src/<component>, add it to sys.path (.pth)
+    --mode archive  check the staged archive's sha256, install the wheels it holds --no-deps
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+from . import apply_patches
+
+PROG = "trainbox-install-source"
+MARKER = ".trainbox-source.json"
+
+
+class SourceFailed(Exception):
+    """One line that names the component and what went wrong."""
+
+
+def _run(argv: list[str], what: str, cwd: Path | None = None, env: dict | None = None) -> str:
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        out = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise SourceFailed(f"{what} failed: {out[-1] if out else 'exit ' + str(proc.returncode)}\n"
+                           + "\n".join(out[-30:]))
+    return proc.stdout
+
+
+def _git_fetch(url: str, commit: str, dest: Path) -> None:
+    """No staged tree: fetch the commit with git (depth 1), check it, export it without .git."""
+    if not shutil.which("git"):
+        raise SourceFailed(f"{url}@{commit}: no staged tree in the build context and no git in the builder; build "
+                           "with `trainbox image build` (it stages the tree) or `trainbox fetch` first")
+    env = dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_ALLOW_PROTOCOL="https:ssh:file")
+    repo = dest.parent / f".{dest.name}.git"
+    _run(["git", "init", "-q", "--bare", str(repo)], "git init", env=env)
+    _run(["git", "--git-dir", str(repo), "fetch", "-q", "--depth", "1", "--no-tags", "--", url, commit],
+         f"git fetch {url} {commit}", env=env)
+    head = _run(["git", "--git-dir", str(repo), "rev-parse", "FETCH_HEAD"], "git rev-parse", env=env).strip()
+    if head != commit:
+        raise SourceFailed(f"{url}: fetched {head}, not the pinned commit {commit}")
+    dest.mkdir(parents=True)
+    with tempfile.TemporaryFile() as tf:
+        subprocess.run(["git", "--git-dir", str(repo), "archive", "--format=tar", commit], stdout=tf, check=True)
+        tf.seek(0)
+        with tarfile.open(fileobj=tf) as tar:
+            tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    shutil.rmtree(repo)
+
+
+def _tree(args: argparse.Namespace, work: Path) -> Path:
+    """A writable copy of the pinned tree at `work`."""
+    staged = args.sources_dir / args.component
+    marker = staged / MARKER
+    if marker.is_file():
+        meta = json.loads(marker.read_text())
+        if meta.get("commit") != args.commit or meta.get("git") != args.git:
+            raise SourceFailed(f"staged tree is {meta.get('git')}@{meta.get('commit')}, not the pinned "
+                               f"{args.git}@{args.commit}; re-run `trainbox image build`")
+        shutil.copytree(staged, work, symlinks=True, ignore=shutil.ignore_patterns(MARKER))
+    else:
+        _git_fetch(args.git, args.commit, work)
+    return work
+
+
+def _patch(args: argparse.Namespace, tree: Path) -> list[dict]:
+    if not args.patches:
+        return []
+    patches = apply_patches.load_series(args.patches)
+    for p in patches:
+        m = apply_patches.GIT_REF_RE.match(p.upstream_ref or "")
+        if m and m.group("commit") != args.commit:
+            raise SourceFailed(f"patch {p.name} was made against commit {m.group('commit')}, not the pinned "
+                               f"{args.commit}; rebase it with `trainbox patches edit {args.component}`")
+    results = apply_patches.apply_series(patches, tree)
+    bad = next((r for r in results if not r.ok), None)
+    if bad is not None:
+        raise SourceFailed(f"patch {bad.name} does not apply to {args.git}@{args.commit}: {bad.describe()}")
+    for r in results:
+        print(f"{args.component}: {r.name}: {r.describe()}")
+    return [{"file": p.name, "sha256": p.sha256} for p in patches]
+
+
+def _purelib() -> Path:
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def _install_wheel(args: argparse.Namespace, tree: Path, tmp: Path) -> None:
+    src = tree / args.subdir if args.subdir else tree
+    flags = [] if args.build_isolation else ["--no-build-isolation"]
+    out = tmp / "wheel"
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", *flags, "-w", str(out),
+          str(src)], f"building a wheel from {args.git}@{args.commit}")
+    wheels = sorted(out.glob("*.whl"))
+    if len(wheels) != 1:
+        raise SourceFailed(f"building a wheel from {args.git}@{args.commit} gave {len(wheels)} wheels")
+    version = wheels[0].name.split("-")[1]
+    if args.version and version != args.version:
+        raise SourceFailed(f"the tree at {args.commit} builds version {version}, but the stack says "
+                           f"version: {args.version}")
+    _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
+          str(wheels[0])], f"installing {wheels[0].name}")
+    # what pip records for `pip install NAME @ git+URL@COMMIT` (PEP 610): doctor compares the commit
+    dist = wheels[0].name.split("-")[0]
+    info = next(_purelib().glob(f"{dist}-{version}.dist-info"), None)
+    if info is not None:
+        (info / "direct_url.json").write_text(json.dumps(
+            {"url": args.git, "vcs_info": {"vcs": "git", "commit_id": args.commit}}) + "\n")
+    print(f"{args.component}: installed {wheels[0].name} built from {args.git}@{args.commit}")
+
+
+def _install_tree(args: argparse.Namespace, tree: Path, applied: list[dict]) -> None:
+    dest = args.tree_root / args.component
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(tree), str(dest))
+    (dest / MARKER).write_text(json.dumps({"git": args.git, "commit": args.commit, "patches": applied},
+                                          sort_keys=True) + "\n")
+    path = dest / args.subdir if args.subdir else dest
+    (_purelib() / f"trainbox-src-{args.component}.pth").write_text(f"{path}\n")
+    print(f"{args.component}: {args.git}@{args.commit} at {path} (on sys.path)")
+
+
+def _install_archive(args: argparse.Namespace, tmp: Path) -> None:
+    staged = args.sources_dir / args.component
+    files = [p for p in staged.iterdir() if p.name != MARKER] if staged.is_dir() else []
+    if len(files) != 1:
+        raise SourceFailed(f"no staged archive in {staged}; build with `trainbox image build` (it fetches it)")
+    got = hashlib.sha256(files[0].read_bytes()).hexdigest()
+    if got != args.sha256:
+        raise SourceFailed(f"{files[0].name} has sha256 {got}, the pin says {args.sha256}")
+    unpacked = tmp / "archive"
+    if files[0].name.endswith(".zip"):
+        with zipfile.ZipFile(files[0]) as zf:
+            zf.extractall(unpacked)
+    else:
+        with tarfile.open(files[0]) as tar:
+            tar.extractall(unpacked, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    wheels = sorted(str(p) for p in unpacked.rglob("*.whl"))
+    if not wheels:
+        raise SourceFailed(f"{files[0].name} holds no wheels")
+    _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
+          *wheels], f"installing the wheels of {files[0].name}")
+    print(f"{args.component}: installed {len(wheels)} wheel(s) from {files[0].name} (sha256 {got[:12]})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--component", required=True)
+    ap.add_argument("--mode", choices=("pip", "tree", "archive"), required=True)
+    ap.add_argument("--git")
+    ap.add_argument("--commit")
+    ap.add_argument("--sha256")
+    ap.add_argument("--subdir")
+    ap.add_argument("--version")
+    ap.add_argument("--patches", type=Path, help="series directory to apply before building")
+    ap.add_argument("--no-build-isolation", dest="build_isolation", action="store_false")
+    ap.add_argument("--sources-dir", type=Path, default=Path("/tmp/trainbox/sources"))
+    ap.add_argument("--tree-root", type=Path, default=Path("/opt/src"))
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix=f"trainbox-src-{args.component}-"))
+    try:
+        if args.mode == "archive":
+            _install_archive(args, tmp)
+            return 0
+        tree = _tree(args, tmp / "tree")
+        applied = _patch(args, tree)
+        if args.mode == "pip":
+            _install_wheel(args, tree, tmp)
+        else:
+            _install_tree(args, tree, applied)
+    except (SourceFailed, apply_patches.PatchError, OSError) as exc:
+        first, _, rest = str(exc).partition("\n")
+        print(f"{PROG}: error: {args.component}: {first}", file=sys.stderr)
+        if rest:
+            print(rest, file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
