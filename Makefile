@@ -1,6 +1,8 @@
 # trainbox: `make demo` (build the cpu image and train in it), `make test` (everything, real Docker included).
 SHELL := /bin/bash
 PYTHON ?= python3
+# This checkout's package, whichever checkout an editable install points at (several clones or worktrees).
+export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 TRAINBOX ?= $(PYTHON) -m trainbox.cli
 # A local wheel directory pip is already configured with (its first find-links entry) becomes the cpu build's
 # wheelhouse when it holds a CPU torch wheel: this is how that wheel reaches image builds on machines that
