@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
-from upstream import checkout, shared_upstream
+from upstream_helpers import checkout, find_shared_upstream
 
-pytestmark = pytest.mark.skipif(shared_upstream() is None, reason="../shared/upstream is missing")
+pytestmark = pytest.mark.skipif(find_shared_upstream() is None, reason="../shared/upstream is missing")
 
 # examples/run_qwen3.5_4b_domino_npu.sh at 61f9cb01: the flags of the seed
 SEED_FLAGS = [

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 from test_argcheck import SEED_FLAGS, argcheck
-from upstream import checkout, shared_upstream
+from upstream_helpers import checkout, find_shared_upstream
 
-pytestmark = pytest.mark.skipif(shared_upstream() is None, reason="../shared/upstream is missing")
+pytestmark = pytest.mark.skipif(find_shared_upstream() is None, reason="../shared/upstream is missing")
 RECIPES = ["specforge-domino-qwen35-4b-npu", "specforge-domino-qwen35-4b-gpu"]
 
 

@@ -1,10 +1,14 @@
 """Upstream repositories for tests: the real upstream URLs, reached through git's own url.<base>.insteadOf
-configuration (GIT_CONFIG_COUNT/KEY/VALUE), as a user reaches an internal mirror; no switch in trainbox."""
+configuration (GIT_CONFIG_COUNT/KEY/VALUE), as a user reaches an internal mirror; no switch in trainbox.
+
+The copies in ../shared/upstream are read-only and lack the empty `refs/` folder git needs to recognise a
+repository, so a test first takes a writable copy of each (a mirror, as a site would keep one)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,41 +16,68 @@ import pytest
 from trainbox.paths import REPO_ROOT, STACKS_DIR
 
 DATA = Path(__file__).parent / "data"
-MINDSPEED = ("https://gitcode.com/Ascend/MindSpeed.git", "MindSpeed.git", "d0d5809d4323eb908f89e87958de254465eb57b4")
-MEGATRON = ("https://github.com/NVIDIA/Megatron-LM.git", "Megatron-LM.git", "309ffca6a40553362d44fd17efc56b772fa1aa44")
+UPSTREAM_URLS = {
+    "MindSpeed": "https://gitcode.com/Ascend/MindSpeed.git",
+    "Megatron-LM": "https://github.com/NVIDIA/Megatron-LM.git",
+    "SpecForge": "https://github.com/sgl-project/SpecForge.git",
+    "twinkle": "https://github.com/modelscope/twinkle.git",
+    "ms-swift": "https://github.com/modelscope/ms-swift.git",
+    "sgl-kernel-npu": "https://github.com/sgl-project/sgl-kernel-npu.git",
+}
+MINDSPEED = (UPSTREAM_URLS["MindSpeed"], "MindSpeed.git", "d0d5809d4323eb908f89e87958de254465eb57b4")
+MEGATRON = (UPSTREAM_URLS["Megatron-LM"], "Megatron-LM.git", "309ffca6a40553362d44fd17efc56b772fa1aa44")
 
 
-def shared_upstream() -> Path:
+def find_shared_upstream() -> Path | None:
     """../shared/upstream beside the checkout (CI), else /work/shared/upstream (git worktrees)."""
     for d in (REPO_ROOT.parent / "shared" / "upstream", Path("/work/shared/upstream")):
         if (d / "MindSpeed.git").is_dir():
             return d
-    pytest.skip("no shared/upstream/ beside the checkout")
+    return None
 
 
-def make_mirrors(root: Path) -> dict[str, Path]:
-    """Writable copies of the upstream repositories (the shared ones are read-only and lack the empty refs/
-    directory git needs to recognise a repository)."""
-    out = {}
-    for _, name, _ in (MINDSPEED, MEGATRON):
-        dst = root / name
-        shutil.copytree(shared_upstream() / name, dst)
+def shared_upstream() -> Path:
+    found = find_shared_upstream()
+    if found is None:
+        pytest.skip("no shared/upstream/ beside the checkout")
+    return found
+
+
+def mirror(name: str, root: Path) -> Path:
+    """A writable mirror of shared/upstream/<name>.git under root (made once)."""
+    dst = root / f"{name}.git"
+    if not dst.exists():
+        shutil.copytree(shared_upstream() / f"{name}.git", dst)
         for p in [dst, *dst.rglob("*")]:
             p.chmod(p.stat().st_mode | 0o200)
         (dst / "refs").mkdir(exist_ok=True)
-        out[name] = dst
-    return out
+    return dst
+
+
+def make_mirrors(root: Path) -> dict[str, Path]:
+    """Mirrors of MindSpeed and Megatron-LM, keyed by their file names in shared/upstream."""
+    return {name: mirror(name.removesuffix(".git"), root) for _, name, _ in (MINDSPEED, MEGATRON)}
 
 
 def git_env(mirrors: dict[str, Path], **extra: str) -> dict[str, str]:
     """What a user with an internal mirror has in ~/.gitconfig, as GIT_CONFIG_* (git's own mechanism)."""
-    env = dict(os.environ)
-    pairs = [(f"url.{mirrors[name].as_uri()}.insteadOf", url) for url, name, _ in (MINDSPEED, MEGATRON)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_CONFIG")}
+    pairs = [(f"url.{path.as_uri()}.insteadOf", UPSTREAM_URLS[name.removesuffix(".git")])
+             for name, path in sorted(mirrors.items())]
     env["GIT_CONFIG_COUNT"] = str(len(pairs))
     for i, (k, v) in enumerate(pairs):
         env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = k, v
     env.update(extra)
     return env
+
+
+def checkout(name: str, tmp: Path) -> Path:
+    """The pinned tree of an upstream project, cloned from its real URL through a mirror."""
+    env = git_env({name: mirror(name, tmp / "mirrors")})
+    work = tmp / name
+    subprocess.run(["git", "clone", "-q", "--", UPSTREAM_URLS[name], str(work)], env=env, check=True,
+                   capture_output=True, timeout=120)
+    return work
 
 
 def stack_file(tmp_path: Path, edit=None) -> Path:
@@ -59,5 +90,3 @@ def stack_file(tmp_path: Path, edit=None) -> Path:
     p.write_text(yaml.safe_dump(data))
     p.with_suffix(".lock").write_bytes((STACKS_DIR / "cpu.lock").read_bytes())  # the pins it inherits
     return p
-
-
