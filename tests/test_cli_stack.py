@@ -176,3 +176,18 @@ def test_patches_edit_names_a_stale_lock_instead_of_two_identical_pins(stacks, m
         resolve_component("megatron-core")
     assert main(["stack", "lock", "npu-a3"]) == 0
     assert resolve_component("megatron-core")[1].version == "0.15.2"
+
+
+def test_a_build_that_drops_an_unreachable_index_keeps_its_lock():
+    """image build drops an index that does not answer (its pins come from the wheelhouse); the lock was computed
+    against that index, so the dependency closure stays locked (and the online and --bundle tags agree)."""
+    from trainbox import render
+    from trainbox.stack import load_stack
+
+    s = load_stack("cpu")
+    assert render.render_stack(s).manifest["deps_locked"]
+    s.dropped_indexes["pytorch-cpu"] = s.indexes.pop("pytorch-cpu")
+    assert s.lock_staleness() == [] and render.render_stack(s).manifest["deps_locked"]
+    gone = load_stack("cpu")
+    del gone.indexes["pytorch-cpu"]  # an index really removed from the stack still makes the lock stale
+    assert any("indexes.pytorch-cpu" in w for w in gone.lock_staleness())

@@ -314,7 +314,7 @@ def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[
     for name in sorted(down):
         if name != "pypi":
             say(f"index {name} ({stack.indexes[name]}) does not answer; its pins come from the wheelhouse")
-            del stack.indexes[name]
+            stack.dropped_indexes[name] = stack.indexes.pop(name)
 
 
 def _staged_sources(stack, opts: BuildOptions, say: Callable[[str], None]) -> dict[str, Path]:

@@ -234,6 +234,9 @@ class Stack(_Strict):
     lock: dict | None = None
     # the stack file's own base when --base substituted another one (recorded in the manifest)
     declared_base: str | None = None
+    # indexes a build dropped because they did not answer (the wheelhouse serves their pins): the lock was
+    # computed against them, so they still count when its freshness is judged
+    dropped_indexes: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("platforms")
     @classmethod
@@ -352,8 +355,9 @@ class Stack(_Strict):
         why = []
         if str(lock.get("python")) != self.python:
             why.append(f"python: locked for {lock.get('python')}, the stack has {self.python}")
-        for name in sorted(set(lock.get("indexes") or {}) | set(self.indexes)) if "indexes" in lock else []:
-            was, now = (lock.get("indexes") or {}).get(name), self.indexes.get(name)
+        declared = {**self.indexes, **self.dropped_indexes}
+        for name in sorted(set(lock.get("indexes") or {}) | set(declared)) if "indexes" in lock else []:
+            was, now = (lock.get("indexes") or {}).get(name), declared.get(name)
             if was != now and any(c.pin_for(p).index == name for c in self._pypi().values() for p in self.platforms):
                 why.append(f"indexes.{name}: locked against {was or '(none)'}, the stack has {now or '(none)'}")
         per_plat: dict[str, list[str]] = {}  # one line per problem, naming the platforms it holds on
