@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,11 @@ def built(mirrors, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sources-build")
     env = git_env(mirrors, TRAINBOX_CACHE=str(tmp / "cache"))
     report = tmp / "report.json"
-    proc = trainbox(build_args(stack_file(tmp), report), env, timeout=1200)
+
+    def unique(d):  # a value new to this run: a lasting BuildKit cache cannot answer every step of the builds
+        d.setdefault("env", {})["TRAINBOX_TEST_RUN"] = uuid.uuid4().hex
+
+    proc = trainbox(build_args(stack_file(tmp, unique), report), env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     tag = json.loads(report.read_text())["tag"]
     yield tag, env, tmp
