@@ -272,19 +272,6 @@ def outputs_for(rendered: RenderedStack) -> dict[str, bytes]:
     return out
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_set(outputs: dict[str, bytes], root: Path) -> list[str]:
     """Write every output under `root`, all or nothing: each file is first staged beside its target, and
     only when every one is staged are they moved into place (a failure then puts back what was moved).
