@@ -68,8 +68,14 @@ slurm-down:
 test-fast: ensure-installed
 	$(PYTEST) -q -ra -m "not docker and not network"
 
+# The workload stacks' git components come from the seeds' upstream trees: beside a checkout that has
+# ../shared/upstream (CI), smoke reaches them through writable mirrors (ci/upstream-mirrors.sh); elsewhere
+# through the user's own git configuration.
+UPSTREAM ?= ../shared/upstream
+SMOKE_GIT = $(if $(wildcard $(UPSTREAM)/README.md),GIT_CONFIG_GLOBAL="$$(bash ci/upstream-mirrors.sh $(UPSTREAM))")
+
 smoke: ensure-installed engine
-	$(TRAINBOX) smoke --profile ci/smoke-offline.yaml $(WHEELHOUSE_ARG) --junit build/reports/smoke/junit.xml
+	$(SMOKE_GIT) $(TRAINBOX) smoke --profile ci/smoke-offline.yaml $(WHEELHOUSE_ARG) --junit build/reports/smoke/junit.xml
 
 image-cpu: engine ensure-installed
 	$(TRAINBOX) image build cpu $(WHEELHOUSE_ARG)
