@@ -98,3 +98,23 @@ def test_a_program_that_never_parses_is_reported(tmp_path):
     s = write(tmp_path, "noparse.py", "print('hello')\n")
     proc = run(s)
     assert proc.returncode == 1 and "ended without parsing" in proc.stderr
+
+
+def test_imports_mode_names_what_is_missing_and_runs_nothing(tmp_path):
+    """--imports: the entry's top-level imports load (stand-ins named), imports inside try/if are the author's
+    optional ones and are left alone, and the entry itself never runs."""
+    entry = tmp_path / "entry.py"
+    entry.write_text("import json\nfrom collections import OrderedDict\nimport torch_npu\n"
+                     "try:\n    import not_installed_optional\nexcept ImportError:\n    pass\n"
+                     "import not_installed_at_all\nopen('RAN', 'w').write('ran')\n")
+    proc = subprocess.run([sys.executable, "-m", "trainbox.runtime.argcheck", "--json", "--imports",
+                           "--stub", "torch_npu", "--script", str(entry)], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1 and not (tmp_path / "RAN").exists()
+    assert out["imports"] == ["json", "collections.OrderedDict", "torch_npu", "not_installed_at_all"]
+    assert [m["import"] for m in out["missing"]] == ["not_installed_at_all"] and out["stubbed"] == ["torch_npu"]
+    entry.write_text("import json\nimport torch_npu\n")
+    proc = subprocess.run([sys.executable, "-m", "trainbox.runtime.argcheck", "--imports", "--stub", "torch_npu",
+                           "--script", str(entry)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0 and "2 top-level import(s) load (stand-ins: torch_npu)" in proc.stdout

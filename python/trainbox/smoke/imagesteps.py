@@ -240,3 +240,36 @@ class ImageSteps:
             res.reason = f"{len(rows)} recipe(s) rendered, shellchecked and dry-run: " + ", ".join(mine)
         return res
 
+    def step_args(self, sr: StackResult) -> StepResult:
+        """Each recipe on the stack, in the image just built: its entry's imports load and its rendered command
+        parses with the framework's own parser (`trainbox launch check --args`)."""
+        log = self._log(sr.stack, "args")
+        t0 = time.monotonic()
+        recipes, problem, argv = self._recipe_list(log)
+        res = StepResult("args", PASS, commands=[argv], log=self._rel(log))
+        if problem:
+            res.status, res.reason = FAIL, problem
+            return res
+        rows, bad = [], []
+        for name in [r["name"] for r in recipes if r.get("stack") == sr.stack]:
+            p = self.run(cli_argv("launch", "check", name, "--args", "--image", sr.image, "--json"),
+                         self.opts.timeouts["args"], log=log)
+            res.commands.append(p.argv)
+            data = _json(p.out)
+            row = ((data or {}).get("recipes") or [{}])[0] if isinstance(data, dict) else {}
+            check = row.get("args") or {}
+            line = check.get("summary") or "; ".join(row.get("problems") or []) or \
+                failure_message(p, "trainbox launch check --args")
+            rows.append({"name": name, "ok": p.ok, "summary": line, "stubs": check.get("stubs", []),
+                         "missing": (check.get("imports") or {}).get("missing", [])})
+            if not p.ok:
+                bad.append(line)
+        res.duration_s = time.monotonic() - t0
+        res.details = {"recipes": rows}
+        if bad:
+            res.status, res.reason = FAIL, "; ".join(bad)
+        elif not rows:
+            res.status, res.reason = SKIPPED, "no recipe runs on this stack (launchers/recipes/*.yaml: stack)"
+        else:
+            res.reason = "; ".join(r["summary"] for r in rows)
+        return res

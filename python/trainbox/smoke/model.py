@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..paths import REPO_ROOT
 
-STEPS = ("validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes")
+STEPS = ("validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes", "args")
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 SCHEMA = 1
 
@@ -34,7 +34,7 @@ _PLACEHOLDER = {"path": "/trainbox-smoke/{name}", "int": "1", "port": "29500", "
                 "string": "smoke"}
 
 DEFAULT_TIMEOUTS = {"validate": 300, "lock": 600, "render": 300, "hadolint": 120, "patches": 1800,
-                    "build": 5400, "doctor": 600, "recipes": 300, "bootstrap": 1800}
+                    "build": 5400, "doctor": 600, "recipes": 300, "args": 600, "bootstrap": 1800}
 
 
 # ----------------------------------------------------------------------------------------------- data

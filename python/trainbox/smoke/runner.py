@@ -78,7 +78,7 @@ class Smoke(CheckSteps, ImageSteps):
                 if failed:
                     add(StepResult(name, SKIPPED, f"not built: {', '.join(failed)} failed (fix that first)"))
                     continue
-            if name == "doctor" and prior["build"].status != PASS:
+            if name in ("doctor", "args") and prior["build"].status != PASS:
                 why = "--skip build" if "build" in self.opts.skip else "no image (build " + prior["build"].status + ")"
                 add(StepResult(name, SKIPPED, why))
                 continue

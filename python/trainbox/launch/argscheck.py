@@ -1,0 +1,182 @@
+"""`trainbox launch check --args`: a recipe's command, as its launcher would start it, through the framework's
+own argument parser, in the recipe's image (or against a checkout on this host), without starting the job
+(host module). The parse itself is trainbox.runtime.argcheck, which ships in every image.
+
+Two checks per recipe, both with the recipe's `check.stub` stand-ins (modules that need a real device host):
+  imports  every module the entry imports at its top level loads (an image that lacks a package fails here,
+           naming it)
+  args     the rendered arguments parse with the framework's parser (recipes with `check.args: none` take none)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from ..recipe import REF_RE, Recipe, all_inputs, parse_words
+from ..runtime.errors import TrainboxError
+from .job import Job
+
+PYTHONS = re.compile(r"^(python|python3(\.\d+)?)$")
+CHECK_LABEL = "io.trainbox.check"
+_STAND_IN = {"path": "/stand-in/{name}", "int": "1", "port": "29500", "host": "127.0.0.1"}
+
+
+@dataclass
+class ArgsCheck:
+    """What runs: `python3 -m trainbox.runtime.argcheck` with these options, in `workdir`, with `env`."""
+
+    recipe: str
+    entry: list[str]  # ["--script", PATH] or ["--module", MOD]
+    args: list[str]  # the command's arguments after the entry
+    workdir: str | None
+    env: dict[str, str] = field(default_factory=dict)
+    stubs: list[str] = field(default_factory=list)
+    parse: bool = True  # False: the entry takes no arguments (recipe check.args: none)
+    why: str | None = None
+
+    def argv(self, imports: bool) -> list[str]:
+        out = ["python3", "-m", "trainbox.runtime.argcheck", "--json"]
+        for mod in self.stubs:
+            out += ["--stub", mod]
+        if self.workdir:
+            out += ["--path", self.workdir]
+        return out + (["--imports"] if imports else []) + self.entry + ["--", *([] if imports else self.args)]
+
+
+def _values(job: Job, code_dir: str | None) -> dict[str, str]:
+    """Every name a command word may reference: inputs (given, default or a stand-in), the layout, the env."""
+    recipe = job.recipe
+    values = {**job.stack.env, **job.env}
+    for name, spec in all_inputs(recipe).items():
+        given = job.sets.get(name)
+        values[name] = str(given if given is not None else spec.default if spec.default is not None
+                           else _STAND_IN.get(spec.kind, "stand-in").format(name=name.lower()))
+    if code_dir and recipe.code:
+        values[recipe.code.input] = code_dir
+    values.update({k: str(v) for k, v in recipe.layout().items()})
+    for key, value in recipe.env.items():
+        values[key] = expand(value, values)
+    return values
+
+
+def expand(word: str, values: dict[str, str]) -> str:
+    def one(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        if m.group(2) == "[@]":
+            raise TrainboxError(f"{word!r}: the args check cannot expand an array a `source` script defines")
+        return values.get(m.group(1), "")
+
+    return REF_RE.sub(one, word)
+
+
+def _entry(recipe: Recipe, words: list[str], workdir: str | None) -> tuple[list[str], list[str]]:
+    """(argcheck's --script/--module option, the arguments) from the command as the launcher runs it."""
+    where = f"recipe {recipe.name}"
+    if recipe.check.entry:
+        stands_for = recipe.check.replaces.split() if recipe.check.replaces else words[:1]
+        if words[:len(stands_for)] != stands_for:
+            raise TrainboxError(f"{where}: check.replaces: {' '.join(stands_for)!r} is not how the command starts "
+                                f"({' '.join(words[:3])!r} ...)")
+        words = recipe.check.entry.split() + words[len(stands_for):]
+    elif recipe.launcher != "torchrun" and words and PYTHONS.match(os.path.basename(words[0])):
+        words = words[1:]
+    if len(words) >= 2 and words[0] == "-m":
+        return ["--module", words[1]], words[2:]
+    if words and words[0].endswith(".py"):
+        script = words[0] if os.path.isabs(words[0]) or not workdir else os.path.join(workdir, words[0])
+        return ["--script", script], words[1:]
+    raise TrainboxError(f"{where}: command starts with {words[0] if words else ''!r}, neither a .py script nor "
+                        "`-m MODULE`: name the entry whose parser reads the arguments in check.entry "
+                        "(and the words it stands for in check.replaces)")
+
+
+def plan(job: Job, code_dir: str | None = None) -> ArgsCheck:
+    recipe = job.recipe
+    if code_dir and not recipe.code:
+        raise TrainboxError(f"recipe {recipe.name}: --code needs the recipe's `code:` key (which input is the "
+                            "workload's checkout)")
+    values = _values(job, code_dir)
+    words = [expand(w, values) for item in recipe.command for w in parse_words(item)]
+    workdir = expand(recipe.workdir, values) if recipe.workdir else None
+    entry, args = _entry(recipe, words, workdir)
+    env = {k: values[k] for k in recipe.env}
+    return ArgsCheck(recipe.name, entry, args, workdir, env, list(recipe.check.stub), recipe.check.args == "parse",
+                     recipe.check.why)
+
+
+def _result(proc_out: str, proc_err: str, rc: int, what: str) -> dict:
+    text = proc_out[proc_out.find("{"):] if "{" in proc_out else ""
+    try:
+        return json.loads(text)
+    except ValueError:
+        tail = (proc_err.strip().splitlines() or proc_out.strip().splitlines() or [f"exit {rc}"])[-1]
+        return {"ok": False, "error": f"{what} did not report (exit {rc}): {tail}"}
+
+
+def run_in_image(check: ArgsCheck, image: str, timeout: float = 300) -> dict:
+    """Both checks in a throwaway container with no network, the image's own entrypoint in front."""
+    from ..engine import find_client
+
+    client = find_client()
+    out = {"recipe": check.recipe, "image": image, "stubs": check.stubs}
+    for name, imports in (("imports", True), ("args", False)):
+        if name == "args" and not check.parse:
+            out[name] = {"ok": True, "skipped": True, "why": check.why}
+            continue
+        argv = ["run", "--rm", "--network", "none", "--label", f"{CHECK_LABEL}={check.recipe}"]
+        for key, value in sorted(check.env.items()):
+            argv += ["-e", f"{key}={value}"]
+        if check.workdir:
+            argv += ["-w", check.workdir]
+        proc = client.run(*argv, image, *check.argv(imports), timeout=timeout, check=False)
+        out[name] = _result(proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"),
+                            proc.returncode, f"the {name} check in {image}")
+    out["ok"] = out["imports"].get("ok", False) and out["args"].get("ok", False)
+    return out
+
+
+def run_on_host(check: ArgsCheck, stub_missing: bool = False, timeout: float = 300) -> dict:
+    """Both checks with this host's Python against a checkout (`--code DIR`); `stub_missing`: modules this host
+    lacks become stand-ins too (the parser stays the framework's own)."""
+    out = {"recipe": check.recipe, "image": None, "stubs": check.stubs}
+    env = {**os.environ, **check.env}
+    # the recipe's PYTHONPATH (its checkout) first, then this process's, which finds trainbox.runtime
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (check.env.get("PYTHONPATH", ""),
+                                                    os.environ.get("PYTHONPATH", ""), here) if p)
+    for name, imports in (("imports", True), ("args", False)):
+        if name == "args" and not check.parse:
+            out[name] = {"ok": True, "skipped": True, "why": check.why}
+            continue
+        if name == "imports" and stub_missing:
+            out[name] = {"ok": True, "skipped": True, "why": "--stub-missing: this host lacks the image's packages"}
+            continue
+        argv = [sys.executable, *check.argv(imports)[1:]]
+        if stub_missing and not imports:
+            argv.insert(argv.index("--json") + 1, "--stub-missing")
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
+                              cwd=check.workdir if check.workdir and os.path.isdir(check.workdir) else None)
+        out[name] = _result(proc.stdout, proc.stderr, proc.returncode, f"the {name} check")
+    out["ok"] = out["imports"].get("ok", False) and out["args"].get("ok", False)
+    return out
+
+
+def summary(result: dict) -> str:
+    """One line: what passed, or the first failure with the recipe named."""
+    name = result["recipe"]
+    for step in ("imports", "args"):
+        r = result.get(step) or {}
+        if not r.get("ok"):
+            return f"{name}: {step}: {r.get('error') or 'failed'}"
+    stubs = f" (stand-ins: {', '.join(result['stubs'])})" if result.get("stubs") else ""
+    how = "no arguments to parse" if result["args"].get("skipped") else "the arguments parse"
+    return f"{name}: imports load, {how}{stubs}"
+
+
+__all__ = ["ArgsCheck", "CHECK_LABEL", "expand", "plan", "run_in_image", "run_on_host", "summary"]

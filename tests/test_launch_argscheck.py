@@ -1,0 +1,168 @@
+"""`trainbox launch check --args`: a recipe's command through its framework's own parser, without starting the job.
+
+Host runs use SpecForge's real scripts/train_domino.py at 61f9cb01 (../shared/upstream); docker runs use the cpu
+stack's image and its cpu-ddp job, whose parser is argparse in launchers/jobs/cpu_ddp.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from upstream_helpers import checkout, find_shared_upstream
+
+from trainbox.kinds import TREE_ROOT
+from trainbox.launch.argscheck import plan
+from trainbox.launch.job import resolve
+from trainbox.recipe import RecipeError, list_recipes, load_recipe
+from trainbox.runtime.errors import TrainboxError
+from trainbox.stack import load_stack
+
+SPECFORGE = "specforge-domino-qwen35-4b-npu"
+
+
+def cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "trainbox.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def recipe_file(tmp_path: Path, name: str, data: dict) -> Path:
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+# -- the recipe keys -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("extra, needle", [
+    ({"check": {"args": "none"}}, "why: say in one line"),
+    ({"check": {"stub": ["torch npu"]}}, "expected a module name"),
+    ({"check": {"entry": "-m 1bad"}}, "expected `-m MODULE`"),
+    ({"check": {"argz": "parse"}}, "argz"),
+    ({"code": {"input": "TARGET_MODEL_PATH2", "component": "specforge"}}, "is not a path input"),
+    ({"code": {"input": "NUM_EPOCHS", "component": "specforge"}}, "is not a path input"),
+])
+def test_bad_check_and_code_keys_are_refused_naming_the_key(tmp_path, extra, needle):
+    with pytest.raises(RecipeError, match="(?s)" + needle.replace("(", r"\(").replace("`", "`")):
+        load_recipe(recipe_file(tmp_path, "bad", {"extends": SPECFORGE, **extra}))
+
+
+def test_code_input_defaults_to_the_image_tree_and_is_not_mounted(tmp_path):
+    data = yaml.safe_load((Path(load_recipe(SPECFORGE).source_file)).read_text())
+    data["inputs"]["CODE_DIR"].pop("default", None)
+    data["code"] = {"input": "CODE_DIR", "component": "specforge"}
+    recipe = load_recipe(recipe_file(tmp_path, "sf", data))
+    assert recipe.inputs["CODE_DIR"].default == f"{TREE_ROOT}/specforge"
+    assert recipe.inputs["CODE_DIR"].required is False
+    job = resolve(str(tmp_path / "sf.yaml"), sets={"TARGET_MODEL_PATH": str(tmp_path),
+                                                   "TRAIN_DATA_PATH": str(tmp_path), "OUTPUT_DIR": str(tmp_path / "o")})
+    assert f"{TREE_ROOT}/specforge" not in job.mounts  # the image's copy: nothing from the host over it
+    given = resolve(str(tmp_path / "sf.yaml"), sets={"TARGET_MODEL_PATH": str(tmp_path), "CODE_DIR": str(tmp_path),
+                                                     "TRAIN_DATA_PATH": str(tmp_path),
+                                                     "OUTPUT_DIR": str(tmp_path / "o")})
+    assert str(tmp_path) in given.mounts  # a checkout the user gives is mounted as before
+
+
+def test_every_code_component_is_a_tree_in_the_recipes_stack():
+    """A recipe's `code.component` must be a git component installed as a tree in its stack: the in-image path
+    the recipe defaults to exists only then."""
+    for name in list_recipes():
+        recipe = load_recipe(name)
+        if recipe.code is None:
+            continue
+        comps = load_stack(recipe.stack).components
+        comp = comps.get(recipe.code.component)
+        assert comp is not None, f"{name}: code.component {recipe.code.component!r} is not in stack {recipe.stack}"
+        assert comp.source == "git" and comp.install == "tree", f"{name}: {recipe.code.component} is not a git tree"
+
+
+# -- the plan: entry and arguments as the launcher runs them ------------------------------------------------
+
+def test_plan_takes_a_torchrun_script_under_the_workdir(tmp_path):
+    check = plan(resolve(SPECFORGE, sets={"CODE_DIR": "/src/sf"}, require_inputs=False, host_paths=False))
+    assert check.entry == ["--script", "/src/sf/scripts/train_domino.py"]
+    assert check.args[:2] == ["--target-model-path", "/stand-in/target_model_path"]
+    assert "--num-anchors" in check.args and check.workdir == "/src/sf"
+
+
+def test_plan_takes_python_dash_m_and_a_console_script_needs_an_entry(tmp_path):
+    base = {"description": "d", "stack": "cpu", "launcher": "exec", "devices_per_node": 1}
+    mod = recipe_file(tmp_path, "mod", {**base, "command": ["python3 -m pkg.train --lr 1e-5"]})
+    assert plan(resolve(str(mod), require_inputs=False, host_paths=False)).entry == ["--module", "pkg.train"]
+    con = recipe_file(tmp_path, "con", {**base, "command": ["megatron sft --lr 1e-5"]})
+    with pytest.raises(TrainboxError, match="check.entry"):
+        plan(resolve(str(con), require_inputs=False, host_paths=False))
+    ok = recipe_file(tmp_path, "ok", {**base, "command": ["megatron sft --lr 1e-5"],
+                                      "check": {"entry": "-m swift.cli._megatron.sft", "replaces": "megatron sft"}})
+    check = plan(resolve(str(ok), require_inputs=False, host_paths=False))
+    assert check.entry == ["--module", "swift.cli._megatron.sft"] and check.args == ["--lr", "1e-5"]
+    wrong = recipe_file(tmp_path, "wrong", {**base, "command": ["megatron rlhf --lr 1e-5"],
+                                            "check": {"entry": "-m swift.cli._megatron.sft",
+                                                      "replaces": "megatron sft"}})
+    with pytest.raises(TrainboxError, match="is not how the command starts"):
+        plan(resolve(str(wrong), require_inputs=False, host_paths=False))
+
+
+# -- host runs against the pinned SpecForge checkout ---------------------------------------------------------
+
+needs_upstream = pytest.mark.skipif(find_shared_upstream() is None, reason="../shared/upstream is missing")
+
+
+@pytest.fixture(scope="module")
+def specforge(tmp_path_factory):
+    return checkout("SpecForge", tmp_path_factory.mktemp("up"))
+
+
+def _with_code(tmp_path: Path, edit=None) -> Path:
+    data = yaml.safe_load(Path(load_recipe(SPECFORGE).source_file).read_text())
+    data["code"] = {"input": "CODE_DIR", "component": "specforge"}
+    data["check"] = {"stub": ["torch_npu"]}
+    if edit:
+        edit(data)
+    return recipe_file(tmp_path, "specforge-check", data)
+
+
+@needs_upstream
+def test_the_recipe_parses_with_specforges_parser(specforge, tmp_path):
+    p = cli("launch", "check", str(_with_code(tmp_path)), "--args", "--code", str(specforge), "--stub-missing",
+            "--json")
+    out = json.loads(p.stdout)
+    assert p.returncode == 0, p.stderr
+    row = out["recipes"][0]
+    assert row["ok"] and row["args"]["args"]["parser"] == "train_domino.py"
+    assert row["args"]["stubs"] == ["torch_npu"] and "accelerate" in row["args"]["args"]["stubbed"]
+
+
+@needs_upstream
+def test_a_bogus_flag_fails_naming_the_flag_and_the_recipe(specforge, tmp_path):
+    def bogus(data):
+        data["command"] = [*data["command"], "--num-anchorz 16"]
+
+    p = cli("launch", "check", str(_with_code(tmp_path, bogus)), "--args", "--code", str(specforge),
+            "--stub-missing")
+    assert p.returncode == 1
+    assert "specforge-check: args: unrecognized arguments: --num-anchorz 16" in p.stderr
+
+
+# -- in the image -------------------------------------------------------------------------------------------
+
+@pytest.mark.docker
+def test_in_the_image_imports_and_args_are_checked_and_a_bogus_flag_fails(cpu_image, tmp_path):
+    p = cli("launch", "check", "cpu-ddp", "--args", "--image", cpu_image, "--json")
+    assert p.returncode == 0, p.stderr
+    row = json.loads(p.stdout)["recipes"][0]
+    assert row["args"]["imports"]["ok"] and "torch.distributed" in row["args"]["imports"]["imports"]
+    assert row["args"]["args"]["parser"] == "cpu_ddp.py"
+
+    bogus = recipe_file(tmp_path, "ddp-bogus", {"extends": "cpu-ddp", "command": [
+        "${TRAINBOX_LAUNCHERS}/jobs/cpu_ddp.py --steps ${STEPS} --output-dir ${OUTPUT_DIR} --stepz 3"]})
+    p = cli("launch", "check", str(bogus), "--args", "--image", cpu_image)
+    assert p.returncode == 1 and "ddp-bogus: args: unrecognized arguments: --stepz 3" in p.stderr
+
+    missing = recipe_file(tmp_path, "ddp-missing", {"extends": "cpu-ddp", "check": {"args": "none", "why": "w"},
+                                                    "command": ["${TRAINBOX_LAUNCHERS}/jobs/nope.py"]})
+    p = cli("launch", "check", str(missing), "--args", "--image", cpu_image)
+    assert p.returncode == 1 and "ddp-missing: imports: cannot read the entry" in p.stderr
