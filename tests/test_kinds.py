@@ -88,3 +88,108 @@ def test_git_pip_and_tree_install_in_the_builder(tmp_path):
 def test_what_cannot_be_installed_is_refused_at_validation(tmp_path, component, expected):
     with pytest.raises(TrainboxError, match=r"kind-test.yaml: " + expected):
         load_stack(stack_with(tmp_path, component))
+
+
+KERNELS = ("{source: git, git: 'https://github.com/sgl-project/sgl-kernel-npu.git', "
+           "commit: 20b773601e8539299256a751d76ebf38ce28dbcb, install: build, "
+           "build: ['bash build.sh -a memory-saver'], wheels: 'output/*.whl', needs: [cann-toolkit]}")
+
+
+def test_git_build_runs_its_commands_in_the_builder_and_names_its_toolkits(tmp_path):
+    r = rendered(tmp_path, KERNELS)
+    entry = r.manifest["components"]["extra"]
+    assert entry["install"] == "build" and entry["needs"] == ["cann-toolkit"] and r.manifest["left_out"] == {}
+    assert ("--mode build --git https://github.com/sgl-project/sgl-kernel-npu.git --commit "
+            "20b773601e8539299256a751d76ebf38ce28dbcb --build 'bash build.sh -a memory-saver' --wheels "
+            "'output/*.whl' --needs cann-toolkit") in r.dockerfile
+
+
+def test_on_a_substitute_base_a_component_that_needs_a_toolkit_is_left_out_and_named(tmp_path):
+    from trainbox.buildplan import render_for
+    from trainbox.image import Base
+
+    stack = load_stack(stack_with(tmp_path, KERNELS))
+    r = render_for(stack, Base(requested=stack.base.image, used="local/debian:bookworm",
+                               substituted="local/debian:bookworm"))
+    assert "extra" not in r.manifest["components"] and "--component extra" not in r.dockerfile
+    assert r.manifest["left_out"] == {
+        "extra": "needs cann-toolkit, which the substitute base local/debian:bookworm does not have"}
+
+
+@pytest.mark.parametrize("component, expected", [
+    (f"{{source: git, git: 'https://x.invalid/x.git', commit: {COMMIT}, install: build}}",
+     r"components.extra: install: build needs `build:`"),
+    (f"{{source: git, git: 'https://x.invalid/x.git', commit: {COMMIT}, install: tree, build: [make]}}",
+     r"components.extra: `build` belongs to `install: build`"),
+    (f"{{source: git, git: 'https://x.invalid/x.git', commit: {COMMIT}, needs: [cann-toolkit]}}",
+     r"components.extra: `needs` belongs to `install: build`"),
+    (f"{{source: git, git: 'https://x.invalid/x.git', commit: {COMMIT}, install: build, build: [make], "
+     "wheels: /abs/*.whl}", r"components.extra: wheels '/abs/\*.whl' must be a glob relative to the tree"),
+    (f"{{source: git, git: 'https://x.invalid/x.git', commit: {COMMIT}, install: build, build: [make], "
+     "needs: [rocm]}", r"components.extra.needs.0"),
+    (f"{{source: pypi, version: '1.0', sha256: [{SHA}], needs: [cann-toolkit]}}",
+     r"components.extra: `needs` does not belong to a pypi component"),
+])
+def test_build_keys_are_refused_where_they_cannot_apply(tmp_path, component, expected):
+    with pytest.raises(TrainboxError, match=r"kind-test.yaml: " + expected):
+        load_stack(stack_with(tmp_path, component))
+
+
+def test_install_source_refuses_a_build_without_its_toolkit(tmp_path, monkeypatch):
+    """The builder's side: a component that needs the CANN toolkit, in a builder without one (this host), fails
+    before any command runs, with one line naming the toolkit."""
+    import subprocess
+    import sys
+
+    tree = tmp_path / "sources" / "kernels"
+    tree.mkdir(parents=True)
+    (tree / ".trainbox-source.json").write_text('{"git": "https://x.invalid/k.git", "commit": "%s"}' % COMMIT)
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("ASCEND_TOOLKIT_HOME",)}
+    proc = subprocess.run([sys.executable, "-m", "trainbox.runtime.install_source", "--component", "kernels",
+                           "--mode", "build", "--git", "https://x.invalid/k.git", "--commit", COMMIT,
+                           "--build", "touch RAN", "--needs", "cann-toolkit", "--sources-dir", str(tmp_path / "sources")],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("trainbox-install-source: error: kernels: needs cann-toolkit (no $ASCEND_TOOLKIT_HOME")
+    assert not (tree / "RAN").exists()
+
+
+def test_install_source_build_runs_the_commands_with_the_venv_first_and_installs_the_wheels(tmp_path):
+    """--mode build in a throwaway venv (the builder's /opt/venv stands here): the commands run in the tree with
+    the venv's python3 first on PATH, the wheels they leave install, and a stand-in toolkit home satisfies
+    `--needs cann-toolkit` (this host has no CANN)."""
+    import os
+    import subprocess
+    import sys
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    tree = tmp_path / "sources" / "kernels"
+    (tree / "kern").mkdir(parents=True)
+    (tree / "kern" / "__init__.py").write_text("BUILT = True\n")
+    (tree / "make_wheel.py").write_text(  # the project's own build, standing in for a kernel build
+        "import sys, zipfile\n"
+        "with zipfile.ZipFile(sys.argv[1], 'w') as z:\n"
+        "    z.write('kern/__init__.py')\n"
+        "    z.writestr('kern-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: kern\\nVersion: 1.0\\n')\n"
+        "    z.writestr('kern-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n"
+        "    z.writestr('kern-1.0.dist-info/RECORD', '')\n")
+    (tree / ".trainbox-source.json").write_text('{"git": "https://x.invalid/k.git", "commit": "%s"}' % COMMIT)
+    toolkit = tmp_path / "stand-in-ascend-toolkit"
+    toolkit.mkdir()
+    env = dict(os.environ, ASCEND_TOOLKIT_HOME=str(toolkit),
+               PYTHONPATH=str(Path(__file__).resolve().parents[1] / "python"))
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "trainbox.runtime.install_source", "--component",
+                           "kernels", "--mode", "build", "--git", "https://x.invalid/k.git", "--commit", COMMIT,
+                           "--build", "test \"$(command -v python3)\" = " + str(venv / "bin" / "python3"),
+                           "--build", "mkdir -p output",
+                           "--build", "python3 make_wheel.py output/kern-1.0-py3-none-any.whl",
+                           "--wheels", "output/*.whl", "--needs", "cann-toolkit",
+                           "--sources-dir", str(tmp_path / "sources")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "kernels: installed kern-1.0-py3-none-any.whl built from https://x.invalid/k.git@" in proc.stdout
+    check = subprocess.run([str(venv / "bin" / "python"), "-c", "import kern; print(kern.BUILT)"],
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert check.stdout.strip() == "True"
+    assert not (tree / "output").exists()  # built in a copy: the staged tree stays as fetched

@@ -8,8 +8,9 @@ is a new `source:` value everywhere at once; a value with no kind is refused at 
     pypi  name==version from an index, hash-checked (the lock records the hashes per platform)
     url   one file by URL and sha256: a wheel (installed from its URL, hash-checked) or an archive of wheels
           (.tar.gz/.tgz/.zip: fetched on the host, verified, its wheels installed --no-deps)
-    git   a repository at a full 40-hex commit: a wheel built from the tree (`install: pip`) or the tree itself
-          on sys.path (`install: tree`), optionally below `subdir:` and with a patch series applied first
+    git   a repository at a full 40-hex commit: a wheel built from the tree (`install: pip`), the tree itself
+          on sys.path (`install: tree`), optionally below `subdir:`, or the wheels its own `build:` commands
+          leave (`install: build`, with the toolkits it `needs:`); a patch series applies first
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class Kind:
 class PypiKind(Kind):
     name = "pypi"
     from_index = True
-    foreign = ("git", "commit", "url", "subdir")
+    foreign = ("git", "commit", "url", "subdir", "build", "wheels", "needs")
 
     def validate(self, c: Any) -> None:
         super().validate(c)
@@ -157,7 +158,7 @@ class PypiKind(Kind):
 
 class UrlKind(Kind):
     name = "url"
-    foreign = ("git", "commit", "subdir")
+    foreign = ("git", "commit", "subdir", "build", "wheels", "needs")
 
     def validate(self, c: Any) -> None:
         super().validate(c)
@@ -227,13 +228,32 @@ class GitKind(Kind):
                              "allowed (use git's url.<base>.insteadOf for mirrors)")
         if c.subdir and (c.subdir.startswith("/") or ".." in c.subdir.split("/")):
             raise ValueError(f"subdir {c.subdir!r} must be a relative path inside the repository")
-        if c.install not in (True, False, "pip", "tree"):
+        if c.install not in (True, False, "pip", "tree", "build"):
             raise ValueError(f"install: {c.install!r}: expected pip (a wheel built from the tree), tree "
-                             "(the checkout on sys.path) or false")
+                             "(the checkout on sys.path), build (its own build commands) or false")
+        self._validate_build(c)
         if c.sha256:
             raise ValueError("`sha256` does not belong to a git component (the commit is its pin)")
         if c.install == "tree" and c.version:
             raise ValueError("`version` is checked against the wheel built from the tree; `install: tree` builds none")
+
+    def _validate_build(self, c: Any) -> None:
+        if c.install != "build":
+            for f in ("build", "wheels", "needs"):
+                if getattr(c, f) not in (None, []):
+                    raise ValueError(f"`{f}` belongs to `install: build` (a component its own commands compile)")
+            return
+        if not c.build:
+            raise ValueError("install: build needs `build:`, the commands that compile it (run in the tree)")
+        for cmd in c.build:
+            if not cmd.strip() or "\n" in cmd or "\x00" in cmd:
+                raise ValueError(f"build: {cmd[:60]!r}: expected one command per line")
+        w = c.wheels or ""
+        if w and (w.startswith("/") or ".." in w.split("/")):
+            raise ValueError(f"wheels {w!r} must be a glob relative to the tree")
+        if c.version or c.subdir:
+            raise ValueError("`version` and `subdir` are for install: pip; install: build installs the wheels "
+                             "its commands leave (`wheels:`)")
 
     def pinned_ref(self, c: Any) -> str:
         return f"{c.git}@{c.commit}"
@@ -264,6 +284,12 @@ class GitKind(Kind):
             args += ["--version", c.version]
         if not c.build_isolation:
             args.append("--no-build-isolation")
+        for cmd in c.build:
+            args += ["--build", cmd]
+        if c.wheels:
+            args += ["--wheels", c.wheels]
+        for name in c.needs:
+            args += ["--needs", name]
         if c.patches:
             args += ["--patches", f"/tmp/trainbox/patches/{c.patches}"]
         return args
@@ -273,7 +299,7 @@ class GitKind(Kind):
         return ["git", "ca-certificates"]
 
     def mode(self, c: Any) -> str:
-        return "tree" if c.install == "tree" else "pip"
+        return c.install if c.install in ("tree", "build") else "pip"
 
     def tree_path(self, c: Any) -> str:
         return f"{TREE_ROOT}/{c.key}"
@@ -284,6 +310,8 @@ class GitKind(Kind):
                  "build_flags": [] if c.build_isolation else ["--no-build-isolation"]}
         if c.version:
             entry["version"] = c.version
+        if c.needs:
+            entry["needs"] = list(c.needs)
         if getattr(c, "_tree_id", None):
             entry["tree"] = c._tree_id  # git's tree hash of the commit, known once fetched
         if self.mode(c) == "tree":

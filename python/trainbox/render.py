@@ -104,6 +104,7 @@ def manifest(stack: Stack, patches: dict[str, list[dict]]) -> dict:
         "base": {"image": stack.declared_base or stack.base.image, "cann": stack.base.cann,
                  "chip": stack.base.chip, "substituted": stack.base.image if stack.declared_base else None},
         "components": comps,
+        "left_out": stack.left_out,  # {component: why}: compiled components a substitute base cannot build
         "env": dict(sorted(stack.env.items())),
         "patches": patches,
         "deps_locked": bool(_dep_lines(stack)),

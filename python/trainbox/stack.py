@@ -105,9 +105,14 @@ class Component(_Strict):
     subdir: str | None = None  # git: where the package lives below the repository root
     url: str | None = None
     patches: str | None = None  # series name: a directory under patches/
-    # false: listed only (e.g. what the base provides); git: pip (a wheel built from the tree) or tree
-    install: bool | Literal["pip", "tree"] = True
+    # false: listed only (e.g. what the base provides); git: pip (a wheel built from the tree), tree, or
+    # build (its own build commands compile it: kernels against a toolkit of the base)
+    install: bool | Literal["pip", "tree", "build"] = True
     build_isolation: bool = True  # git, install: pip: false builds with the venv's own setuptools
+    build: list[str] = Field(default_factory=list)  # git, install: build: shell commands run in the tree
+    wheels: str | None = None  # git, install: build: the wheels they leave, a glob in the tree (dist/*.whl)
+    # toolkits the build needs from the base; on a substitute base (which has none) the component is left out
+    needs: list[Literal["cann-toolkit", "cuda-toolkit"]] = Field(default_factory=list)
     note: str | None = None
 
     @field_validator("sha256")
@@ -325,7 +330,17 @@ class Stack(_Strict):
 
     @property
     def installed_components(self) -> dict[str, Component]:
-        return {k: c for k, c in self.components.items() if c.install}
+        left_out = self.left_out
+        return {k: c for k, c in self.components.items() if c.install and k not in left_out}
+
+    @property
+    def left_out(self) -> dict[str, str]:
+        """Components built against a toolkit of the base (`needs:`) that a substitute base (plain Debian
+        standing in for a CANN or CUDA base) does not have: left out of its build, and named in its manifest."""
+        if not self.declared_base:
+            return {}
+        return {k: f"needs {', '.join(c.needs)}, which the substitute base {self.base.image} does not have"
+                for k, c in sorted(self.components.items()) if c.install and c.needs}
 
     def pins_digest(self) -> str:
         """What the dependency lock depends on: every installed pypi pin per platform."""

@@ -13,6 +13,8 @@ HEAD is checked against the pin.
                     install it --no-deps and record the commit in its direct_url.json (PEP 610)
     --mode tree     apply the series, put the tree (no .git) at /opt/src/<component>, add it to sys.path (.pth)
     --mode archive  check the staged archive's sha256, install the wheels it holds --no-deps
+    --mode build    apply the series, check the toolkits it --needs are in the builder, run each --build command
+                    (bash, in the tree, the venv first on PATH), install the wheels matching --wheels --no-deps
 """
 
 from __future__ import annotations
@@ -132,6 +134,43 @@ def _install_wheel(args: argparse.Namespace, tree: Path, tmp: Path) -> None:
     print(f"{args.component}: installed {wheels[0].name} built from {args.git}@{args.commit}")
 
 
+#: What `needs:` names, and how the builder shows it has it (the toolkit of a CANN or CUDA devel base).
+TOOLKITS = {
+    "cann-toolkit": ("ASCEND_TOOLKIT_HOME", ("/usr/local/Ascend/ascend-toolkit/set_env.sh",
+                                             "/usr/local/Ascend/cann/set_env.sh")),
+    "cuda-toolkit": ("CUDA_HOME", ("/usr/local/cuda/bin/nvcc",)),
+}
+
+
+def _missing_toolkits(needs: list[str]) -> list[str]:
+    missing = []
+    for name in needs:
+        var, paths = TOOLKITS[name]
+        home = os.environ.get(var)
+        if not (home and os.path.isdir(home)) and not any(os.path.exists(p) for p in paths):
+            missing.append(f"{name} (no ${var}, none of {', '.join(paths)})")
+    return missing
+
+
+def _install_built(args: argparse.Namespace, tree: Path) -> None:
+    """A component that compiles (kernels against CANN or CUDA): its own build commands, then its wheels."""
+    missing = _missing_toolkits(args.needs)
+    if missing:
+        raise SourceFailed(f"needs {', '.join(missing)} in the builder; build it FROM a base that has the toolkit "
+                           "(a substitute base leaves it out, and the manifest says so)")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    for cmd in args.build:
+        print(f"{args.component}: $ {cmd}", flush=True)
+        _run(["bash", "-euo", "pipefail", "-c", cmd], f"`{cmd}`", cwd=tree, env=env)
+    wheels = sorted(str(p) for p in tree.glob(args.wheels))
+    if not wheels:
+        raise SourceFailed(f"the build commands left no wheel matching {args.wheels!r} in the tree")
+    _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
+          *wheels], f"installing the wheels built from {args.git}@{args.commit}")
+    print(f"{args.component}: installed {', '.join(Path(w).name for w in wheels)} built from "
+          f"{args.git}@{args.commit}")
+
+
 def _install_tree(args: argparse.Namespace, tree: Path, applied: list[dict]) -> None:
     dest = args.tree_root / args.component
     if dest.exists():
@@ -171,7 +210,7 @@ def _install_archive(args: argparse.Namespace, tmp: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--component", required=True)
-    ap.add_argument("--mode", choices=("pip", "tree", "archive"), required=True)
+    ap.add_argument("--mode", choices=("pip", "tree", "archive", "build"), required=True)
     ap.add_argument("--git")
     ap.add_argument("--commit")
     ap.add_argument("--sha256")
@@ -179,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--version")
     ap.add_argument("--patches", type=Path, help="series directory to apply before building")
     ap.add_argument("--no-build-isolation", dest="build_isolation", action="store_false")
+    ap.add_argument("--build", action="append", default=[], metavar="CMD", help="--mode build: a build command")
+    ap.add_argument("--wheels", default="dist/*.whl", help="--mode build: the wheels it leaves (glob in the tree)")
+    ap.add_argument("--needs", action="append", default=[], choices=sorted(TOOLKITS),
+                    help="--mode build: a toolkit the builder must have")
     ap.add_argument("--sources-dir", type=Path, default=Path("/tmp/trainbox/sources"))
     ap.add_argument("--tree-root", type=Path, default=Path("/opt/src"))
     args = ap.parse_args(argv)
@@ -191,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         applied = _patch(args, tree)
         if args.mode == "pip":
             _install_wheel(args, tree, tmp)
+        elif args.mode == "build":
+            _install_built(args, tree)
         else:
             _install_tree(args, tree, applied)
     except (SourceFailed, apply_patches.PatchError, OSError) as exc:

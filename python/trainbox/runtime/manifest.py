@@ -6,6 +6,7 @@ The manifest is written by `trainbox.render` at build time and read by the conta
     {"schema": 1, "trainbox_version": "0.1.0", "stack": "npu-910b", "device": "npu", "python": "3.11",
      "base": {"image": "...", "cann": "8.5.1" | null, "substituted": null | "local/debian:bookworm"},
      "components": {"torch": {"name": "torch", "source": "pypi", "version": "2.9.0+cpu", ...}, ...},
+     "left_out": {"sgl-kernel-npu": "needs cann-toolkit, which the substitute base ... does not have"},
      "env": {"USE_MCORE_GDN": "0", ...},
      "patches": {...}, "overrides": {...}}
 
