@@ -166,3 +166,29 @@ def test_in_the_image_imports_and_args_are_checked_and_a_bogus_flag_fails(cpu_im
                                                     "command": ["${TRAINBOX_LAUNCHERS}/jobs/nope.py"]})
     p = cli("launch", "check", str(missing), "--args", "--image", cpu_image)
     assert p.returncode == 1 and "ddp-missing: imports: cannot read the entry" in p.stderr
+
+
+def test_the_job_script_preflight_imports_the_entry_and_explains_a_failure(tmp_path):
+    """Inside the container, before the job starts, the rendered script imports what the entry imports: a missing
+    package stops the job with the import named and what to do, and the entry itself never runs."""
+    import os
+
+    from trainbox.launch import load_stack_info
+    from trainbox.launch.script import render_script
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text("import json\nimport nosuchpkg_for_preflight\nopen('RAN', 'w').write('x')\n")
+    p = recipe_file(tmp_path, "needs-pkg", {"description": "d", "stack": "cpu", "launcher": "exec",
+                                            "devices_per_node": 1, "workdir": str(work),
+                                            "command": ["python3 train.py --lr 1"]})
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(load_recipe(p), load_stack_info("cpu"), {}))
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "TRAINBOX_SKIP_PREFLIGHT": "0"})
+    assert out.returncode != 0 and not (work / "RAN").exists()
+    assert "nosuchpkg_for_preflight" in out.stderr
+    assert "preflight entry failed" in out.stderr and "trainbox launch check needs-pkg --args" in out.stderr
+    (work / "train.py").write_text("import json\nopen('RAN', 'w').write('x')\n")
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0 and (work / "RAN").exists(), out.stderr

@@ -61,7 +61,9 @@ def test_the_job_script_maps_operator_variables(tmp_path):
     stub.mkdir()
     (stub / "torchrun").write_text('#!/bin/sh\necho "torchrun $* RANK=${RANK-unset}"\n')
     (stub / "torchrun").chmod(0o755)
-    base = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}", TRAINBOX_SCHEDULER="operator",
+    # the script runs on this host with a stand-in torchrun: no image, so no entry preflight
+    base = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}", TRAINBOX_SKIP_PREFLIGHT="1",
+                TRAINBOX_SCHEDULER="operator",
                 MASTER_ADDR="10.1.2.3", MASTER_PORT="23456", WORLD_SIZE="2")
     out = subprocess.run(["bash", str(script)], env=dict(base, RANK="1", LOCAL_WORLD_SIZE="1"),
                          capture_output=True, text=True, timeout=60)
@@ -150,7 +152,7 @@ def test_the_job_script_maps_volcano_and_slurm_variables(tmp_path):
     (stub / "torchrun").chmod(0o755)
     hosts = tmp_path / "node.host"
     hosts.write_text("job-node-0.job\njob-node-1.job\n")
-    base = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}")
+    base = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}", TRAINBOX_SKIP_PREFLIGHT="1")
     for k in ("NODE_RANK", "MASTER_ADDR", "RANK"):
         base.pop(k, None)
     vc = subprocess.run(["bash", str(script)], env=dict(base, TRAINBOX_SCHEDULER="volcano", VC_TASK_INDEX="1",

@@ -96,6 +96,16 @@ def _entry(recipe: Recipe, words: list[str], workdir: str | None) -> tuple[list[
                         "(and the words it stands for in check.replaces)")
 
 
+def entry_words(recipe: Recipe) -> list[str] | None:
+    """argcheck's --script/--module option for the recipe's entry, as unexpanded words (the job script's
+    preflight renders them; a script path stays relative to the workdir it runs in). None: no Python entry."""
+    words = [w for item in recipe.command for w in parse_words(item)]
+    try:
+        return _entry(recipe, words, None)[0]
+    except TrainboxError:
+        return None
+
+
 def plan(job: Job, code_dir: str | None = None) -> ArgsCheck:
     recipe = job.recipe
     if code_dir and not recipe.code:
@@ -179,4 +189,4 @@ def summary(result: dict) -> str:
     return f"{name}: imports load, {how}{stubs}"
 
 
-__all__ = ["ArgsCheck", "CHECK_LABEL", "expand", "plan", "run_in_image", "run_on_host", "summary"]
+__all__ = ["ArgsCheck", "CHECK_LABEL", "entry_words", "expand", "plan", "run_in_image", "run_on_host", "summary"]

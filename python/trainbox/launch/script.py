@@ -30,6 +30,7 @@ from ..recipe import (
 from ..runtime import npu
 from ..runtime.errors import TrainboxError
 from ..templating import make_env
+from .argscheck import entry_words
 from .job import StackInfo, Values, split_sets
 
 TEMPLATES_DIR = LAUNCHERS_DIR / "templates"
@@ -199,6 +200,7 @@ def render_script(recipe: Recipe, stack: StackInfo, sets: dict[str, str] | None 
         command.append(" ".join(shell_word(w) for w in words))
     if recipe.workdir:
         words_used.append(recipe.workdir)
+    entry = entry_words(recipe)
     referenced = {name for w in words_used for name, _ in refs(w)}
     runtime_env_vars = sorted(
         set(stack.env) | set(recipe.env) | set(recipe.ray.runtime_env_vars) | set(NOSET_VARS.get(stack.device, ()))
@@ -210,6 +212,7 @@ def render_script(recipe: Recipe, stack: StackInfo, sets: dict[str, str] | None 
         visible_var=VISIBLE_DEVICES_VARS.get(stack.device),
         default_visible=",".join(str(i) for i in range(recipe.devices_per_node)),
         hccl=_hccl(), preflight=recipe.preflight, workdir=shell_word(recipe.workdir) if recipe.workdir else "",
+        entry_check=" ".join(shell_word(w) for w in entry) if entry else "", stack_name=stack.name,
         command=command, ray_resources=_ray_resources(stack.device, recipe.devices_per_node),
         runtime_env_vars=runtime_env_vars)
 
