@@ -867,3 +867,6 @@ def test_hccl_ports_explain_socket_ranges_on_atlas_a2(make, root):
     assert res.status == WARN and "MC2" in res.message and "HCCL_IF_BASE_PORT" in res.fix, res.line()
     man["base"]["chip"] = "a3"
     assert run(make(env={"HCCL_HOST_SOCKET_PORT_RANGE": "21000-21031"}, man=man), "hccl.ports").status == PASS
+    man["base"]["chip"] = "910b"
+    res = run(make(env={"HCCL_IF_BASE_PORT": "29120", "MASTER_PORT": "29500"}, man=man), "hccl.ports")
+    assert res.status == PASS and "Atlas A2" in res.message and "MC2" in res.message, res.line()
