@@ -10,6 +10,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from test_entrypoint import DUMP_ENV, base_env, entry
 
 from trainbox.runtime import cann_env, entrypoint
@@ -70,3 +72,67 @@ def test_a_record_from_a_base_without_cann_is_ignored(tmp_path):
     rec.write_text("{not json")
     proc = entry(DUMP_ENV, env)
     assert proc.returncode == 0 and "unreadable" in proc.stderr
+
+
+# ------------------------------------------------ baking the record as ENV (trainbox.cann_bake; docker side:
+# tests/test_cann_bake_docker.py)
+
+
+def test_the_record_becomes_one_env_instruction_quoted_literally():
+    from trainbox import cann_bake
+
+    rec = {"schema": 1, "sourced": ["/usr/local/Ascend/ascend-toolkit/set_env.sh"],
+           "env": {"PATH": "/opt/bisheng/bin:/usr/bin", "TB_Q": 'a "b" $c \\d'}}
+    env, label = cann_bake.env_changes(rec)
+    assert env == 'ENV PATH="/opt/bisheng/bin:/usr/bin" TB_Q="a \\"b\\" \\$c \\\\d"'
+    assert label == f"LABEL {cann_bake.BAKED_LABEL}=2"
+    assert cann_bake.env_changes({"schema": 1, "sourced": [], "env": {"TB": "stale"}}) == []  # no CANN in the base
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"sourced": ["s"], "env": {"TB_NL": "a\nb"}}, "TB_NL: a value with a line break"),
+    ({"sourced": ["s"], "env": {"BAD NAME": "x"}}, "'BAD NAME'='x': expected NAME=VALUE"),
+    ({"sourced": ["s"], "env": ["PATH"]}, "expected the CANN environment record"),
+])
+def test_a_record_that_cannot_be_baked_is_refused_naming_the_variable(record, message):
+    from trainbox import cann_bake
+    from trainbox.runtime.errors import TrainboxError
+
+    with pytest.raises(TrainboxError, match=message):
+        cann_bake.env_changes(record)
+
+
+def test_image_build_bakes_npu_images_only_and_a_failed_bake_fails_the_build(monkeypatch):
+    from types import SimpleNamespace
+
+    from trainbox import buildrun, cann_bake
+    from trainbox.runtime.errors import TrainboxError
+
+    calls = []
+    monkeypatch.setattr(cann_bake, "bake", lambda client, tags, say: calls.append(tags) or {"baked": 3})
+    plan = SimpleNamespace(stack=SimpleNamespace(device="npu"), tags=["trainbox/npu-910b:abc", "x:latest"],
+                           tag="trainbox/npu-910b:abc")
+    assert buildrun.bake_cann_env(plan, None, print) == {"cann_env": {"baked": 3}}
+    assert calls == [plan.tags]
+    plan.stack.device = "cpu"
+    assert buildrun.bake_cann_env(plan, None, print) == {} and len(calls) == 1
+
+    def fails(client, tags, say):
+        raise TrainboxError("ASCEND_OPP_PATH is '/elsewhere' in the image's ENV")
+
+    monkeypatch.setattr(cann_bake, "bake", fails)
+    plan.stack.device = "npu"
+    with pytest.raises(buildrun.BuildFailed, match="baking the CANN environment as ENV failed: ASCEND_OPP_PATH") as e:
+        buildrun.bake_cann_env(plan, None, print)
+    assert e.value.exit_code == 1
+
+
+def test_the_entrypoint_names_what_the_image_env_lacked(tmp_path):
+    rec = tmp_path / "cann-env.json"
+    rec.write_text(json.dumps({"schema": 1, "sourced": ["/s.sh"], "env": {"TB_CANN": "1", "TB_BAKED": "2"}}))
+    env = base_env(tmp_path, TRAINBOX_CANN_ENV_FILE=str(rec), TB_BAKED="2")  # TB_BAKED: in the image's ENV
+    del env["TRAINBOX_SET_ENV_SCRIPTS"]
+    out = json.loads(entry(DUMP_ENV, env).stdout)
+    assert out["TRAINBOX_CANN_ENV_APPLIED"] == "TB_CANN"
+    env["TB_CANN"] = "1"  # everything baked: nothing to name
+    assert "TRAINBOX_CANN_ENV_APPLIED" not in json.loads(entry(DUMP_ENV, env).stdout)

@@ -867,3 +867,23 @@ def test_hccl_ports_explain_socket_ranges_on_atlas_a2(make, root):
     assert res.status == WARN and "MC2" in res.message and "HCCL_IF_BASE_PORT" in res.fix, res.line()
     man["base"]["chip"] = "a3"
     assert run(make(env={"HCCL_HOST_SOCKET_PORT_RANGE": "21000-21031"}, man=man), "hccl.ports").status == PASS
+    man["base"]["chip"] = "910b"
+    res = run(make(env={"HCCL_IF_BASE_PORT": "29120", "MASTER_PORT": "29500"}, man=man), "hccl.ports")
+    assert res.status == PASS and "Atlas A2" in res.message and "MC2" in res.message, res.line()
+
+
+def test_cann_env_baked_names_what_the_image_env_lacks(make, root):
+    record = {"schema": 1, "sourced": ["/usr/local/Ascend/ascend-toolkit/set_env.sh"],
+              "env": {"ASCEND_OPP_PATH": "/o", "ATB_HOME_PATH": "/a"}}
+    assert run(make(man=manifest("npu")), "cann.env_baked").status == SKIP  # no record: not a trainbox image
+    touch(root, "/etc/trainbox/cann-env.json", json.dumps({**record, "sourced": []}))
+    assert "no CANN set_env script" in run(make(man=manifest("npu")), "cann.env_baked").message
+    touch(root, "/etc/trainbox/cann-env.json", json.dumps(record))
+    bypassed = run(make(env={"ATB_HOME_PATH": "/a"}, man=manifest("npu")), "cann.env_baked")
+    assert bypassed.status == WARN and "ASCEND_OPP_PATH" in bypassed.message and "ATB" not in bypassed.message
+    assert "trainbox image build" in bypassed.fix
+    plain = run(make(env={**record["env"], "TRAINBOX_CANN_ENV_APPLIED": "ATB_HOME_PATH"}, man=manifest("npu")),
+                "cann.env_baked")
+    assert plain.status == WARN and "lacks ATB_HOME_PATH" in plain.message and "command:" in plain.message
+    assert run(make(env=record["env"], man=manifest("npu")), "cann.env_baked").status == PASS
+    assert run(make(env=record["env"], man=manifest("cpu")), "cann.env_baked").status == SKIP

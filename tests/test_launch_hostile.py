@@ -149,8 +149,8 @@ def test_hostile_values_arrive_intact_and_nothing_executes(name, mode, tmp_path,
     if visible:
         assert job["env"][visible] == ",".join(str(i) for i in range(recipe.devices_per_node))
     if stack.device == "npu":
-        # the launcher and trainbox.runtime.dist derive the same per-job HCCL port ranges from MASTER_PORT
-        want = hccl_socket_port_env(29611, environ={})
+        # the launcher and trainbox.runtime.dist derive the same per-job HCCL ports from MASTER_PORT, per chip
+        want = hccl_socket_port_env(29611, environ={}, chip=stack.chip or "")
         for k, v in want.items():
             assert job["env"][k] == v
     for key, value in recipe.env.items():

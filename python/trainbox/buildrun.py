@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import cann_bake
 from .buildplan import BuildPlan, stage
 from .engine import Client, ConsoleProgress, run_build
 from .runtime.errors import TrainboxError
@@ -52,7 +53,9 @@ def _skip(plan: BuildPlan, client: Client, report_path: Path, say) -> BuildOutco
     t0 = time.monotonic()
     for t in plan.tags[1:]:
         client.tag(plan.tag, t)
+    baked = bake_cann_env(plan, client, say)  # an image from before the bake, or one whose bake was cut short
     report = {**common_report(plan, client), **image_facts(client, plan.tag), "ok": True, "skipped": True,
+              **baked,
               "wall_s": round(time.monotonic() - t0, 3), "steps": [], "cached_steps": 0, "rebuilt_steps": 0}
     write_report(report, report_path)
     say(f"{plan.tag} is up to date (its inputs are unchanged); not rebuilding (--force rebuilds)")
@@ -76,10 +79,21 @@ def run(plan: BuildPlan, client: Client, report_path: Path, *, force: bool = Fal
               "rebuilt_steps": sum(s["status"] == "done" for s in steps if not s["from"])}
     if not result.ok:
         _fail(plan, result, report, report_path)
+    report.update(bake_cann_env(plan, client, say))
     report.update(image_facts(client, plan.tag))
     write_report(report, report_path)
     print(summary(report))
     return BuildOutcome(plan.tag, plan.tags, False, report, report_path, plan.argv())
+
+
+def bake_cann_env(plan: BuildPlan, client: Client, say) -> dict:
+    """NPU images: the CANN environment the build recorded, baked as ENV (trainbox.cann_bake)."""
+    if plan.stack.device != "npu":
+        return {}
+    try:
+        return {"cann_env": cann_bake.bake(client, plan.tags, say)}
+    except TrainboxError as exc:  # EngineError included
+        raise BuildFailed(f"{plan.tag}: baking the CANN environment as ENV failed: {exc}") from None
 
 
 def _fail(plan: BuildPlan, result, report: dict, report_path: Path) -> None:

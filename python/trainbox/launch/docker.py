@@ -31,6 +31,10 @@ JOB_SCRIPT_IN_IMAGE = "/opt/trainbox/job.sh"
 # docker run pieces (see DESIGN.md, "Domain facts"); the doctor checks for exactly these, so both come from one list
 NPU_CONTROL_DEVICES = npu.NPU_DEVICE_NODES
 NPU_DRIVER_MOUNTS = tuple(npu.NPU_DRIVER_MOUNTS)
+# Jobs over more than one node also need the NIC tool and its configuration (HCCL over RoCE). Required, not
+# probed: the plan is made on one host and run on every node; `--mount` (not -v) makes a node that lacks one
+# fail at `docker run` naming the path, instead of creating an empty directory in its place.
+NPU_MULTINODE_MOUNTS = tuple(npu.NPU_MULTINODE_MOUNTS)
 # memlock: HCCL / NCCL and RDMA pin host memory. CPU jobs pin nothing and get only the stack limit: some
 # hosts (unprivileged CI sandboxes) cannot raise memlock at all, and docker then refuses to start.
 ULIMITS = {"npu": ("memlock=-1", "stack=67108864"), "cuda": ("memlock=-1", "stack=67108864"),
@@ -69,7 +73,8 @@ def write_job_script(name: str, script: str) -> Path:
 
 
 def device_args(job: Job) -> list[str]:
-    """--device / -v for NPU cards and their driver, --gpus for CUDA, nothing on CPU."""
+    """--device / -v for NPU cards and their driver (plus hccn_tool and hccn.conf on more than one node), --gpus
+    for CUDA, nothing on CPU."""
     if job.cards is None:
         return []
     if job.device == "cuda":
@@ -81,6 +86,9 @@ def device_args(job: Job) -> list[str]:
         args += ["--device", d]
     for m in NPU_DRIVER_MOUNTS:
         args += ["-v", f"{m}:{m}:ro"]
+    if job.nodes > 1:
+        for m in NPU_MULTINODE_MOUNTS:
+            args += ["--mount", mount_arg(m, m, True)]
     return args
 
 
@@ -154,6 +162,9 @@ def plan_run(recipe_name: str, *, sets: dict[str, str] | None = None, image: str
     if job.nodes > 1:
         notes.append(f"recipe {job.name} spans {job.nodes} nodes: run node r's command on node r "
                      f"(node 0 at MASTER_ADDR); the script is {script_path}, copy it to the same path on every node")
+        if job.device == "npu":
+            notes.append("every node must have " + " and ".join(NPU_MULTINODE_MOUNTS) + " (HCCL's NIC tool and "
+                         "its configuration; mounted read-only, docker refuses to start without them)")
     return RunPlan(job, job.image, script, script_path, argv_per_node, job.create, notes)
 
 

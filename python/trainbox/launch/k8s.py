@@ -30,8 +30,6 @@ ACCELERATOR_TYPE = {"910b": "module-910b-8", "a3": "module-a3-16-super-pod"}
 RING_CONTROLLER = "ascend-910b"
 SHM = {"cpu": "8Gi", "cuda": "64Gi", "npu": "64Gi"}  # a memory-backed /dev/shm (the runtime's default is 64 MiB)
 ASCEND_PORT, PYTORCH_PORT = 2222, 23456
-# Multi-node NPU pods also need the NIC tool and its configuration from the host (HCCL over RoCE).
-NPU_MULTINODE_MOUNTS = ("/usr/local/Ascend/driver/tools/hccn_tool", "/etc/hccn.conf")
 KINDS = {"ascendjob": ("npu", ("torchrun", "exec")), "volcano": (None, ("torchrun", "exec")),
          "pytorchjob": (None, ("torchrun",)), "rayjob": (None, ("ray",))}
 
@@ -79,7 +77,7 @@ def _volumes(job: Job, configmap: str) -> tuple[list[dict], list[dict]]:
     if job.device == "npu":
         host += [(p, True) for p in npu.NPU_DRIVER_MOUNTS]
         if job.nodes > 1:
-            host += [(p, True) for p in NPU_MULTINODE_MOUNTS]
+            host += [(p, True) for p in npu.NPU_MULTINODE_MOUNTS]  # HCCL's NIC tool + config
     host += sorted(job.mounts.items())
     for i, (path, readonly) in enumerate(host):
         vols.append({"name": f"host-{i}", "hostPath": {"path": path}})

@@ -98,9 +98,12 @@ def node_commands(recipe: Recipe, script: str = "job.sh") -> list[str]:
             for r in range(recipe.nodes)]
 
 
-def _hccl() -> dict[str, int]:
-    # The same rule trainbox.runtime.dist applies, so a job's script and its processes agree.
-    return {"host": npu.HCCL_HOST_BASE, "npu": npu.HCCL_NPU_BASE, "width": npu.HCCL_WIDTH,
+def _hccl(chip: str | None) -> dict:
+    # The same rule trainbox.runtime.dist applies, so a job's script and its processes agree: on Atlas A2
+    # (910b) the socket port ranges break MC2 fused operators, so the job gets an HCCL_IF_BASE_PORT block.
+    return {"if_base": (chip or "").lower() in npu.HCCL_SOCKET_RANGE_CHIPS_EXCLUDED, "chip": chip or "",
+            "if_base_port": npu.HCCL_IF_BASE, "if_base_width": npu.HCCL_IF_BASE_WIDTH,
+            "host": npu.HCCL_HOST_BASE, "npu": npu.HCCL_NPU_BASE, "width": npu.HCCL_WIDTH,
             "slots": npu.HCCL_SLOTS}
 
 
@@ -211,7 +214,8 @@ def render_script(recipe: Recipe, stack: StackInfo, sets: dict[str, str] | None 
         layout_used=[(k, v) for k, v in layout.items() if k in referenced and k not in ("NNODES", "NPROC_PER_NODE")],
         visible_var=VISIBLE_DEVICES_VARS.get(stack.device),
         default_visible=",".join(str(i) for i in range(recipe.devices_per_node)),
-        hccl=_hccl(), preflight=recipe.preflight, workdir=shell_word(recipe.workdir) if recipe.workdir else "",
+        hccl=_hccl(stack.chip), preflight=recipe.preflight,
+        workdir=shell_word(recipe.workdir) if recipe.workdir else "",
         entry_check=" ".join(shell_word(w) for w in entry) if entry else "", stack_name=stack.name,
         command=command, ray_resources=_ray_resources(stack.device, recipe.devices_per_node),
         runtime_env_vars=runtime_env_vars)

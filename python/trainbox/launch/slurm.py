@@ -13,7 +13,7 @@ import hashlib
 import shlex
 
 from ..runtime.errors import TrainboxError
-from .docker import JOB_SCRIPT_IN_IMAGE, NPU_DRIVER_MOUNTS, run_args
+from .docker import JOB_SCRIPT_IN_IMAGE, NPU_DRIVER_MOUNTS, NPU_MULTINODE_MOUNTS, run_args
 from .job import PORT_INPUTS, PORT_STRIDE, Job
 from .script import HOST_NEEDS, oneline, render_script, render_template
 
@@ -48,9 +48,11 @@ def _header(job: Job, pyxis: bool) -> str:
 
 
 def _pyxis_mounts(job: Job) -> list[tuple[str, bool]]:
-    """The recipe's path inputs, plus the NPU driver files read-only (the device nodes themselves need the
-    site's enroot hook for Ascend)."""
+    """The recipe's path inputs, plus the NPU driver files read-only (and hccn_tool / hccn.conf on more than one
+    node; the device nodes themselves need the site's enroot hook for Ascend)."""
     driver = [(m, True) for m in NPU_DRIVER_MOUNTS] if job.device == "npu" else []
+    if job.device == "npu" and job.nodes > 1:
+        driver += [(m, True) for m in NPU_MULTINODE_MOUNTS]
     return driver + sorted(job.mounts.items())
 
 

@@ -17,6 +17,7 @@ import os
 import sys
 
 from trainbox.runtime.errors import TrainboxError
+from trainbox.runtime.kernels import CAUSAL_CONV1D_ALTERNATIVE, CAUSAL_CONV1D_NPU_REASON
 
 __all__ = [
     "Capability",
@@ -590,9 +591,21 @@ def _check_npu_fused_ops(torch, dt):
     return not missing, f"torch_npu lacks {', '.join(missing)}" if missing else None
 
 
+def _check_causal_conv1d(torch, dt):
+    # A fused causal_conv1d kernel that is safe here; trainbox.runtime.kernels.choose_causal_conv1d picks the
+    # implementation to call.
+    if dt == "npu":
+        return False, CAUSAL_CONV1D_NPU_REASON
+    if dt != "cuda":
+        return False, f"no fused causal_conv1d kernel for {dt}"
+    ok = _has_module("causal_conv1d")
+    return ok, None if ok else "the causal-conv1d package is not installed"
+
+
 # name -> (check, alternative to name when unavailable)
 _CAPABILITIES = {
     "bf16": (_check_bf16, "train in float16 with loss scaling, or float32"),
+    "causal_conv1d": (_check_causal_conv1d, CAUSAL_CONV1D_ALTERNATIVE),
     "bf16_gru": (_check_bf16_gru, "run the GRU in float16 (a float16 copy synced each step, outputs cast back) "
                  "or float32"),
     "flash_attn": (_check_flash_attn, "use --attention-backend sdpa"),
@@ -616,8 +629,8 @@ def _capability(name, torch, dt):
 
 
 def capabilities(device_type: str | None = None) -> dict:
-    """{name: Capability} for flex_attention, flash_attn, sdpa, bf16, bf16_gru, fused_adam, triton and
-    npu_fused_ops on `device_type` (default: the active device)."""
+    """{name: Capability} for flex_attention, flash_attn, sdpa, bf16, bf16_gru, causal_conv1d (a fused kernel
+    that is safe here), fused_adam, triton and npu_fused_ops on `device_type` (default: the active device)."""
     dt = device_type or get_device_type()
     torch = _import_torch(required=False)
     return {name: _capability(name, torch, dt) for name in _CAPABILITIES}

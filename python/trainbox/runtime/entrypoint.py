@@ -10,7 +10,8 @@ In order, it:
 3. sets up CANN as the cann base image's own ENTRYPOINT would: the toolkit's, BiSheng's (AscendNPU-IR,
    which triton-ascend needs) and ATB's set_env.sh (ATB told `--cxx_abi=1`, so it does not import torch).
    When the image build recorded what they export (/etc/trainbox/cann-env.json, trainbox.runtime.cann_env)
-   that record is applied and nothing is sourced; otherwise the scripts that exist (list:
+   that record is applied and nothing is sourced (`trainbox image build` also bakes it as ENV, so this is
+   a no-op there; what the ENV lacked is named in $TRAINBOX_CANN_ENV_APPLIED for the doctor); otherwise the scripts that exist (list:
    $TRAINBOX_SET_ENV_SCRIPTS, colon separated, each `PATH [ARG...]`, empty to skip) are sourced in one
    `bash` with `set +u` (the scripts read unset variables). Either way a variable that was already set
    keeps its value unless the scripts only extended it (PATH-like prepends, then de-duplicated);
@@ -29,7 +30,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .npu import ASCENDNPU_IR_SET_ENV, ATB_SET_ENV_ARGS, CANN_ENV_FILE, TOOLKIT_HOMES
+from .npu import ASCENDNPU_IR_SET_ENV, ATB_SET_ENV_ARGS, CANN_ENV_APPLIED_VAR, CANN_ENV_FILE, TOOLKIT_HOMES
 
 PROG = "trainbox-entrypoint"
 SET_ENV_SCRIPTS = (
@@ -312,6 +313,8 @@ def prepare(env: dict, debug: bool) -> tuple[dict, bool]:
     if recorded is not None:
         scripts = [env.get("TRAINBOX_CANN_ENV_FILE") or CANN_ENV_FILE]
         env, changed = merge_env(env, recorded)
+        if changed:  # the image's ENV lacked them: `trainbox doctor` (cann.env_baked) says so
+            env[CANN_ENV_APPLIED_VAR] = ",".join(sorted(changed))
     else:
         scripts = set_env_scripts(env)
         env, changed = source_scripts(env, scripts)

@@ -172,7 +172,11 @@ def check_hccl_ports(ctx: Context) -> Result:
                    "HCCL_IF_BASE_PORT; keep the ranges only if every card of the communicator sets the same ones "
                    "and MC2 is off")
         return Result(WARN, "; ".join(warn), fix, data)
-    return Result(PASS, ", ".join(f"{k}={v}" for k, v in data.items() if v is not None), data=data)
+    msg = ", ".join(f"{k}={v}" for k, v in data.items() if v is not None)
+    if chip in HCCL_SOCKET_RANGE_CHIPS_EXCLUDED and base is not None and not ranges:
+        msg += (f" (Atlas A2: a per-job HCCL_IF_BASE_PORT block of {HCCL_IF_BASE_WIDTH} ports, not socket port "
+                "ranges, which MC2 fused operators do not support)")
+    return Result(PASS, msg, data=data)
 
 
 if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently

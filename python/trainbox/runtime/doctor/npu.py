@@ -7,6 +7,8 @@ import json
 import os
 
 from ..npu import (
+    CANN_ENV_APPLIED_VAR,
+    CANN_ENV_FILE,
     NNAL_SET_ENV,
     NPU_DEVICE_NODES,
     NPU_DOCKER_FLAGS,
@@ -109,6 +111,37 @@ def check_cann_env(ctx: Context) -> Result:
         return Result(WARN, "NNAL (ATB) is installed but its environment is not set (ATB_HOME_PATH unset)",
                       f"source {NNAL_SET_ENV} (the trainbox entrypoint does)", data)
     return Result(PASS, f"CANN environment set (ASCEND_TOOLKIT_HOME={set_home})", data=data)
+
+
+@check("cann.env_baked")
+def check_cann_env_baked(ctx: Context) -> Result:
+    """The image's ENV holds the CANN environment its build recorded (a `command:` that skips the entrypoint)."""
+    skip = _skip_unless(ctx, "npu")
+    if skip:
+        return skip
+    path = ctx.env.get("TRAINBOX_CANN_ENV_FILE") or CANN_ENV_FILE
+    try:
+        with open(ctx.path(path), encoding="utf-8") as fh:
+            record = json.load(fh)
+        recorded = dict(record.get("env") or {})
+    except FileNotFoundError:
+        return Result(SKIP, f"no {path} (an image not built by trainbox)")
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        return Result(WARN, f"{path} is unreadable ({exc})", "rebuild the image with `trainbox image build`")
+    if not record.get("sourced"):
+        return Result(SKIP, f"{path}: the build found no CANN set_env script to record (a base without CANN)")
+    fix = ("build the image with `trainbox image build`, which bakes the record as ENV (a plain `docker build` "
+           "of the generated Dockerfile cannot), or start the command through the trainbox entrypoint")
+    data = {"record": path, "variables": sorted(recorded)}
+    absent = [k for k in sorted(recorded) if k not in ctx.env]
+    if absent:
+        return Result(WARN, f"{', '.join(absent)} of {path} not set: this process did not start through the "
+                            "trainbox entrypoint, and the image's ENV lacks them", fix, data)
+    applied = [n for n in (ctx.env.get(CANN_ENV_APPLIED_VAR) or "").split(",") if n]
+    if applied:
+        return Result(WARN, f"the image's ENV lacks {', '.join(applied)} of {path}: the entrypoint set them, but a "
+                            "Kubernetes `command:` that bypasses it starts without them", fix, data)
+    return Result(PASS, f"the image's ENV holds the {len(recorded)} variables of {path}", data=data)
 
 
 _LIB_PROBE = """
