@@ -734,6 +734,8 @@ def test_alloc_conf(make, value, status, text):
 
 def test_alloc_conf_unset_skips(make):
     assert run(make(), "npu.alloc_conf").status == SKIP
+    empty = run(make(env={"PYTORCH_NPU_ALLOC_CONF": ""}), "npu.alloc_conf")
+    assert empty.status == SKIP and "empty" in empty.message
 
 
 @pytest.mark.parametrize("value,status", [(None, SKIP), ("8", PASS), ("32", PASS), ("16", FAIL), ("x", FAIL)])

@@ -251,7 +251,7 @@ def test_list_and_show(capsys):
     assert "cpu-ddp" in out and "relax-qwen35-9b-8npu-async" in out
     assert main(["launch", "show", "relax-qwen3-4b-4npu-colocate"]) == 0
     out = capsys.readouterr().out
-    assert "MODEL_DIR" in out and "mounted ro" in out and "ROLLOUT_DEVICES_PER_ENGINE=2" in out
+    assert "MODEL_DIR" in out and "mounted ro" in out and "ROLLOUT_DEVICES_PER_ENGINE=4" in out  # Relax: 4 per engine
 
 
 def test_check_command(tmp_path, capsys):

@@ -42,6 +42,7 @@ def recipe_file(tmp_path: Path, name: str, data: dict) -> Path:
     ({"check": {"stub": ["torch npu"]}}, "expected a module name"),
     ({"check": {"entry": "-m 1bad"}}, "expected `-m MODULE`"),
     ({"check": {"argz": "parse"}}, "argz"),
+    ({"check": {"imports": "none", "why": "mounted"}}, "imports: none means the entry is not in the image"),
     ({"code": {"input": "TARGET_MODEL_PATH2", "component": "specforge"}}, "is not a path input"),
     ({"code": {"input": "NUM_EPOCHS", "component": "specforge"}}, "is not a path input"),
 ])
@@ -104,6 +105,20 @@ def test_plan_takes_python_dash_m_and_a_console_script_needs_an_entry(tmp_path):
                                                       "replaces": "megatron sft"}})
     with pytest.raises(TrainboxError, match="is not how the command starts"):
         plan(resolve(str(wrong), require_inputs=False, host_paths=False))
+
+
+def test_a_mounted_workload_plans_from_its_entry_alone_and_says_why_nothing_ran():
+    """Relax is a mounted checkout (check: args none, imports none): the plan needs only the entry (the command's
+    ${MODEL_ARGS[@]} comes from a script in that checkout), and the result names the reason instead of passing."""
+    from trainbox.launch.argscheck import run_on_host, summary
+
+    check = plan(resolve("relax-qwen3-4b-4npu-colocate", require_inputs=False, host_paths=False))
+    assert check.entry == ["--module", "relax.entrypoints.train"] and check.args == []
+    assert not check.parse and not check.imports
+    out = run_on_host(check)
+    assert out["imports"]["skipped"] and out["args"]["skipped"]
+    assert summary(out) == ("relax-qwen3-4b-4npu-colocate: not checked: Relax's source is not pinned here (a mounted "
+                            "CODE_DIR checkout, not in the image)")
 
 
 # -- host runs against the pinned SpecForge checkout ---------------------------------------------------------

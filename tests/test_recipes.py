@@ -34,12 +34,13 @@ def test_recipe_facts_from_the_seeds():
     async_ = load_recipe("relax-qwen35-9b-8npu-async")
     words = " ".join(w if isinstance(w, str) else " ".join(w) for w in async_.command)
     assert "--fully-async" in words and "--max-staleness 2" in words
-    assert async_.layout()["ROLLOUT_DEVICES_PER_ENGINE"] == 2 and async_.devices_per_node == 8
+    assert async_.layout()["ROLLOUT_DEVICES_PER_ENGINE"] == 4 and async_.devices_per_node == 8  # the seed's last commit
     for name in ("relax-qwen3-4b-4npu-colocate", "relax-qwen35-9b-4npu-colocate"):
         r = load_recipe(name)
         assert r.devices_per_node == 4 and "--colocate" in " ".join(map(str, r.command))
         assert any("torch_memory_saver_hook_mode_preload" in p.python for p in r.preflight)
     spec = load_recipe("specforge-domino-qwen35-4b-npu")
+    assert spec.stack == "specforge"
     assert spec.launcher == "torchrun" and "--attention-backend ${ATTENTION_BACKEND}" in " ".join(map(str, spec.command))
     assert spec.inputs["ATTENTION_BACKEND"].default == "sdpa"
     assert "max_split_size_mb" in spec.env["PYTORCH_NPU_ALLOC_CONF"]
@@ -49,6 +50,39 @@ def test_recipe_facts_from_the_seeds():
     assert layouts["twinkle-megatron-tp-8npu"]["PP"] == 2
     assert layouts["twinkle-megatron-moe-8npu"]["EP"] > 1
     assert layouts["twinkle-megatron-moe-cp-8npu"]["CP"] > 1 and layouts["twinkle-megatron-moe-cp-8npu"]["EP"] > 1
+
+
+RELAX_NPU = ["relax-qwen3-4b-4npu-colocate", "relax-qwen35-9b-4npu-colocate", "relax-qwen35-9b-8npu-async"]
+
+
+@pytest.mark.parametrize("name", RELAX_NPU)
+def test_relax_npu_recipes_match_relax_s_launchers(name):
+    """The drifts issue #13 lists, against Relax's NPU launchers (PR #52; scripts/training/text/ on Relax main)."""
+    r = load_recipe(name)
+    words = " ".join(w if isinstance(w, str) else " ".join(w) for w in r.command).split()
+    assert words[:3] == ["python3", "-m", "relax.entrypoints.train"]
+    joined = " ".join(words)
+    for flag in ("--sglang-device npu", "--sglang-attention-backend ascend", "--sglang-disable-radix-cache",
+                 "--accumulate-allreduce-grads-in-fp32", "--megatron-to-hf-mode bridge"):
+        assert flag in joined, flag
+    assert "--accumulate-allreduce-fusion-in-fp32" not in joined  # no such flag in Megatron or Relax
+    assert r.stack == "relax" and r.env["TMS_HOOK_MODE"] == "preload"
+    assert "PYTORCH_NPU_ALLOC_CONF" not in r.env  # the seed dropped it from the Ray runtime env
+    if r.devices_per_node == 4:
+        assert "--num-gpus-per-node ${NPROC_PER_NODE}" in joined  # Relax defaults to 8
+    if "qwen35" in name:
+        assert r.env["MINDSPEED_BRIDGE_GDN_USE_TORCH_CONV"] == "1"
+        assert r.inputs["MODEL_ARGS_FILE"].default == "scripts/models/qwen35-9B.sh"
+
+
+def test_relax_gpu_twins_carry_no_npu_flags():
+    for name in ("relax-qwen3-4b-4gpu-colocate", "relax-qwen35-9b-8gpu-async"):
+        r = load_recipe(name)
+        joined = " ".join(w if isinstance(w, str) else " ".join(w) for w in r.command)
+        assert joined.startswith("python3 -m relax.entrypoints.train")
+        assert "--sglang-device" not in joined and "ascend" not in joined and r.stack == "cuda"
+        assert "--accumulate-allreduce-grads-in-fp32" in joined
+        assert not any(k.startswith(("HCCL_", "PYTORCH_NPU", "ASCEND_", "MINDSPEED_")) for k in r.env)
 
 
 @pytest.mark.parametrize("name", RECIPES)

@@ -361,6 +361,13 @@ def test_offline_profile_in_ci_is_valid():
     prof = smoke.load_profile(REPO / "ci" / "smoke-offline.yaml")
     assert set(prof["stacks"]) <= set(list_stacks())
     assert prof["set"]["npu-910b"]["torch.version"].startswith("2.13.0")
+    from trainbox.stack import load_stack
+
+    # every npu stack it builds (the workload stacks too) gets the CPU torch this runner has and its torch_npu pair
+    npu = [s for s in prof["stacks"] if load_stack(s).device == "npu"]
+    assert {"npu-910b", "specforge", "relax"} <= set(npu)
+    for name in npu:
+        assert prof["set"][name] == prof["set"]["npu-910b"], name
 
 
 # ------------------------------------------------------------------------------------------ docker: cpu

@@ -158,6 +158,9 @@ class Check(_Strict):
     stub: list[str] = Field(default_factory=list)
     # parse: the rendered command goes through the framework's own parser; none: the entry takes no arguments
     args: Literal["parse", "none"] = "parse"
+    # entry: what the entry imports at its top level must load in the image; none: the entry is not in the image
+    # (the workload's source is mounted at run time and not pinned by the stack, e.g. Relax's CODE_DIR)
+    imports: Literal["entry", "none"] = "entry"
     # the entry whose parser reads the arguments, when the command's own first word is a console script that
     # hands them on (ms-swift's `megatron`): `-m MODULE` or a script path under workdir
     entry: str | None = None
@@ -181,6 +184,9 @@ class Check(_Strict):
     def _need_why(self):
         if self.args == "none" and not self.why:
             raise ValueError("why: say in one line why the entry takes no arguments (args: none)")
+        if self.imports == "none" and (self.args != "none" or not self.why):
+            raise ValueError("imports: none means the entry is not in the image, so nothing can parse its arguments "
+                             "either: set args: none and say why in one line")
         if self.entry and self.entry.startswith("-m ") and not MODULE_RE.match(self.entry[3:]):
             raise ValueError(f"entry: {self.entry!r}: expected `-m MODULE` or a script path")
         return self

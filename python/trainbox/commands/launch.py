@@ -297,6 +297,8 @@ def cmd_show(args) -> int:
         print(f"  code: {r.code.input} is a checkout of {r.code.component}; default: the image's "
               f"{r.code.image_path} (no mount)")
     how = "parsed by the framework's own parser" if r.check.args == "parse" else f"none to parse ({r.check.why})"
+    if r.check.imports == "none":
+        how = f"not run: the entry is not in the image ({r.check.why})"
     stubs = f"; stand-ins: {', '.join(r.check.stub)}" if r.check.stub else ""
     print(f"  check --args: {how}{stubs}")
     return 0

@@ -38,6 +38,7 @@ class ArgsCheck:
     stubs: list[str] = field(default_factory=list)
     parse: bool = True  # False: the entry takes no arguments (recipe check.args: none)
     why: str | None = None
+    imports: bool = True  # False: the entry is not in the image (recipe check.imports: none)
 
     def argv(self, imports: bool) -> list[str]:
         out = ["python3", "-m", "trainbox.runtime.argcheck", "--json"]
@@ -112,12 +113,13 @@ def plan(job: Job, code_dir: str | None = None) -> ArgsCheck:
         raise TrainboxError(f"recipe {recipe.name}: --code needs the recipe's `code:` key (which input is the "
                             "workload's checkout)")
     values = _values(job, code_dir)
-    words = [expand(w, values) for item in recipe.command for w in parse_words(item)]
+    items = recipe.command if recipe.check.args == "parse" else recipe.command[:1]  # no arguments: the entry only
+    words = [expand(w, values) for item in items for w in parse_words(item)]
     workdir = expand(recipe.workdir, values) if recipe.workdir else None
     entry, args = _entry(recipe, words, workdir)
     env = {k: values[k] for k in recipe.env}
     return ArgsCheck(recipe.name, entry, args, workdir, env, list(recipe.check.stub), recipe.check.args == "parse",
-                     recipe.check.why)
+                     recipe.check.why, recipe.check.imports == "entry")
 
 
 def _result(proc_out: str, proc_err: str, rc: int, what: str) -> dict:
@@ -136,7 +138,7 @@ def run_in_image(check: ArgsCheck, image: str, timeout: float = 300) -> dict:
     client = find_client()
     out = {"recipe": check.recipe, "image": image, "stubs": check.stubs}
     for name, imports in (("imports", True), ("args", False)):
-        if name == "args" and not check.parse:
+        if (name == "args" and not check.parse) or (name == "imports" and not check.imports):
             out[name] = {"ok": True, "skipped": True, "why": check.why}
             continue
         argv = ["run", "--rm", "--network", "none", "--label", f"{CHECK_LABEL}={check.recipe}"]
@@ -161,7 +163,7 @@ def run_on_host(check: ArgsCheck, stub_missing: bool = False, timeout: float = 3
     env["PYTHONPATH"] = os.pathsep.join(p for p in (check.env.get("PYTHONPATH", ""),
                                                     os.environ.get("PYTHONPATH", ""), here) if p)
     for name, imports in (("imports", True), ("args", False)):
-        if name == "args" and not check.parse:
+        if (name == "args" and not check.parse) or (name == "imports" and not check.imports):
             out[name] = {"ok": True, "skipped": True, "why": check.why}
             continue
         if name == "imports" and stub_missing:
@@ -186,6 +188,8 @@ def summary(result: dict) -> str:
             return f"{name}: {step}: {r.get('error') or 'failed'}"
     stubs = f" (stand-ins: {', '.join(result['stubs'])})" if result.get("stubs") else ""
     how = "no arguments to parse" if result["args"].get("skipped") else "the arguments parse"
+    if (result.get("imports") or {}).get("skipped"):
+        return f"{name}: not checked: {result['imports'].get('why')}"
     return f"{name}: imports load, {how}{stubs}"
 
 

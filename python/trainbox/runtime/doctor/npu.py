@@ -303,8 +303,8 @@ def check_alloc_conf(ctx: Context) -> Result:
     """PYTORCH_NPU_ALLOC_CONF parses, its values are in range and its options do not contradict each other."""
     value = ctx.env.get("PYTORCH_NPU_ALLOC_CONF")
     data = {"PYTORCH_NPU_ALLOC_CONF": value}
-    if value is None:
-        return Result(SKIP, "PYTORCH_NPU_ALLOC_CONF unset")
+    if not value:  # empty: the allocator's defaults (the relax stack empties the npu line's setting)
+        return Result(SKIP, "PYTORCH_NPU_ALLOC_CONF unset" if value is None else "PYTORCH_NPU_ALLOC_CONF empty")
     fmt = "write it as option:value,option:value (e.g. expandable_segments:True)"
     opts: dict[str, str] = {}
     dup = []
