@@ -92,6 +92,7 @@ def test_subcommands_and_known_args_parsers(tmp_path):
 
 def test_a_module_that_cannot_load_is_stood_in_only_when_asked(tmp_path):
     s = write(tmp_path, "npu.py", "import torch_npu_like_missing_module as t\nimport argparse\n"
+              "from packaging.version import Version\nassert Version(t.__version__) < Version('0.0.1')\n"
               "@t.jit\ndef f(): pass\nclass M(t.nn.Module): pass\n"
               "argparse.ArgumentParser().parse_args()\n")
     assert run(s).returncode == 1 and "No module named" in run(s).stderr

@@ -111,6 +111,9 @@ class _Stub:
 
 
 class _StubModule(types.ModuleType):
+    # a version that sorts below every release: frameworks log or compare `mod.__version__` at import
+    __version__ = "0+stand.in"
+
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
