@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,10 +19,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_recipe_args import rendered_args
-from upstream_helpers import checkout, find_shared_upstream
-
 from trainbox.paths import REPO_ROOT
+from upstream_helpers import checkout, find_shared_upstream
 
 pytestmark = pytest.mark.skipif(find_shared_upstream() is None, reason="../shared/upstream is missing")
 RECIPES = REPO_ROOT / "launchers" / "recipes"
@@ -48,16 +45,20 @@ def recipe(name: str) -> dict:
 
 # -- ms-swift ------------------------------------------------------------------------------------------------
 
-def test_swift_recipe_starts_the_module_megatron_sft_dispatches_to(upstream):
+def test_swift_recipe_checks_the_module_megatron_sft_dispatches_to(upstream):
     """setup.py: megatron = swift.cli._megatron.main:cli_main; its ROUTE_MAPPING sends `sft` to the module that
-    parses (swift.cli.main re-executes it under torch.distributed.run)."""
+    parses (swift.cli.main re-executes it under torch.distributed.run), which the recipe's check names."""
     swift = upstream["ms-swift"]
     assert "'megatron=swift.cli._megatron.main:cli_main'" in (swift / "setup.py").read_text()
     main = ast.parse((swift / "swift" / "cli" / "_megatron" / "main.py").read_text())
     routes = next(ast.literal_eval(n.value) for n in ast.walk(main)
                   if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "ROUTE_MAPPING")
-    assert routes["sft"] == SWIFT_MODULE
-    assert recipe(SWIFT_RECIPE)["command"][0] == f"-m {SWIFT_MODULE}"
+    r = recipe(SWIFT_RECIPE)
+    assert r["command"][0] == "megatron sft" and r["check"]["replaces"] == "megatron sft"
+    assert r["check"]["entry"] == f"-m {routes['sft']}" == f"-m {SWIFT_MODULE}"
+    # ms-swift rejects what its parse_known_args leaves over itself (SwiftPipeline._parse_args): the check must too
+    base = (swift / "swift" / "pipelines" / "base.py").read_text()
+    assert "raise ValueError(f'remaining_argv: {remaining_argv}')" in base and r["check"]["strict"] is True
 
 
 def swift_image() -> tuple[str, bool]:
@@ -78,35 +79,34 @@ def swift_img():
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
 
 
-def argcheck_in_image(image: str, tree: Path, args: list[str]) -> tuple[int, dict]:
-    stubs = [a for s in SWIFT_STUBS for a in ("--stub", s)]
-    proc = subprocess.run(
-        ["docker", "run", "--rm", "--network", "none", "--label", "trainbox.test=recipe-args-megatron",
-         "--mount", f"type=bind,src={tree},dst=/src/ms-swift,readonly", "--entrypoint", "/opt/venv/bin/python",
-         image, "-m", "trainbox.runtime.argcheck", "--json", "--strict", *stubs, "--path", "/src/ms-swift",
-         "--module", SWIFT_MODULE, "--", *args],
-        capture_output=True, text=True, timeout=600)
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    return proc.returncode, json.loads(proc.stdout)
+def launch_check(recipe_file: Path | str, image: str) -> tuple[int, str, dict | None]:
+    proc = subprocess.run([sys.executable, "-m", "trainbox.cli", "launch", "check", str(recipe_file), "--args",
+                           "--image", image, "--json"], capture_output=True, text=True, timeout=900)
+    return proc.returncode, proc.stderr, (json.loads(proc.stdout)["recipes"][0] if proc.stdout.strip() else None)
 
 
 @pytest.mark.docker
-def test_swift_recipe_parses_with_ms_swifts_parser_and_a_bogus_flag_fails(upstream, swift_img):
-    _, words = rendered_args(SWIFT_RECIPE)
-    assert words[0] == SWIFT_MODULE
-    args = words[1:]
-    rc, out = argcheck_in_image(swift_img, upstream["ms-swift"], args)
-    assert rc == 0 and out["ok"], out["error"]
-    ns = out["namespace"]
-    assert ns["tuner_type"] == "'full'" and ns["pipeline_model_parallel_size"] == "2"
-    assert ns["padding_free"] == "False" and sorted(out["stubbed"]) == sorted(SWIFT_STUBS)
+def test_swift_recipe_parses_with_ms_swifts_parser_and_a_bogus_flag_fails(swift_img, tmp_path):
+    rc, err, row = launch_check(SWIFT_RECIPE, swift_img)
+    assert rc == 0, err
+    args = row["args"]["args"]
+    assert args["parser"] == "sft.py" and sorted(args["stubbed"]) == sorted(SWIFT_STUBS)
+    ns = args["namespace"]
+    assert ns["tuner_type"] == "'full'" and ns["pipeline_model_parallel_size"] == "2" and ns["padding_free"] == "False"
 
-    rc, out = argcheck_in_image(swift_img, upstream["ms-swift"], args + ["--bogus_flag", "1"])
-    assert rc == 1 and out["error"] == "unrecognized arguments: --bogus_flag 1"
-    # the flags the recipe had before (ms-swift 3.x names) are gone in 4.1.3
-    old = [w if w != "--output_dir" else "--save" for w in args]
-    rc, out = argcheck_in_image(swift_img, upstream["ms-swift"], old)
-    assert rc == 1 and "--save" in out["error"]
+    def variant(name: str, edit) -> Path:
+        data = recipe(SWIFT_RECIPE)
+        edit(data)
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(data))
+        return tmp_path / f"{name}.yaml"
+
+    bogus = variant("swift-bogus", lambda d: d["command"].append("--bogus_flag 1"))
+    rc, err, _ = launch_check(bogus, swift_img)
+    assert rc == 1 and "swift-bogus: args: unrecognized arguments: --bogus_flag 1" in err
+    # what the recipe said before (ms-swift 3.x names) is refused by 4.1.3's parser
+    old = variant("swift-old", lambda d: d["command"].append("--max_epochs 1"))
+    rc, err, _ = launch_check(old, swift_img)
+    assert rc == 1 and "swift-old: args: unrecognized arguments: --max_epochs 1" in err
 
 
 # -- Twinkle -------------------------------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def test_twinkle_recipe_runs_the_cookbook_script_which_takes_no_arguments(upstre
     assert "argparse" not in imported and "sys" not in imported, f"{script}: reads arguments now"
     # the cookbook's launcher runs the script with torchrun and nothing after it
     sh = script.with_suffix(".sh").read_text()
-    assert re.search(rf"torchrun --nproc_per_node=\d+ {script.name}\s*$", sh, re.M), sh
+    assert re.search(rf"torchrun --nproc_per_node=\d+ {script.name}\s*$", sh, re.MULTILINE), sh
 
 
 @pytest.mark.parametrize("name", ["twinkle-megatron-tp-8npu", "twinkle-megatron-moe-8npu",
