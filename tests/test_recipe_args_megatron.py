@@ -61,6 +61,16 @@ def test_swift_recipe_checks_the_module_megatron_sft_dispatches_to(upstream):
     assert "raise ValueError(f'remaining_argv: {remaining_argv}')" in base and r["check"]["strict"] is True
 
 
+def test_swift_check_runs_the_entry_strictly_on_the_rendered_arguments():
+    from trainbox.launch.argscheck import plan
+    from trainbox.launch.job import resolve
+
+    check = plan(resolve(SWIFT_RECIPE, require_inputs=False, host_paths=False))
+    assert check.entry == ["--module", SWIFT_MODULE] and check.args[:2] == ["--model", "/stand-in/model_dir"]
+    assert check.stubs == SWIFT_STUBS and check.strict
+    assert "--strict" in check.argv(imports=False) and "--strict" not in check.argv(imports=True)
+
+
 def swift_image() -> tuple[str, bool]:
     """The swift image as the smoke profile builds it (reused when its content-hash tag exists)."""
     args = [sys.executable, "-m", "trainbox.cli", "image", "build", "swift", "--json", "--base", "local/debian:bookworm",
