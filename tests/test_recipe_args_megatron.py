@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from docker_helpers import docker_client, wheelhouse_dir
 from trainbox.paths import REPO_ROOT
-from upstream_helpers import checkout, find_shared_upstream
+from upstream_helpers import checkout, find_shared_upstream, git_env, mirror
 
 pytestmark = pytest.mark.skipif(find_shared_upstream() is None, reason="../shared/upstream is missing")
 RECIPES = REPO_ROOT / "launchers" / "recipes"
@@ -71,19 +72,22 @@ def test_swift_check_runs_the_entry_strictly_on_the_rendered_arguments():
     assert "--strict" in check.argv(imports=False) and "--strict" not in check.argv(imports=True)
 
 
-def swift_image() -> tuple[str, bool]:
-    """The swift image as the smoke profile builds it (reused when its content-hash tag exists)."""
+def swift_image(mirrors_root: Path) -> tuple[str, bool]:
+    """The swift image as the smoke profile builds it (reused when its content-hash tag exists); its git sources
+    come through mirrors of ../shared/upstream."""
+    env = git_env({f"{n}.git": mirror(n, mirrors_root) for n in ("MindSpeed", "Megatron-LM", "ms-swift")})
+    docker_client()
     args = [sys.executable, "-m", "trainbox.cli", "image", "build", "swift", "--json", "--base", "local/debian:bookworm",
-            "--wheelhouse", "/opt/wheels"] + [a for s in SMOKE_SETS for a in ("--set", s)]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=1800, cwd=REPO_ROOT)
+            "--wheelhouse", str(wheelhouse_dir())] + [a for s in SMOKE_SETS for a in ("--set", s)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=1800, cwd=REPO_ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     return out["tag"], not out.get("skipped")
 
 
 @pytest.fixture(scope="module")
-def swift_img():
-    tag, built = swift_image()
+def swift_img(tmp_path_factory):
+    tag, built = swift_image(tmp_path_factory.mktemp("mirrors"))
     yield tag
     if built:  # made by this test: removed again (an image the smoke or a user built stays)
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
