@@ -4,21 +4,21 @@
 # cards and driver mounted, then run the 8-card Megatron smoke recipe on the real cards.
 #
 # Environment:
-#   TWINKLE_DIR   a Twinkle checkout on the runner (cookbook/megatron/ascend/)           required
-#   MODEL_DIR     a local Hugging Face checkpoint for the smoke                         required
-#   STACK         stack to build (default npu-910b)
+#   MODELSCOPE_CACHE  ModelScope cache the cookbook script downloads Qwen/Qwen3-4B and its data into (kept
+#                 between runs: fill it once where ModelScope is reachable)                required
+#   TWINKLE_DIR   a Twinkle checkout to run instead of the image's tree (2f01c452)         optional
+#   STACK         stack to build (default twinkle: the recipe's)
 #   RECIPE        recipe to run (default twinkle-megatron-tp-8npu: TP2 x PP2 x DP2 on 8 cards)
 #   CARDS         how many cards, /dev/davinci0 .. CARDS-1 (default 8)
 #   PYTHON        the Python that has trainbox installed (default python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STACK="${STACK:-npu-910b}"
+STACK="${STACK:-twinkle}"
 RECIPE="${RECIPE:-twinkle-megatron-tp-8npu}"
 CARDS="${CARDS:-8}"
 PYTHON="${PYTHON:-python3}"
-: "${TWINKLE_DIR:?set TWINKLE_DIR to a Twinkle checkout on this runner}"
-: "${MODEL_DIR:?set MODEL_DIR to a local Hugging Face checkpoint for the smoke}"
+: "${MODELSCOPE_CACHE:?set MODELSCOPE_CACHE to the ModelScope cache holding the model and data of the smoke}"
 trainbox() { "$PYTHON" -m trainbox.cli "$@"; }
 
 mkdir -p build/reports
@@ -46,6 +46,8 @@ docker run --rm --network host --ipc host --ulimit memlock=-1:-1 --label trainbo
     "$image" trainbox doctor --strict
 
 echo "npu-runner: ${RECIPE} on cards 0-${last}"
+code=()
+if [ -n "${TWINKLE_DIR:-}" ]; then code=(--set "CODE_DIR=${TWINKLE_DIR}"); fi
 trainbox run "$RECIPE" --image "$image" --devices "0-${last}" \
-    --set "CODE_DIR=${TWINKLE_DIR}" --set "MODEL_DIR=${MODEL_DIR}" \
+    --set "MODELSCOPE_CACHE=${MODELSCOPE_CACHE}" "${code[@]}" \
     --label trainbox.smoke=1

@@ -67,8 +67,8 @@ def write(tmp_path, name, text):
     return p
 
 
-def run(script, *args, stub=()):
-    own = [a for s in stub for a in ("--stub", s)]
+def run(script, *args, stub=(), strict=False):
+    own = [a for s in stub for a in ("--stub", s)] + (["--strict"] if strict else [])
     return subprocess.run([sys.executable, "-m", "trainbox.runtime.argcheck", *own, "--script", str(script),
                            "--", *args], capture_output=True, text=True, timeout=60)
 
@@ -84,10 +84,15 @@ def test_subcommands_and_known_args_parsers(tmp_path):
     k = write(tmp_path, "known.py", "import argparse\np = argparse.ArgumentParser()\np.add_argument('--a')\n"
               "args, rest = p.parse_known_args()\n")
     assert run(k, "--a", "1", "--passthrough").returncode == 0  # parse_known_args accepts leftovers by design
+    # --strict: for a framework that rejects the leftovers itself after the parse (ms-swift's remaining_argv)
+    strict = run(k, "--a", "1", "--passthrough", strict=True)
+    assert strict.returncode == 1 and "unrecognized arguments: --passthrough" in strict.stderr
+    assert run(k, "--a", "1", strict=True).returncode == 0
 
 
 def test_a_module_that_cannot_load_is_stood_in_only_when_asked(tmp_path):
     s = write(tmp_path, "npu.py", "import torch_npu_like_missing_module as t\nimport argparse\n"
+              "from packaging.version import Version\nassert Version(t.__version__) < Version('0.0.1')\n"
               "@t.jit\ndef f(): pass\nclass M(t.nn.Module): pass\n"
               "argparse.ArgumentParser().parse_args()\n")
     assert run(s).returncode == 1 and "No module named" in run(s).stderr

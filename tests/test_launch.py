@@ -219,7 +219,7 @@ def pasted(text: str) -> list[str]:
 
 
 def test_multi_node_plan_has_one_command_per_node(capsys):
-    plan = plan_run("twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODEL_DIR": "/m",
+    plan = plan_run("twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODELSCOPE_CACHE": "/m",
                                                       "MASTER_ADDR": "10.1.2.3"}, nodes=2, image="i",
                     dry_run=True)
     assert len(plan.argv_per_node) == 2
@@ -231,7 +231,7 @@ def test_multi_node_plan_has_one_command_per_node(capsys):
     assert words == plan.argv_per_node[0][1:] + plan.argv_per_node[1][1:]
     assert "--master-addr \"$MASTER_ADDR\"" in plan.script and "--node-rank \"$NODE_RANK\"" in plan.script
     with pytest.raises(TrainboxError, match="needs these inputs:\n  --set MASTER_ADDR"):
-        plan_run("twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODEL_DIR": "/m"}, nodes=2, dry_run=True)
+        plan_run("twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODELSCOPE_CACHE": "/m"}, nodes=2, dry_run=True)
 
 
 def test_render_command_writes_an_executable_script(tmp_path, capsys):

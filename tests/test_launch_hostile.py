@@ -95,6 +95,8 @@ def prepare_values(recipe, tmp_path: Path, marker: Path) -> dict[str, str]:
     for name, spec in inputs.items():
         if spec.kind == "path" and spec.mount == "ro":
             Path(values[name]).mkdir(parents=True, exist_ok=True)
+    if recipe.workdir and recipe.workdir.startswith("${CODE_DIR}/"):  # a folder of the checkout (Twinkle cookbook)
+        (Path(values["CODE_DIR"]) / recipe.workdir.removeprefix("${CODE_DIR}/")).mkdir(parents=True, exist_ok=True)
     for src in recipe.source:  # the model-args file a Relax recipe sources from its code directory
         if src.path == "${CODE_DIR}/${MODEL_ARGS_FILE}":
             f = Path(values["CODE_DIR"]) / values["MODEL_ARGS_FILE"]

@@ -17,7 +17,7 @@ from trainbox.recipe import load_recipe
 from trainbox.runtime.dist import hccl_socket_port_env
 from trainbox.runtime.npu import NPU_MULTINODE_MOUNTS
 
-RECIPE = "relax-qwen3-4b-4npu-colocate"
+RECIPE = "twinkle-megatron-tp-8npu"  # stack twinkle, on the 910b line
 HCCL_KEYS = ("HCCL_IF_BASE_PORT", "HCCL_HOST_SOCKET_PORT_RANGE", "HCCL_NPU_SOCKET_PORT_RANGE")
 
 
@@ -76,12 +76,12 @@ def _mounts(argv: list[str]) -> list[str]:
 def test_multi_node_npu_docker_runs_mount_hccn_tool_and_conf():
     for path in NPU_MULTINODE_MOUNTS:
         want = f"type=bind,source={path},target={path},readonly"
-        two = plan_run("twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODEL_DIR": "/m",
+        two = plan_run("twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODELSCOPE_CACHE": "/m",
                                                          "MASTER_ADDR": "10.1.2.3"}, nodes=2, image="i", dry_run=True)
         for argv in two.argv_per_node:
             assert want in _mounts(argv), argv
         assert any("hccn.conf" in n for n in two.notes)
-        one = plan_run("twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODEL_DIR": "/m"}, image="i",
+        one = plan_run("twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODELSCOPE_CACHE": "/m"}, image="i",
                        dry_run=True)
         assert not any(path in m for m in _mounts(one.argv_per_node[0]))
     cpu = plan_run("cpu-ddp", sets={"MASTER_ADDR": "10.1.2.3"}, nodes=2, image="i", dry_run=True)
@@ -90,9 +90,9 @@ def test_multi_node_npu_docker_runs_mount_hccn_tool_and_conf():
 
 @pytest.mark.parametrize("target", ["slurm", "slurm-pyxis", "ascendjob"])
 def test_multi_node_npu_cluster_targets_mount_hccn_tool_and_conf(target):
-    two = render_target(resolve_for(target, "twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODEL_DIR": "/m"},
+    two = render_target(resolve_for(target, "twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODELSCOPE_CACHE": "/m"},
                                     nodes=2, image="img:1"), target)
-    one = render_target(resolve_for(target, "twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODEL_DIR": "/m"},
+    one = render_target(resolve_for(target, "twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODELSCOPE_CACHE": "/m"},
                                     nodes=1, image="img:1"), target)
     for path in NPU_MULTINODE_MOUNTS:
         assert path in two and path not in one, target

@@ -482,10 +482,11 @@ def test_ci_definitions_use_real_stacks_options_and_recipes():
     check_command(script)
     assert gl["smoke"]["artifacts"]["reports"]["junit"] == "smoke-$STACK.xml"
 
-    # The NPU job's defaults: a real 8-card Megatron recipe of the npu-910b stack, and a script shellcheck accepts.
+    # The NPU job's defaults: a real 8-card Megatron recipe, the stack it runs on, and a script shellcheck accepts.
     runner = (REPO / "ci" / "npu-runner.sh").read_text()
     recipe = load_recipe(runner.split('RECIPE="${RECIPE:-', 1)[1].split("}", 1)[0])
-    assert recipe.stack == "npu-910b" and recipe.devices_per_node == 8 and "megatron" in recipe.name
+    stack = runner.split('STACK="${STACK:-', 1)[1].split("}", 1)[0]
+    assert recipe.stack == stack and recipe.devices_per_node == 8 and "megatron" in recipe.name
     shellcheck = shutil.which("shellcheck")
     if shellcheck:
         proc = subprocess.run([shellcheck, str(REPO / "ci" / "npu-runner.sh")], capture_output=True, text=True)

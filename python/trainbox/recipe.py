@@ -165,6 +165,9 @@ class Check(_Strict):
     # hands them on (ms-swift's `megatron`): `-m MODULE` or a script path under workdir
     entry: str | None = None
     replaces: str | None = None  # the command's leading words the entry stands for (default: the first)
+    # true: arguments the parser leaves over (parse_known_args) fail too, for frameworks that reject them
+    # themselves after the parse (ms-swift raises on `remaining_argv`)
+    strict: bool = False
     why: str | None = None  # one line, required with args: none
 
     @field_validator("stub")

@@ -37,6 +37,7 @@ class ArgsCheck:
     env: dict[str, str] = field(default_factory=dict)
     stubs: list[str] = field(default_factory=list)
     parse: bool = True  # False: the entry takes no arguments (recipe check.args: none)
+    strict: bool = False  # leftovers of parse_known_args fail (recipe check.strict)
     why: str | None = None
     imports: bool = True  # False: the entry is not in the image (recipe check.imports: none)
 
@@ -46,7 +47,8 @@ class ArgsCheck:
             out += ["--stub", mod]
         if self.workdir:
             out += ["--path", self.workdir]
-        return out + (["--imports"] if imports else []) + self.entry + ["--", *([] if imports else self.args)]
+        out += ["--imports"] if imports else ["--strict"] if self.strict else []
+        return out + self.entry + ["--", *([] if imports else self.args)]
 
 
 def _values(job: Job, code_dir: str | None) -> dict[str, str]:
@@ -119,7 +121,7 @@ def plan(job: Job, code_dir: str | None = None) -> ArgsCheck:
     entry, args = _entry(recipe, words, workdir)
     env = {k: values[k] for k in recipe.env}
     return ArgsCheck(recipe.name, entry, args, workdir, env, list(recipe.check.stub), recipe.check.args == "parse",
-                     recipe.check.why, recipe.check.imports == "entry")
+                     recipe.check.strict, recipe.check.why, recipe.check.imports == "entry")
 
 
 def _result(proc_out: str, proc_err: str, rc: int, what: str) -> dict:

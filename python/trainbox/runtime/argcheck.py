@@ -1,6 +1,6 @@
 """Check a command line against the framework's own argument parser, without running the job (stdlib only).
 
-    python3 -m trainbox.runtime.argcheck [--json] [--stub MOD]... [--stub-missing] [--path DIR]... \
+    python3 -m trainbox.runtime.argcheck [--json] [--stub MOD]... [--stub-missing] [--path DIR]... [--strict] \
         [--imports] (--script FILE | --module MOD) -- ARG...
 
 The script (or module) runs as `__main__` with `sys.argv` set to the arguments, exactly as the launcher would
@@ -15,6 +15,9 @@ a parser option whose `choices` or `type` come from a stubbed module is accepted
 
 `--imports` runs nothing of the entry: it imports what the entry imports at its top level (with the same
 stand-ins) and names each import that fails; for entries that take no arguments, and to find what an image lacks.
+
+A framework that parses with `parse_known_args` may use the leftovers (Megatron's extra args) or reject them
+itself after the parse (ms-swift: `ValueError: remaining_argv`); `--strict` makes leftovers fail here too.
 
 Exit status: 0 the arguments parse (or the imports load); 1 the parser rejects them (or the program ended before parsing);
 2 usage error. `--json` prints one object, schema 1: {"schema", "ok", "parser", "error", "unknown",
@@ -108,6 +111,9 @@ class _Stub:
 
 
 class _StubModule(types.ModuleType):
+    # a version that sorts below every release: frameworks log or compare `mod.__version__` at import
+    __version__ = "0+stand.in"
+
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
@@ -168,8 +174,9 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 # -- the interception ------------------------------------------------------------------------------------------
 
-def _intercept():
-    """Make the first top-level parse stop the program with its outcome. Nested parses (subcommands) pass."""
+def _intercept(strict_known: bool = False):
+    """Make the first top-level parse stop the program with its outcome. Nested parses (subcommands) pass.
+    strict_known: arguments parse_known_args leaves over are an error too."""
     orig_known = argparse.ArgumentParser.parse_known_args
     depth = [0]
 
@@ -192,12 +199,12 @@ def _intercept():
 
     argparse.ArgumentParser.parse_args = lambda self, args=None, namespace=None: parse(self, args, namespace, True)
     argparse.ArgumentParser.parse_known_args = (
-        lambda self, args=None, namespace=None: parse(self, args, namespace, False))
+        lambda self, args=None, namespace=None: parse(self, args, namespace, strict_known))
     # parse_intermixed_args and HfArgumentParser's dataclass parsing go through parse_known_args.
 
 
 def check(argv: list[str], script: str | None = None, module: str | None = None, stubs: list[str] = (),
-          stub_missing: bool = False, paths: list[str] = ()) -> dict:
+          stub_missing: bool = False, paths: list[str] = (), strict: bool = False) -> dict:
     roots = list(paths) + ([os.path.dirname(os.path.abspath(script))] if script else [])
     finder = _StubFinder(list(stubs), stub_missing, roots)
     sys.meta_path.insert(0, finder)  # first, so that a forced stand-in wins over an installed torch_npu
@@ -207,7 +214,7 @@ def check(argv: list[str], script: str | None = None, module: str | None = None,
     sys.argv = [target, *argv]
     if script:
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    _intercept()
+    _intercept(strict)
     out = {"schema": 1, "ok": False, "parser": None, "error": None, "unknown": [], "stubbed": finder.used,
            "namespace": None, "target": target, "argv": argv}
     try:
@@ -306,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend to sys.path; repeatable")
     p.add_argument("--imports", action="store_true",
                    help="do not run the entry: import what it imports at its top level (with the stand-ins)")
+    p.add_argument("--strict", action="store_true",
+                   help="arguments a parse_known_args call leaves over fail too (for frameworks that reject "
+                        "them after parsing, e.g. ms-swift)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (schema 1)")
     args = p.parse_args(own)
     if args.script and not args.imports and not os.path.isfile(args.script):
@@ -316,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.imports:
             result = check_imports(args.script, args.module, args.stub, args.path)
         else:
-            result = check(rest, args.script, args.module, args.stub, args.stub_missing, args.path)
+            result = check(rest, args.script, args.module, args.stub, args.stub_missing, args.path, args.strict)
     finally:
         sys.stdout = real_stdout
     if args.json:
