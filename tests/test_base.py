@@ -12,9 +12,10 @@ from trainbox.runtime.errors import TrainboxError
 class StubClient(engine.Client):
     """A stand-in client: an engine that answers, with a fixed set of local images."""
 
-    def __init__(self, images: dict[str, str] | None = None):
+    def __init__(self, images: dict[str, str] | None = None, labels: dict[str, dict[str, str]] | None = None):
         super().__init__("/nonexistent/docker", "20.10.24", "buildkit")
         self.images = images or {}
+        self.image_labels = labels or {}
 
     def require_engine(self) -> str:
         return "20.10.24"
@@ -25,6 +26,13 @@ class StubClient(engine.Client):
     def image_exists(self, ref: str) -> bool:
         return ref in self.images
 
+    def labels(self, ref: str) -> dict[str, str]:
+        return self.image_labels.get(ref, {})
+
+
+CURRENT = {"org.trainbox.base.suite": "bookworm", base.INCLUDE_LABEL: ",".join(base.DEFAULT_INCLUDE)}
+OLD = {"org.trainbox.base.suite": "bookworm"}  # made by a trainbox whose bases held no packages beyond minbase
+
 
 def test_bootstrap_is_a_noop_when_the_tag_exists(monkeypatch):
     monkeypatch.setattr(base.subprocess, "Popen", lambda *a, **k: pytest.fail("must not run anything"))
@@ -32,6 +40,39 @@ def test_bootstrap_is_a_noop_when_the_tag_exists(monkeypatch):
     got = base.bootstrap(client=StubClient({base.DEFAULT_TAG: "sha256:" + "a" * 64}), say=said.append)
     assert got == "sha256:" + "a" * 64
     assert "exists" in said[0] and "--force" in said[0]
+
+
+def test_bootstrap_is_a_noop_for_a_current_base_and_remakes_an_outdated_one(monkeypatch):
+    """A base trainbox made with fewer packages than builds now expect is made again (its image id, which every
+    build hash covers, changes with it); a current one, or an image trainbox did not make, is left alone."""
+    monkeypatch.setattr(base.shutil, "which", lambda name: None)  # reaching debootstrap fails at once
+    for labels in (CURRENT, {**CURRENT, base.INCLUDE_LABEL: CURRENT[base.INCLUDE_LABEL] + ",git"}, {}):
+        client = StubClient({base.DEFAULT_TAG: "sha256:" + "a" * 64}, {base.DEFAULT_TAG: labels})
+        said = []
+        assert base.bootstrap(client=client, say=said.append) == "sha256:" + "a" * 64
+        assert "nothing to do" in said[0]
+        assert base.outdated(base.DEFAULT_TAG, client) is None
+    client = StubClient({base.DEFAULT_TAG: "sha256:" + "a" * 64}, {base.DEFAULT_TAG: OLD})
+    assert "python3" in base.outdated(base.DEFAULT_TAG, client)
+    said = []
+    with pytest.raises(TrainboxError, match="apt-get install debootstrap"):
+        base.bootstrap(client=client, say=said.append)
+    assert "making it again" in said[0] and "python3-pip-whl" in said[0]
+
+
+def test_bootstrap_includes_what_the_system_stage_installs(monkeypatch, tmp_path):
+    """debootstrap gets DEFAULT_INCLUDE plus --include, and the image records the list it holds."""
+    ran = {}
+    monkeypatch.setattr(base.shutil, "which", lambda name: "/usr/sbin/debootstrap")
+    monkeypatch.setattr(base.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(base, "_tmp_parent", lambda: str(tmp_path))
+    monkeypatch.setattr(base, "_run_debootstrap", lambda cmd, say, verbose: ran.setdefault("cmd", cmd))
+    monkeypatch.setattr(base, "_finish_rootfs", lambda *a: None)
+    monkeypatch.setattr(base, "_import", lambda client, rootfs, tag, suite, mirror, include:
+                        ran.setdefault("include", include) and "sha256:" + "b" * 64)
+    assert base.bootstrap(client=StubClient(), include=["git"], say=lambda m: None) == "sha256:" + "b" * 64
+    assert "--include=" + ",".join(sorted([*base.DEFAULT_INCLUDE, "git"])) in ran["cmd"]
+    assert ran["include"] == sorted([*base.DEFAULT_INCLUDE, "git"])
 
 
 def test_bootstrap_without_debootstrap(monkeypatch):
@@ -128,6 +169,24 @@ def test_explicit_local_debian_base_is_bootstrapped_not_pulled(monkeypatch):
     present = StubClient({"local/debian:bookworm": "sha256:1"})
     monkeypatch.setattr(base, "base_available", lambda ref, client, **kw: (True, "present locally"))
     assert image.resolve_base(stack, present, said.append) == ("local/debian:bookworm", None, False)
+    # present but made by an older trainbox without the system stage's packages: made again first
+    old = StubClient({"local/debian:bookworm": "sha256:1"}, {"local/debian:bookworm": OLD})
+    assert image.resolve_base(stack, old, said.append) == ("local/debian:bookworm", None, True)
+
+
+def test_outdated_substitute_is_made_again(monkeypatch):
+    """The cpu stack's automatic substitute, when an older trainbox made it: bootstrapped again before the build
+    (so the build's system stage runs no apt), while a current one is used as it is."""
+    from trainbox import image
+    from trainbox.stack import load_stack
+
+    monkeypatch.setattr(base, "base_available", lambda ref, client, **kw: (False, "stand-in: no registry"))
+    stack = load_stack("cpu")
+    sub = stack.base.substitute
+    old = StubClient({sub: "sha256:1"}, {sub: OLD})
+    assert image.resolve_base(stack, old, lambda m: None) == (sub, sub, True)
+    current = StubClient({sub: "sha256:1"}, {sub: CURRENT})
+    assert image.resolve_base(stack, current, lambda m: None) == (sub, sub, False)
 
 
 # -- for real --------------------------------------------------------------------------------------
@@ -145,6 +204,11 @@ def test_bootstrapped_base_for_real():
     assert time.monotonic() - t0 < 15 and "exists" in said[0]
     labels = client.labels(tag)
     assert labels["org.trainbox.base.suite"] == "bookworm"
+    assert base.outdated(tag, client) is None
+    # what the label says is really installed: a build's system stage finds it all and runs no apt
+    pkgs = labels[base.INCLUDE_LABEL].split(",")
+    proc = dh.run_in_image(tag, "dpkg-query", "-W", "-f", "${db:Status-Abbrev}", *pkgs, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "ii " * len(pkgs), proc.stdout + proc.stderr
     proc = dh.run_in_image(tag, "sh", "-c", "cat /etc/debian_version; echo ==; cat /etc/apt/sources.list; echo ==; "
                            "ls -A /var/lib/apt/lists /var/cache/apt/archives; echo ==; ls -A /usr/share/man | wc -l",
                            timeout=60)

@@ -55,6 +55,34 @@ def test_layer_order_is_cache_aware():
     assert pos == sorted(pos), list(zip(order, pos))
 
 
+def test_builder_stage_only_where_build_only_work_happens():
+    """cpu patches nothing and builds nothing from source: the venv is made in the final stage itself, with no
+    builder and no copy of it between stages; npu-910b patches megatron-core: it keeps its builder."""
+    cpu = render_stack(load_stack("cpu")).dockerfile
+    assert "AS builder" not in cpu and "COPY --from=" not in cpu
+    final = cpu[cpu.index("AS final"):]
+    assert final.index("-m venv") < final.index("--require-hashes") < final.index("COPY python/trainbox")
+    npu = render_stack(load_stack("npu-910b")).dockerfile
+    assert "FROM system AS builder" in npu and "COPY --from=builder /opt/venv /opt/venv" in npu
+    builder = npu[npu.index("AS builder"):npu.index("AS final")]
+    assert "--require-hashes" in builder and "apply_patches.py" in builder
+
+
+def test_system_stage_skips_apt_on_a_bootstrapped_base():
+    """The system stage's packages for an apt Python are exactly what `trainbox base bootstrap` includes, so on
+    that base the stage runs no apt; on any other base (debian:bookworm-slim) apt installs them."""
+    from trainbox import base
+
+    text = render_stack(load_stack("cpu")).dockerfile
+    system = text[text.index("AS system"):text.index("AS final")]
+    pkgs = " ".join(base.DEFAULT_INCLUDE)
+    assert f"-f '${{db:Status-Abbrev}}' {pkgs} 2>/dev/null)\" = \"{'ii ' * len(base.DEFAULT_INCLUDE)}\" ]; then exit 0; fi" \
+        in system
+    assert system.index("exit 0") < system.index("apt-get -o Acquire::Retries=5 update")
+    assert f"--no-install-recommends \\\n      {pkgs} \\" in system
+    assert "install -y --no-install-recommends python3-venv" not in text  # venv --without-pip, pip from the wheel
+
+
 def test_every_pin_is_hash_checked():
     for name in list_stacks():
         r = render_stack(load_stack(name))

@@ -26,6 +26,18 @@ DEFAULT_SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
 
+#: What the system stage of a trainbox Dockerfile installs with apt on every base: the CA store and tini (PID 1).
+RUNTIME_PACKAGES = ("ca-certificates", "tini")
+#: ... and, where the stack's Python comes from apt (cpu, and every stack built on a Debian substitute), the
+#: interpreter and Debian's pip wheel (the venv is made with --without-pip and gets its pip from that wheel:
+#: neither python3-venv nor python3-pip is needed, and neither lands in the image).
+APT_PYTHON_PACKAGES = ("python3", "python3-pip-whl")
+#: A bootstrapped base holds them already, so that a build's system stage finds them all installed and skips
+#: apt (apt-get update alone is seconds to tens of seconds of a cold build). The image records its list in the
+#: INCLUDE_LABEL; a trainbox base whose list lacks one of these is outdated and remade when a build needs it.
+DEFAULT_INCLUDE = tuple(sorted(RUNTIME_PACKAGES + APT_PYTHON_PACKAGES))
+INCLUDE_LABEL = "org.trainbox.base.include"
+
 # What docker's official Debian images configure (debuerreotype): no recommends, no kept .debs, no
 # services started by package scripts. Without these every image built FROM it grows apt caches.
 _APT_CONF = {
@@ -66,6 +78,16 @@ def base_available(image: str, client: Client | None = None, timeout: float = 8.
     return (True, f"registry answers ({detail})") if ok else (False, f"registry unreachable: {detail}")
 
 
+def outdated(image: str, client: Client) -> str | None:
+    """Why `image`, a base that `bootstrap` made, must be made again (it lacks packages of DEFAULT_INCLUDE:
+    made by an older trainbox), or None: current, absent, or not made by trainbox (then left alone)."""
+    labels = client.labels(image) if client.image_exists(image) else {}
+    if "org.trainbox.base.suite" not in labels:
+        return None
+    missing = sorted(set(DEFAULT_INCLUDE) - set(filter(None, labels.get(INCLUDE_LABEL, "").split(","))))
+    return f"it lacks {', '.join(missing)}, which builds on it would install every time" if missing else None
+
+
 def default_mirror() -> str:
     return os.environ.get("TRAINBOX_DEBIAN_MIRROR") or DEFAULT_MIRROR
 
@@ -74,16 +96,21 @@ def bootstrap(tag: str = DEFAULT_TAG, suite: str = DEFAULT_SUITE, mirror: str | 
               security_mirror: str | None = DEFAULT_SECURITY_MIRROR, force: bool = False,
               include: list[str] | None = None, client: Client | None = None,
               say: Callable[[str], None] = _say, verbose: bool = False) -> str:
-    """Make `tag` from Debian's archive with debootstrap (--variant=minbase) and `docker import`.
+    """Make `tag` from Debian's archive with debootstrap (--variant=minbase, with DEFAULT_INCLUDE and
+    `include`) and `docker import`. Returns the image id.
 
-    Idempotent: returns the existing image id when `tag` exists, unless `force`. Returns the image id."""
+    Idempotent: returns the existing image id when `tag` exists, unless `force` or it is an outdated trainbox
+    base (see `outdated`): then it is made again, and its new image id changes every build hash on it."""
     client = client or find_client()
     client.require_engine()
     existing = client.image_id(tag)
-    if not force:
-        if existing:
+    include = sorted(set(DEFAULT_INCLUDE) | set(include or []))
+    if existing and not force:
+        why = outdated(tag, client)
+        if not why:
             say(f"base {tag} exists ({existing[:19]}); nothing to do (--force rebuilds it)")
             return existing
+        say(f"base {tag} exists ({existing[:19]}) but {why}: making it again")
     mirror = mirror or default_mirror()
     debootstrap = shutil.which("debootstrap")
     if not debootstrap:
@@ -99,14 +126,12 @@ def bootstrap(tag: str = DEFAULT_TAG, suite: str = DEFAULT_SUITE, mirror: str | 
     rootfs = workdir / "rootfs"
     try:
         say(f"bootstrapping Debian {suite} from {mirror} into {rootfs} (debootstrap --variant=minbase)")
-        cmd = [debootstrap, "--variant=minbase", "--force-check-gpg"]
-        if include:
-            cmd.append("--include=" + ",".join(include))
-        cmd += [suite, str(rootfs), mirror]
+        cmd = [debootstrap, "--variant=minbase", "--force-check-gpg", "--include=" + ",".join(include),
+               suite, str(rootfs), mirror]
         _run_debootstrap(cmd, say, verbose)
         _finish_rootfs(rootfs, suite, mirror, security_mirror)
         say(f"importing the root filesystem as {tag}")
-        image_id = _import(client, rootfs, tag, suite, mirror)
+        image_id = _import(client, rootfs, tag, suite, mirror, include)
     finally:
         _cleanup(workdir)
     if existing and existing != image_id:
@@ -192,7 +217,7 @@ def _rm(p: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def _import(client: Client, rootfs: Path, tag: str, suite: str, mirror: str) -> str:
+def _import(client: Client, rootfs: Path, tag: str, suite: str, mirror: str, include: list[str]) -> str:
     changes = [
         'CMD ["bash"]',
         "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -200,6 +225,7 @@ def _import(client: Client, rootfs: Path, tag: str, suite: str, mirror: str) -> 
         f"LABEL org.opencontainers.image.description=\"Debian {suite} (debootstrap minbase, imported by trainbox)\"",
         f"LABEL org.trainbox.base.suite={suite}",
         f"LABEL org.trainbox.base.mirror={mirror}",
+        f"LABEL {INCLUDE_LABEL}={','.join(include)}",
         f"LABEL org.trainbox.base.created={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
     ]
     tar_cmd = ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs),

@@ -152,13 +152,13 @@ def _pull_hint(image: str) -> str:
 def resolve_base(stack, client: Client, say: Callable[[str], None]) -> tuple[str, str | None, bool]:
     """(image to build FROM, the substitute used or None, whether the substitute must be bootstrapped
     first). Decides in seconds; raises naming the base and the ways out when it cannot be had."""
-    from .base import DEFAULT_TAG, base_available
+    from .base import DEFAULT_TAG, base_available, outdated
 
     image = stack.base.image
     explicit = "base.image" in (stack.overrides or {})
-    if explicit and image.startswith("local/debian:") and not client.image_exists(image):
+    if explicit and image.startswith("local/debian:") and (not client.image_exists(image) or outdated(image, client)):
         # trainbox's own base namespace (`trainbox base bootstrap`): made here, never pulled
-        say(f"base {image} is not present; bootstrapping it from Debian's archive first")
+        say(f"base {image} is not present or outdated; bootstrapping it from Debian's archive first")
         return image, None, True
     ok, why = base_available(image, client)
     if ok:
@@ -166,9 +166,10 @@ def resolve_base(stack, client: Client, say: Callable[[str], None]) -> tuple[str
     sub = stack.base.substitute
     if stack.base.auto_substitute and sub and not explicit:
         say(f"base {image} cannot be pulled ({why}); building on {sub} instead (stack {stack.name} allows it)")
-        if client.image_exists(sub):
+        local = sub == DEFAULT_TAG or sub.startswith("local/debian:")
+        if client.image_exists(sub) and not (local and outdated(sub, client)):
             return sub, sub, False
-        if sub == DEFAULT_TAG or sub.startswith("local/debian:"):
+        if local:
             return sub, sub, True
         raise TrainboxError(f"base {image} cannot be pulled ({why}) and its substitute {sub} is not "
                             f"present either; {_pull_hint(image)}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
+from .base import APT_PYTHON_PACKAGES, RUNTIME_PACKAGES
 from .grammar import check_env_name, check_image, controls
 from .runtime.errors import TrainboxError
 from .paths import PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
@@ -165,6 +166,15 @@ def _template_base(stack: Stack):
     return b
 
 
+def _apt_packages(stack: Stack, base, patching: bool) -> tuple[list[str], list[str]]:
+    """(the system stage's apt packages, the builder's). The system stage's are what `trainbox base bootstrap`
+    includes for an apt Python, so that on such a base it runs no apt at all."""
+    system = {*RUNTIME_PACKAGES, *(APT_PYTHON_PACKAGES if base.python_from == "apt" else ()), *stack.system_packages}
+    build = {*(["patch"] if patching else []), *stack.build_packages,
+             *(p for c in stack.installed_components.values() for p in c.kind.builder_packages(c))}
+    return sorted(system), sorted(build - system)
+
+
 def render_stack(stack: Stack, template: str = "Dockerfile.j2") -> RenderedStack:
     patches = _patch_list(stack)
     req_lines = _require_lines(stack)
@@ -179,20 +189,28 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2") -> RenderedStack
                     for c in stack.installed_components.values() if c.kind.from_index})
     src = stack.source_file.relative_to(REPO_ROOT) if stack.source_file and \
         stack.source_file.is_relative_to(REPO_ROOT) else stack.source_file
+    base = _template_base(stack)
+    patched = {k: stack.components[k] for k in patches
+               if not stack.components[k].kind.install_args(stack.components[k])}
+    sourced = _sourced(stack)
+    system_pkgs, build_pkgs = _apt_packages(stack, base, bool(patched or sourced))
+    trees = any(c.install == "tree" for c in stack.installed_components.values())
     try:
         text = _env().get_template(template).render(
             stack=stack,
-            base=_template_base(stack),
+            base=base,
             gen=gen,
             source=str(src),
             dockerfile_name=DEFAULT_DOCKERFILES.get(stack.name, f"{gen}/Dockerfile"),
             deps_locked=bool(dep_lines),
             dep_names=names,
-            patched={k: stack.components[k] for k in patches if not stack.components[k].kind.install_args(
-                stack.components[k])},
-            sourced=_sourced(stack),
-            source_packages=sorted({p for c in stack.installed_components.values() for p in c.kind.builder_packages(c)}),
-            trees=any(c.install == "tree" for c in stack.installed_components.values()),
+            patched=patched,
+            sourced=sourced,
+            system_pkgs=system_pkgs,
+            build_pkgs=build_pkgs,
+            # a builder stage only where build-only work happens: otherwise the venv is made in the final stage
+            builder=bool(patched or sourced or trees or build_pkgs),
+            trees=trees,
             patches=patches,
             env=dict(sorted(stack.env.items())),
             env_lines=[f"{_env_key(k)}={dockerfile_string(v)}" for k, v in sorted(stack.env.items())],
