@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                                   **kw)
 
     created: list[str] = []
+    # "base present": a missing or outdated trainbox base (`trainbox base bootstrap`) is made here, untimed, not
+    # inside the timed cold build
+    image.plan(opts(), client, make_base=True)
     print("bench: the limit: plain pip install of the same pinned wheels into a fresh venv", file=sys.stderr)
     t_venv, t_pip = plain_pip_install(args.stack, args.wheelhouse)
     limit = t_venv + t_pip
