@@ -101,10 +101,15 @@ def _url_answers(url: str, timeout: float, cafile: str | None = None) -> tuple[b
     import urllib.error
     import urllib.request
 
+    class _Answered(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None  # a redirect is an answer (pypi.org/simple -> /simple/): not followed, one round trip less
+
+    # the CA the build will give pip: behind a TLS-intercepting proxy the system bundle alone would fail
+    handlers = [_Answered()] + ([urllib.request.HTTPSHandler(context=ssl_context(cafile))]
+                                if url.startswith("https:") else [])
     try:
-        # the CA the build will give pip: behind a TLS-intercepting proxy the system bundle alone would fail
-        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout,
-                               context=ssl_context(cafile) if url.startswith("https:") else None)
+        urllib.request.build_opener(*handlers).open(urllib.request.Request(url, method="HEAD"), timeout=timeout)
         return True, ""
     except urllib.error.HTTPError:
         return True, ""
