@@ -81,7 +81,10 @@ def base_available(image: str, client: Client | None = None, timeout: float = 8.
 def outdated(image: str, client: Client) -> str | None:
     """Why `image`, a base that `bootstrap` made, must be made again (it lacks packages of DEFAULT_INCLUDE:
     made by an older trainbox), or None: current, absent, or not made by trainbox (then left alone)."""
-    labels = client.labels(image) if client.image_exists(image) else {}
+    try:
+        labels = client.labels(image)
+    except EngineError:  # absent
+        return None
     if "org.trainbox.base.suite" not in labels:
         return None
     missing = sorted(set(DEFAULT_INCLUDE) - set(filter(None, labels.get(INCLUDE_LABEL, "").split(","))))
