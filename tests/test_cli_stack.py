@@ -157,7 +157,11 @@ def test_lock_check_against_pypi_covers_the_dependants(capsys):
     """The real index (PEP 691): the shipped locks are current, and a derived stack is checked with its parent."""
     rc = main(["stack", "lock", "npu-910b", "--check", "--no-deps", "--json"])
     doc = json.loads(capsys.readouterr().out)
-    assert [s["stack"] for s in doc["stacks"]] == ["npu-910b", "npu-a3"]
+    from trainbox.stack import dependants
+
+    # the parent first, then every stack that extends it (directly or through others), parents before children
+    assert [s["stack"] for s in doc["stacks"]] == ["npu-910b", *dependants("npu-910b")]
+    assert {"npu-a3", "twinkle", "relax"} <= {s["stack"] for s in doc["stacks"]}
     assert rc == 0 and doc["ok"] and not any(s["written"] or s["changes"] for s in doc["stacks"]), doc
 
 
