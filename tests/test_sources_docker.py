@@ -29,15 +29,39 @@ def trainbox(args: list[str], env: dict[str, str], timeout: int = 900) -> subpro
                           timeout=timeout, cwd=REPO_ROOT)
 
 
-def build_args(stack: Path, report: Path) -> list[str]:
-    args = ["image", "build", str(stack), "-o", str(report)]
+TOOLS_BASE = "trainbox-test/base-build-tools:bookworm"
+
+
+def build_args(stack: Path, report: Path, base: str | None = None) -> list[str]:
+    args = ["image", "build", str(stack), "-o", str(report)] + (["--base", base] if base else [])
     if Path("/opt/wheels").is_dir():
         args += ["--wheelhouse", "/opt/wheels"]
     return args
 
 
 @pytest.fixture(scope="module")
-def built(mirrors, tmp_path_factory):
+def tools_base():
+    """The Debian base with the builder's system packages (git, patch) already in it, as an air-gapped site's base
+    has them: an offline (--bundle) build cannot apt-get, and this engine (BuildKit 0.8) does not reuse the online
+    build's cached apt layer under --network none. The builder's dpkg-query check then skips apt."""
+    base = docker_helpers.ensure_base()
+    name = f"trainbox-test-tools-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.run(["docker", "run", "--name", name, "--network", "host", base, "bash", "-c",
+                           "apt-get -o Acquire::Retries=5 update && DEBIAN_FRONTEND=noninteractive apt-get install "
+                           "-y --no-install-recommends git patch && rm -rf /var/lib/apt/lists/*"],
+                          capture_output=True, text=True, timeout=600)
+    try:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        subprocess.run(["docker", "commit", "--change", 'CMD ["bash"]', name, TOOLS_BASE], check=True,
+                       capture_output=True, timeout=120)
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+    yield TOOLS_BASE
+    subprocess.run(["docker", "rmi", "-f", TOOLS_BASE], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def built(mirrors, tools_base, tmp_path_factory):
     docker_helpers.docker_client()  # skips (fails in CI) without an engine
     tmp = tmp_path_factory.mktemp("sources-build")
     env = git_env(mirrors, TRAINBOX_CACHE=str(tmp / "cache"))
@@ -46,7 +70,7 @@ def built(mirrors, tmp_path_factory):
     def unique(d):  # a value new to this run: a lasting BuildKit cache cannot answer every step of the builds
         d.setdefault("env", {})["TRAINBOX_TEST_RUN"] = uuid.uuid4().hex
 
-    proc = trainbox(build_args(stack_file(tmp, unique), report), env, timeout=1200)
+    proc = trainbox(build_args(stack_file(tmp, unique), report, tools_base), env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     tag = json.loads(report.read_text())["tag"]
     yield tag, env, tmp
@@ -173,12 +197,12 @@ def test_bundle_builds_with_the_network_off_to_the_same_tag(built, mirrors):
     assert json.loads(proc.stdout)["schema"] == "trainbox.bundle/1"
     offline = {k: v for k, v in env.items() if not k.startswith("GIT_CONFIG_")}
     offline["TRAINBOX_CACHE"] = str(tmp / "empty-cache")  # nothing from the online build's source cache
-    dry = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle),
+    dry = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle), "--base", TOOLS_BASE,
                     "--dry-run"], offline)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "--network none" in dry.stdout and "TRAINBOX_OFFLINE=1" in dry.stdout
     report = tmp / "offline.json"
-    proc = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle),
+    proc = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle), "--base", TOOLS_BASE,
                      "--force", "-o", str(report)], offline, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rep = json.loads(report.read_text())
