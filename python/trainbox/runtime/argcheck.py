@@ -203,17 +203,21 @@ def _intercept(strict_known: bool = False):
     # parse_intermixed_args and HfArgumentParser's dataclass parsing go through parse_known_args.
 
 
+def _stand_ins(script: str | None, stubs: list[str], missing: bool, paths: list[str]) -> _StubFinder:
+    """The stand-in finder, first on sys.meta_path (a forced stand-in wins over an installed torch_npu), and
+    sys.path as the launched entry sees it: the script's directory first, then the --path directories."""
+    script_dir = [os.path.dirname(os.path.abspath(script))] if script else []
+    finder = _StubFinder(list(stubs), missing, list(paths) + script_dir)
+    sys.meta_path.insert(0, finder)
+    sys.path[:0] = script_dir + list(paths)
+    return finder
+
+
 def check(argv: list[str], script: str | None = None, module: str | None = None, stubs: list[str] = (),
           stub_missing: bool = False, paths: list[str] = (), strict: bool = False) -> dict:
-    roots = list(paths) + ([os.path.dirname(os.path.abspath(script))] if script else [])
-    finder = _StubFinder(list(stubs), stub_missing, roots)
-    sys.meta_path.insert(0, finder)  # first, so that a forced stand-in wins over an installed torch_npu
-    for p in reversed(paths):
-        sys.path.insert(0, p)
+    finder = _stand_ins(script, stubs, stub_missing, paths)
     target = script or module
     sys.argv = [target, *argv]
-    if script:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     _intercept(strict)
     out = {"schema": 1, "ok": False, "parser": None, "error": None, "unknown": [], "stubbed": finder.used,
            "namespace": None, "target": target, "argv": argv}
@@ -261,11 +265,7 @@ def check_imports(script: str | None = None, module: str | None = None, stubs: l
     the check for entry points that take no arguments, and for a package an image lacks."""
     import importlib.util
 
-    roots = list(paths) + ([os.path.dirname(os.path.abspath(script))] if script else [])
-    finder = _StubFinder(list(stubs), False, roots)
-    sys.meta_path.insert(0, finder)
-    for p in reversed(roots):
-        sys.path.insert(0, p)
+    finder = _stand_ins(script, stubs, False, paths)
     out = {"schema": 1, "ok": False, "target": script or module, "imports": [], "missing": [],
            "stubbed": finder.used, "error": None}
     try:
