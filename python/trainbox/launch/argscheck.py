@@ -41,8 +41,8 @@ class ArgsCheck:
     why: str | None = None
     imports: bool = True  # False: the entry is not in the image (recipe check.imports: none)
 
-    def argv(self, imports: bool) -> list[str]:
-        out = ["python3", "-m", "trainbox.runtime.argcheck", "--json"]
+    def argv(self, imports: bool, stub_missing: bool = False) -> list[str]:
+        out = ["python3", "-m", "trainbox.runtime.argcheck", "--json"] + (["--stub-missing"] if stub_missing else [])
         for mod in self.stubs:
             out += ["--stub", mod]
         if self.workdir:
@@ -133,52 +133,58 @@ def _result(proc_out: str, proc_err: str, rc: int, what: str) -> dict:
         return {"ok": False, "error": f"{what} did not report (exit {rc}): {tail}"}
 
 
+def _run_checks(check: ArgsCheck, run_one, skip_imports: str | None = None) -> dict:
+    """The imports check, then the parse, each through run_one(imports) -> result; a check the recipe (or
+    `skip_imports`) rules out is reported as skipped with the reason."""
+    out = {"recipe": check.recipe, "stubs": check.stubs}
+    for name, imports in (("imports", True), ("args", False)):
+        if (name == "args" and not check.parse) or (name == "imports" and not check.imports):
+            out[name] = {"ok": True, "skipped": True, "why": check.why}
+        elif name == "imports" and skip_imports:
+            out[name] = {"ok": True, "skipped": True, "why": skip_imports}
+        else:
+            out[name] = run_one(imports)
+    out["ok"] = out["imports"].get("ok", False) and out["args"].get("ok", False)
+    return out
+
+
 def run_in_image(check: ArgsCheck, image: str, timeout: float = 300) -> dict:
     """Both checks in a throwaway container with no network, the image's own entrypoint in front."""
     from ..engine import find_client
 
     client = find_client()
-    out = {"recipe": check.recipe, "image": image, "stubs": check.stubs}
-    for name, imports in (("imports", True), ("args", False)):
-        if (name == "args" and not check.parse) or (name == "imports" and not check.imports):
-            out[name] = {"ok": True, "skipped": True, "why": check.why}
-            continue
-        argv = ["run", "--rm", "--network", "none", "--label", f"{CHECK_LABEL}={check.recipe}"]
-        for key, value in sorted(check.env.items()):
-            argv += ["-e", f"{key}={value}"]
-        if check.workdir:
-            argv += ["-w", check.workdir]
-        proc = client.run(*argv, image, *check.argv(imports), timeout=timeout, check=False)
-        out[name] = _result(proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"),
-                            proc.returncode, f"the {name} check in {image}")
-    out["ok"] = out["imports"].get("ok", False) and out["args"].get("ok", False)
-    return out
+    opts = ["run", "--rm", "--network", "none", "--label", f"{CHECK_LABEL}={check.recipe}"]
+    for key, value in sorted(check.env.items()):
+        opts += ["-e", f"{key}={value}"]
+    if check.workdir:
+        opts += ["-w", check.workdir]
+
+    def one(imports: bool) -> dict:
+        proc = client.run(*opts, image, *check.argv(imports), timeout=timeout, check=False)
+        return _result(proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"),
+                       proc.returncode, f"the {'imports' if imports else 'args'} check in {image}")
+
+    return {**_run_checks(check, one), "image": image}
 
 
 def run_on_host(check: ArgsCheck, stub_missing: bool = False, timeout: float = 300) -> dict:
     """Both checks with this host's Python against a checkout (`--code DIR`); `stub_missing`: modules this host
     lacks become stand-ins too (the parser stays the framework's own)."""
-    out = {"recipe": check.recipe, "image": None, "stubs": check.stubs}
     env = {**os.environ, **check.env}
     # the recipe's PYTHONPATH (its checkout) first, then this process's, which finds trainbox.runtime
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (check.env.get("PYTHONPATH", ""),
                                                     os.environ.get("PYTHONPATH", ""), here) if p)
-    for name, imports in (("imports", True), ("args", False)):
-        if (name == "args" and not check.parse) or (name == "imports" and not check.imports):
-            out[name] = {"ok": True, "skipped": True, "why": check.why}
-            continue
-        if name == "imports" and stub_missing:
-            out[name] = {"ok": True, "skipped": True, "why": "--stub-missing: this host lacks the image's packages"}
-            continue
-        argv = [sys.executable, *check.argv(imports)[1:]]
-        if stub_missing and not imports:
-            argv.insert(argv.index("--json") + 1, "--stub-missing")
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
-                              cwd=check.workdir if check.workdir and os.path.isdir(check.workdir) else None)
-        out[name] = _result(proc.stdout, proc.stderr, proc.returncode, f"the {name} check")
-    out["ok"] = out["imports"].get("ok", False) and out["args"].get("ok", False)
-    return out
+    cwd = check.workdir if check.workdir and os.path.isdir(check.workdir) else None
+
+    def one(imports: bool) -> dict:
+        argv = [sys.executable, *check.argv(imports, stub_missing=stub_missing and not imports)[1:]]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+        return _result(proc.stdout, proc.stderr, proc.returncode,
+                       f"the {'imports' if imports else 'args'} check")
+
+    skip = "--stub-missing: this host lacks the image's packages" if stub_missing else None
+    return {**_run_checks(check, one, skip), "image": None}
 
 
 def summary(result: dict) -> str:
