@@ -51,20 +51,23 @@ def test_cluster_targets_refuse_what_the_scheduler_owns():
         resolve_for("slurm", "relax-qwen3-4b-4npu-colocate")
 
 
+def _two_node_script_with_stub_torchrun(tmp_path, body: str):
+    """cpu-ddp's two-node job script and an environment whose torchrun is a stand-in running `body`. The script
+    runs on this host, not in an image, so the entry preflight is skipped."""
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(load_recipe("cpu-ddp", nodes=2, nproc_per_node=1), load_stack_info("cpu"), {}))
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "torchrun").write_text(f"#!/bin/sh\n{body}\n")
+    (stub / "torchrun").chmod(0o755)
+    return script, dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}", TRAINBOX_SKIP_PREFLIGHT="1")
+
+
 def test_the_job_script_maps_operator_variables(tmp_path):
     """Run the rendered script's scheduler block with a stub torchrun: RANK becomes NODE_RANK, the operator's
     RANK/WORLD_SIZE do not leak to the launcher, a LOCAL_WORLD_SIZE that disagrees is refused."""
-    recipe = load_recipe("cpu-ddp", nodes=2, nproc_per_node=1)
-    script = tmp_path / "job.sh"
-    script.write_text(render_script(recipe, load_stack_info("cpu"), {}))
-    stub = tmp_path / "bin"
-    stub.mkdir()
-    (stub / "torchrun").write_text('#!/bin/sh\necho "torchrun $* RANK=${RANK-unset}"\n')
-    (stub / "torchrun").chmod(0o755)
-    # the script runs on this host with a stand-in torchrun: no image, so no entry preflight
-    base = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}", TRAINBOX_SKIP_PREFLIGHT="1",
-                TRAINBOX_SCHEDULER="operator",
-                MASTER_ADDR="10.1.2.3", MASTER_PORT="23456", WORLD_SIZE="2")
+    script, env = _two_node_script_with_stub_torchrun(tmp_path, 'echo "torchrun $* RANK=${RANK-unset}"')
+    base = dict(env, TRAINBOX_SCHEDULER="operator", MASTER_ADDR="10.1.2.3", MASTER_PORT="23456", WORLD_SIZE="2")
     out = subprocess.run(["bash", str(script)], env=dict(base, RANK="1", LOCAL_WORLD_SIZE="1"),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -143,16 +146,9 @@ def test_substitute_built_image_is_never_taken_silently(device_recipe, monkeypat
 
 
 def test_the_job_script_maps_volcano_and_slurm_variables(tmp_path):
-    recipe = load_recipe("cpu-ddp", nodes=2, nproc_per_node=1)
-    script = tmp_path / "job.sh"
-    script.write_text(render_script(recipe, load_stack_info("cpu"), {}))
-    stub = tmp_path / "bin"
-    stub.mkdir()
-    (stub / "torchrun").write_text('#!/bin/sh\necho "torchrun $*"\n')
-    (stub / "torchrun").chmod(0o755)
+    script, base = _two_node_script_with_stub_torchrun(tmp_path, 'echo "torchrun $*"')
     hosts = tmp_path / "node.host"
     hosts.write_text("job-node-0.job\njob-node-1.job\n")
-    base = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}", TRAINBOX_SKIP_PREFLIGHT="1")
     for k in ("NODE_RANK", "MASTER_ADDR", "RANK"):
         base.pop(k, None)
     vc = subprocess.run(["bash", str(script)], env=dict(base, TRAINBOX_SCHEDULER="volcano", VC_TASK_INDEX="1",
