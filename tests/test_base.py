@@ -26,8 +26,10 @@ class StubClient(engine.Client):
     def image_exists(self, ref: str) -> bool:
         return ref in self.images
 
-    def labels(self, ref: str) -> dict[str, str]:
-        return self.image_labels.get(ref, {})
+    def image_info(self, ref: str) -> dict | None:
+        if ref not in self.images:
+            return None
+        return {"Id": self.images[ref], "Config": {"Labels": self.image_labels.get(ref, {})}}
 
 
 CURRENT = {"org.trainbox.base.suite": "bookworm", base.INCLUDE_LABEL: ",".join(base.DEFAULT_INCLUDE)}
@@ -163,15 +165,15 @@ def test_explicit_local_debian_base_is_bootstrapped_not_pulled(monkeypatch):
     monkeypatch.setattr(base, "base_available", lambda ref, client, **kw: asked.append(ref) or (True, "stand-in"))
     stack = load_stack("npu-910b", base="local/debian:bookworm")
     said = []
-    assert image.resolve_base(stack, StubClient(), said.append) == ("local/debian:bookworm", None, True)
+    assert image.resolve_base(stack, StubClient(), said.append) == ("local/debian:bookworm", None, True, None)
     assert asked == [] and "bootstrapping" in said[0]
     # present locally: used as it is
     present = StubClient({"local/debian:bookworm": "sha256:1"})
     monkeypatch.setattr(base, "base_available", lambda ref, client, **kw: (True, "present locally"))
-    assert image.resolve_base(stack, present, said.append) == ("local/debian:bookworm", None, False)
+    assert image.resolve_base(stack, present, said.append) == ("local/debian:bookworm", None, False, "sha256:1")
     # present but made by an older trainbox without the system stage's packages: made again first
     old = StubClient({"local/debian:bookworm": "sha256:1"}, {"local/debian:bookworm": OLD})
-    assert image.resolve_base(stack, old, said.append) == ("local/debian:bookworm", None, True)
+    assert image.resolve_base(stack, old, said.append) == ("local/debian:bookworm", None, True, None)
 
 
 def test_outdated_substitute_is_made_again(monkeypatch):
@@ -184,9 +186,9 @@ def test_outdated_substitute_is_made_again(monkeypatch):
     stack = load_stack("cpu")
     sub = stack.base.substitute
     old = StubClient({sub: "sha256:1"}, {sub: OLD})
-    assert image.resolve_base(stack, old, lambda m: None) == (sub, sub, True)
+    assert image.resolve_base(stack, old, lambda m: None) == (sub, sub, True, None)
     current = StubClient({sub: "sha256:1"}, {sub: CURRENT})
-    assert image.resolve_base(stack, current, lambda m: None) == (sub, sub, False)
+    assert image.resolve_base(stack, current, lambda m: None) == (sub, sub, False, "sha256:1")
 
 
 # -- for real --------------------------------------------------------------------------------------

@@ -162,8 +162,9 @@ def answering_engine(monkeypatch):
         def image_id(self, ref):
             return "sha256:" + "1" * 64 if self.image_exists(ref) else None
 
-        def labels(self, ref):  # a current trainbox base: used as it is
-            return {"org.trainbox.base.suite": "bookworm", base.INCLUDE_LABEL: ",".join(base.DEFAULT_INCLUDE)}
+        def image_info(self, ref):  # a current trainbox base: used as it is
+            labels = {"org.trainbox.base.suite": "bookworm", base.INCLUDE_LABEL: ",".join(base.DEFAULT_INCLUDE)}
+            return {"Id": self.image_id(ref), "Config": {"Labels": labels}} if self.image_exists(ref) else None
 
     monkeypatch.setattr(image, "find_client", Stub)
     monkeypatch.setattr(base, "registry_reachable", lambda ref, timeout=8.0: (False, "stand-in: no route"))

@@ -78,13 +78,13 @@ def base_available(image: str, client: Client | None = None, timeout: float = 8.
     return (True, f"registry answers ({detail})") if ok else (False, f"registry unreachable: {detail}")
 
 
-def outdated(image: str, client: Client) -> str | None:
+def outdated(image: str, client: Client, info: dict | None = None) -> str | None:
     """Why `image`, a base that `bootstrap` made, must be made again (it lacks packages of DEFAULT_INCLUDE:
-    made by an older trainbox), or None: current, absent, or not made by trainbox (then left alone)."""
-    try:
-        labels = client.labels(image)
-    except EngineError:  # absent
-        return None
+    made by an older trainbox), or None: current, absent, or not made by trainbox (then left alone). `info`:
+    its `Client.image_info`, when the caller has it already."""
+    if info is None:
+        info = client.image_info(image)
+    labels = ((info or {}).get("Config") or {}).get("Labels") or {}
     if "org.trainbox.base.suite" not in labels:
         return None
     missing = sorted(set(DEFAULT_INCLUDE) - set(filter(None, labels.get(INCLUDE_LABEL, "").split(","))))

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,8 +119,10 @@ def dockerfile_order(steps: list, dockerfile: str) -> list:
 
 
 def image_facts(client: Client, ref: str) -> dict:
-    info = client.inspect(ref)
-    return {"image_id": info.get("Id"), "size": int(info.get("Size") or 0), "layers": client.layers(ref)}
+    with ThreadPoolExecutor(max_workers=1) as pool:  # two engine round trips at once
+        layers = pool.submit(client.layers, ref)
+        info = client.inspect(ref)
+        return {"image_id": info.get("Id"), "size": int(info.get("Size") or 0), "layers": layers.result()}
 
 
 def write_report(report: dict, path: Path) -> None:

@@ -136,6 +136,13 @@ class Client:
             raise EngineError(f"image {ref} not found")
         return data[0]
 
+    def image_info(self, ref: str) -> dict | None:
+        """`docker image inspect ref` as a dict, or None when there is no such image: presence, id and labels in
+        one engine call."""
+        proc = self.run("image", "inspect", ref, check=False, timeout=60)
+        data = json.loads(proc.stdout or b"[]") if proc.returncode == 0 else []
+        return data[0] if data else None
+
     def image_id(self, ref: str) -> str | None:
         proc = self.run("image", "inspect", "--format", "{{.Id}}", ref, check=False, timeout=60)
         return proc.stdout.decode().strip() or None if proc.returncode == 0 else None

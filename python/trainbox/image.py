@@ -18,6 +18,7 @@ import shutil
 import ssl
 import sys
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -65,23 +66,36 @@ def check_ca_bundle(path: str | os.PathLike) -> Path:
         raise TrainboxError(f"--ca-bundle {p}: holds no PEM certificate (no '-----BEGIN CERTIFICATE-----' "
                             "block); give a PEM file of CA certificates, not a key, DER file or directory")
     try:
-        ssl.create_default_context(cafile=str(p))
+        ssl_context(str(p))  # cached: the index probes and source downloads reuse it
     except ssl.SSLError as exc:
         raise TrainboxError(f"--ca-bundle {p}: OpenSSL cannot load it as CA certificates ({exc.reason or exc}); "
                             "check that every block is a complete PEM certificate") from None
     return p
 
 
+def probe_indexes(indexes: dict[str, str], pool: ThreadPoolExecutor, timeout: float = 6.0,
+                  cafile: str | None = None) -> dict[str, Future]:
+    """Each HTTP(S) index asked at once, in `pool`: {name: future of (answers, why not)}. Started before the
+    base is resolved, so the round trips overlap the engine calls instead of adding to them."""
+    return {name: pool.submit(_url_answers, url, timeout, cafile)
+            for name, url in indexes.items() if url.startswith(("http://", "https://"))}
+
+
 def check_indexes(pins: list[Pin], served: list[Pin], indexes: dict[str, str],
-                  timeout: float = 6.0, cafile: str | None = None) -> dict[str, str]:
+                  timeout: float = 6.0, cafile: str | None = None,
+                  answers: dict[str, Future] | None = None) -> dict[str, str]:
     """A pin whose index does not answer and that the wheelhouse does not serve would fail deep
     inside pip after minutes of work: say so now. Returns {index name: why} for the indexes that do
-    not answer (pip would spend minutes retrying each of them for every requirement)."""
+    not answer (pip would spend minutes retrying each of them for every requirement). `answers`: the
+    probes `probe_indexes` started (else they are made here)."""
     served_keys = {p.key for p in served}
+    if answers is None:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            answers = probe_indexes(indexes, pool, timeout, cafile)
     down: dict[str, str] = {}
-    for name, url in indexes.items():
-        if url.startswith(("http://", "https://")):
-            ok, why = _url_answers(url, timeout, cafile)
+    for name, fut in answers.items():
+        if name in indexes:
+            ok, why = fut.result()
             if not ok:
                 down[name] = why
     missing = []
@@ -154,28 +168,33 @@ def _pull_hint(image: str) -> str:
             f"used as it is)")
 
 
-def resolve_base(stack, client: Client, say: Callable[[str], None]) -> tuple[str, str | None, bool]:
+def resolve_base(stack, client: Client, say: Callable[[str], None]) -> tuple[str, str | None, bool, str | None]:
     """(image to build FROM, the substitute used or None, whether the substitute must be bootstrapped
-    first). Decides in seconds; raises naming the base and the ways out when it cannot be had."""
+    first, its image id when it is present and used as it is). Decides in seconds; raises naming the base
+    and the ways out when it cannot be had."""
     from .base import DEFAULT_TAG, base_available, outdated
 
     image = stack.base.image
     explicit = "base.image" in (stack.overrides or {})
-    if explicit and image.startswith("local/debian:") and (not client.image_exists(image) or outdated(image, client)):
+    if explicit and image.startswith("local/debian:"):
         # trainbox's own base namespace (`trainbox base bootstrap`): made here, never pulled
-        say(f"base {image} is not present or outdated; bootstrapping it from Debian's archive first")
-        return image, None, True
+        info = client.image_info(image)
+        if info is None or outdated(image, client, info):
+            say(f"base {image} is not present or outdated; bootstrapping it from Debian's archive first")
+            return image, None, True, None
+        return image, None, False, info.get("Id")
     ok, why = base_available(image, client)
     if ok:
-        return image, None, False
+        return image, None, False, None
     sub = stack.base.substitute
     if stack.base.auto_substitute and sub and not explicit:
         say(f"base {image} cannot be pulled ({why}); building on {sub} instead (stack {stack.name} allows it)")
         local = sub == DEFAULT_TAG or sub.startswith("local/debian:")
-        if client.image_exists(sub) and not (local and outdated(sub, client)):
-            return sub, sub, False
+        info = client.image_info(sub)
+        if info is not None and not (local and outdated(sub, client, info)):
+            return sub, sub, False, info.get("Id")
         if local:
-            return sub, sub, True
+            return sub, sub, True, None
         raise TrainboxError(f"base {image} cannot be pulled ({why}) and its substitute {sub} is not "
                             f"present either; {_pull_hint(image)}")
     hint = _pull_hint(image)
@@ -193,13 +212,13 @@ def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_ru
             f" (if it cannot be pulled the build uses the substitute {sub}, which changes the tag)" if sub else "")
         return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, note=note)
     try:
-        used, substituted, boot = resolve_base(stack, client, say)
+        used, substituted, boot, image_id = resolve_base(stack, client, say)
     except TrainboxError as exc:
         if not dry_run:
             raise
         return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, note=str(exc))
     return Base(requested=stack.declared_base or stack.base.image, used=used, substituted=substituted,
-                bootstrap=boot, image_id=None if boot else client.image_id(used),
+                bootstrap=boot, image_id=None if boot else (image_id or client.image_id(used)),
                 note="made by `trainbox base bootstrap` first" if boot else "")
 
 
@@ -300,18 +319,23 @@ def _check_inputs(opts: BuildOptions):
     return stack, inp
 
 
-def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[str]) -> None:
-    """Pins against the wheelhouse and the indexes. An index that does not answer and whose pins the
-    wheelhouse serves is dropped (pip would wait on it). A dry run records problems instead of failing."""
+def _indexes_to_check(stack, opts: BuildOptions) -> dict[str, str]:
+    return {k: v for k, v in stack.indexes.items() if not (opts.pip_index_url and k == "pypi")}
+
+
+def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[str],
+                   answers: dict[str, Future]) -> None:
+    """Pins against the wheelhouse and the indexes (`answers`: their probes, under way). An index that does not
+    answer and whose pins the wheelhouse serves is dropped (pip would wait on it). A dry run records problems
+    instead of failing."""
     pins = pins_for(stack, inp.platform)
     if inp.wheels and opts.check_wheelhouse:
         served = check_wheelhouse(inp.wheels, pins, str(opts.wheelhouse))
     else:  # by name and version only: the hashes are left to pip inside the build
         names = {dist_key(w.name) for w in inp.wheels}
         served = [p for p in pins if (canon(p.name), norm_version(p.version or "")) in names]
-    indexes = {k: v for k, v in stack.indexes.items() if not (opts.pip_index_url and k == "pypi")}
     try:
-        down = check_indexes(pins, served, indexes, cafile=inp.ca_bundle)
+        down = check_indexes(pins, served, _indexes_to_check(stack, opts), cafile=inp.ca_bundle, answers=answers)
     except TrainboxError as exc:
         if not opts.dry_run:
             raise
@@ -348,17 +372,23 @@ def _check_cache_to(opts: BuildOptions, client: Client | None) -> None:
 
 
 def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] = _say,
-         make_base: bool = False) -> BuildPlan:
+         make_base: bool = False, checked=None) -> BuildPlan:
     """The build plan for `opts`: input checks, base, pins moved by --set, indexes, then make_plan.
     `client` None: no engine (dry runs). `make_base`: bootstrap a base that must be made (real builds),
-    after the quicker checks and before the hash, which covers the base's image id."""
-    stack, inp = _check_inputs(opts)
+    after the quicker checks and before the hash, which covers the base's image id. `checked`: what
+    _check_inputs(opts) already returned (not loaded twice)."""
+    stack, inp = checked or _check_inputs(opts)
     _check_cache_to(opts, client)
-    base = choose_base(stack, client, say, dry_run=opts.dry_run)
-    notes: list[str] = [f"the build would stop here: {base.note}"] if base.note.startswith("base ") else []
-    if stack.overrides:
-        _lock_overrides(stack, inp.platform, inp.wheels, opts.wheelhouse, say, notes if opts.dry_run else None)
-    _check_sources(stack, inp, opts, say, notes)
+    pool = ThreadPoolExecutor(max_workers=4)
+    try:  # a failure below does not wait for the probes
+        answers = probe_indexes(_indexes_to_check(stack, opts), pool, cafile=inp.ca_bundle)
+        base = choose_base(stack, client, say, dry_run=opts.dry_run)
+        notes: list[str] = [f"the build would stop here: {base.note}"] if base.note.startswith("base ") else []
+        if stack.overrides:
+            _lock_overrides(stack, inp.platform, inp.wheels, opts.wheelhouse, say, notes if opts.dry_run else None)
+        _check_sources(stack, inp, opts, say, notes, answers)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     if make_base and base.bootstrap:
         from .base import bootstrap
 
@@ -372,9 +402,9 @@ def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] =
 
 def build(opts: BuildOptions, say: Callable[[str], None] = _say) -> BuildOutcome:
     """Plan the build, then print the plan (--dry-run) or run it through the engine client."""
-    _check_inputs(opts)  # bad input fails in milliseconds, before the engine is even looked for
+    checked = _check_inputs(opts)  # bad input fails in milliseconds, before the engine is even looked for
     client = _client(opts.dry_run, say)
-    p = plan(opts, client, say, make_base=not opts.dry_run)
+    p = plan(opts, client, say, make_base=not opts.dry_run, checked=checked)
     if opts.dry_run:
         return _dry_run(p, opts, say)
     report_path = Path(opts.report) if opts.report else REPORTS_DIR / f"{p.stack.name}.json"
