@@ -94,6 +94,62 @@ def test_every_pin_is_hash_checked():
         assert "--require-hashes" in r.dockerfile
 
 
+def _dependency_pass(dockerfile: str) -> tuple[str, list[str]]:
+    """The unlocked stack's dependency pass: (the sed that makes its constraints, the pip command's lines)."""
+    lines = dockerfile.splitlines()
+    sed = next(ln for ln in lines if "trainbox-pins.txt" in ln and "sed " in ln)
+    start = next(i for i, ln in enumerate(lines) if ln.lstrip(" &").startswith("/opt/venv/bin/python -m pip install")
+                 and "--require-hashes" not in lines[i + 1])
+    return sed.strip(" &\\").replace(" > /tmp/trainbox-pins.txt", ""), lines[start:start + 2]
+
+
+def test_unlocked_dependency_pass_is_constrained_to_the_pins(tmp_path):
+    """Where the build resolves the pins' dependencies itself (no lock for every platform), that pass runs with
+    the pins, hashes stripped, as constraints: pip must fail rather than move a hash-checked pin."""
+    from packaging.requirements import Requirement
+
+    unlocked = [n for n in list_stacks() if not render_stack(load_stack(n)).manifest["deps_locked"]]
+    assert "npu-910b" in unlocked
+    for name in unlocked:
+        r = render_stack(load_stack(name))
+        sed, pip = _dependency_pass(r.dockerfile)
+        assert "-c /tmp/trainbox-pins.txt" in pip[1], (name, pip)
+        req = tmp_path / "requirements.txt"
+        req.write_text(r.requirements)
+        out = subprocess.run(["bash", "-c", sed.replace("/tmp/trainbox/requirements.txt", str(req))],
+                             capture_output=True, text=True, check=True).stdout
+        pins = [Requirement(ln) for ln in out.splitlines() if ln and not ln.startswith("#")]
+        want = {(ln.split("==")[0].split("[")[0], ln.split("==")[1].split()[0]) for ln in r.requirements.splitlines()
+                if ln and not ln.startswith("#")}
+        assert {(p.name, str(p.specifier)[2:]) for p in pins} == want, name
+        assert "--hash" not in out and not any(p.extras for p in pins)  # pip refuses constraints with extras
+
+
+@pytest.mark.network
+def test_constrained_dependency_pass_refuses_to_move_a_pin(tmp_path):
+    """The rendered constraints, given to pip for real (PyPI, --dry-run): a dependency that needs a newer
+    packaging than the pinned one fails the pass; without them, pip would quietly move the pin."""
+    from trainbox.index import ca_bundle
+
+    sed, _ = _dependency_pass(render_stack(load_stack("npu-910b")).dockerfile)
+    req = tmp_path / "requirements.txt"
+    req.write_text("packaging==21.0 --hash=sha256:" + "0" * 64 + "\n")  # black 24 needs packaging>=22
+    pins = tmp_path / "pins.txt"
+    pins.write_text(subprocess.run(["bash", "-c", sed.replace("/tmp/trainbox/requirements.txt", str(req))],
+                                   capture_output=True, text=True, check=True).stdout)
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = "/dev/null"  # this host's pip.conf adds its own constraints and indexes
+    cmd = [__import__("sys").executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-cache-dir",
+           "--disable-pip-version-check", "--index-url", "https://pypi.org/simple", "packaging", "black==24.10.0"]
+    if ca_bundle():
+        cmd += ["--cert", ca_bundle()]
+    free = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert free.returncode == 0 and "packaging-2" in free.stdout, free.stdout + free.stderr
+    held = subprocess.run(cmd + ["-c", str(pins)], capture_output=True, text=True, env=env, timeout=300)
+    assert held.returncode != 0, held.stdout
+    assert "packaging==21.0" in held.stdout + held.stderr and "conflict" in (held.stdout + held.stderr).lower()
+
+
 def test_manifest_lists_pins_env_patches():
     r = render_stack(load_stack("npu-910b"))
     m = r.manifest
