@@ -93,6 +93,22 @@ def test_duplicate_key_in_a_recipe_is_refused(tmp_path):
         load_recipe(path)
 
 
+def test_a_value_cut_short_by_a_hash_is_refused_with_line(tmp_path):
+    """`(PR #208)` in an unquoted value makes the rest of the line a YAML comment: the recipe's description was
+    silently `... (PR`. Refused with the line and the fix; quoted, or with a real `# comment`, it loads."""
+    text = (REPO_ROOT / "launchers/recipes/cpu-ddp.yaml").read_text()
+    desc = next(ln for ln in text.splitlines() if ln.startswith("description:"))
+    path = tmp_path / "cpu-ddp.yaml"
+    path.write_text(text.replace(desc, "description: DDP smoke (issue #12), two ranks"))
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(path)
+    line = path.read_text().splitlines().index("description: DDP smoke (issue #12), two ranks") + 1
+    assert f"cpu-ddp.yaml:{line}: the value 'DDP smoke (issue' is cut short" in str(exc.value)
+    assert "Quote the whole value" in str(exc.value)
+    path.write_text(text.replace(desc, 'description: "DDP smoke (issue #12), two ranks"  # a comment'))
+    assert load_recipe(path).description == "DDP smoke (issue #12), two ranks"
+
+
 def test_duplicate_key_in_a_smoke_profile_is_refused(tmp_path):
     path = tmp_path / "profile.yaml"
     path.write_text("stacks: [cpu]\nkeep_going: true\nstacks: [cuda]\n")

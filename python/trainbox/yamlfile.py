@@ -2,11 +2,13 @@
 
 yaml.safe_load lets a repeated key win silently (`version: 2.3.5` then `version: 9.9.9` gives 9.9.9) and reads
 anything of any size. This reader refuses duplicate keys (file and both lines named), files over a size bound,
-directories, unreadable and non-UTF-8 files, each as one TrainboxError line instead of a traceback.
+directories, unreadable and non-UTF-8 files, and an unquoted value cut short by ` #` (`(PR #208)` makes the rest
+of the line a comment), each as one TrainboxError line instead of a traceback.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -50,10 +52,32 @@ def _location(exc: yaml.YAMLError) -> str:
     return f":{mark.line + 1}:{mark.column + 1}" if mark else ""
 
 
+# text, blanks, then `#` and a word character on the same line: `(PR #208)`, `issue #5`. A comment is written
+# `# text`; only files with such a line are scanned token by token (the scan costs as much as the parse).
+_SUSPECT = re.compile(r"[^\s#][ \t]+#\w")
+
+
+def _cut_values(text: str, where: str, error: type[TrainboxError]) -> None:
+    """Refuse a plain (unquoted) value followed on its line by ` #word`: YAML ends the value there and drops the
+    rest as a comment, so `description: Fix (PR #208), 8 x A3` silently reads as `Fix (PR`."""
+    lines = text.splitlines()
+    for tok in yaml.scan(text, Loader=yaml.SafeLoader):
+        if not (isinstance(tok, yaml.ScalarToken) and tok.plain and tok.end_mark.line < len(lines)):
+            continue
+        rest = lines[tok.end_mark.line][tok.end_mark.column:]
+        if re.match(r"[ \t]+#\w", rest):
+            raise error(f"{where}:{tok.end_mark.line + 1}: the value {tok.value!r} is cut short: YAML reads "
+                        f"'{rest.strip()[:40]}' as a comment. Quote the whole value (\"...\"), or write a comment "
+                        "as '# text'")
+
+
 def parse_yaml(text: str, where: str, error: type[TrainboxError] = TrainboxError):
-    """Parse YAML text (duplicate keys refused); errors name `where` (a path) and the line."""
+    """Parse YAML text (duplicate keys and cut-short values refused); errors name `where` (a path) and the line."""
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        if _SUSPECT.search(text):
+            _cut_values(text, where, error)
+        return data
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc)
         raise error(f"{where}{_location(exc)}: malformed YAML: {problem}") from None
