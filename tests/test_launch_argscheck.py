@@ -149,6 +149,11 @@ def test_the_recipe_parses_with_specforges_parser(specforge, tmp_path):
     row = out["recipes"][0]
     assert row["ok"] and row["args"]["args"]["parser"] == "train_domino.py"
     assert row["args"]["stubs"] == ["torch_npu"] and "accelerate" in row["args"]["args"]["stubbed"]
+    # the line says the parse ran and the imports did not (this host lacks the image's packages)
+    assert row["args"]["summary"] == ("specforge-check: the arguments parse (stand-ins: torch_npu); imports not "
+                                      "checked: --stub-missing: this host lacks the image's packages")
+    p = cli("launch", "check", str(_with_code(tmp_path)), "--args", "--code", str(specforge), "--stub-missing")
+    assert p.returncode == 0 and p.stdout.startswith("ok   specforge-check: the arguments parse"), p.stdout
 
 
 @needs_upstream

@@ -17,6 +17,8 @@ from .proc import _json, cli_argv, failure_message
 class ImageSteps:
     """Mixin of Smoke (opts, run, say come from it)."""
 
+    recipes_listed: tuple[list[dict], None, list[str]] | None = None  # _recipe_list's answer, once per run
+
     def _choose_base(self, sr: StackResult, info: dict) -> str | None:
         """Decide the base before the build and record why (the report must say what was built on).
         Returns the image to pass as `image build --base`, or None for the stack's own."""
@@ -168,12 +170,17 @@ class ImageSteps:
         return res
 
     def _recipe_list(self, log: Path) -> tuple[list[dict] | None, str | None, list[str]]:
+        """`trainbox launch list --json`: asked once per run (every stack's recipes and args steps read it); a
+        failure is asked again, so that each step reports it."""
+        if self.recipes_listed is not None:
+            return self.recipes_listed
         proc = self.run(cli_argv("launch", "list", "--json"), self.opts.timeouts["recipes"], log=log)
         data = _json(proc.out)
         data = data.get("recipes") if isinstance(data, dict) else None
         if not proc.ok or not isinstance(data, list):
             return (data if isinstance(data, list) else None), failure_message(proc, "trainbox launch list"), proc.argv
-        return data, None, proc.argv
+        self.recipes_listed = (data, None, proc.argv)
+        return self.recipes_listed
 
     def step_recipes(self, sr: StackResult) -> StepResult:
         log = self._log(sr.stack, "recipes")
