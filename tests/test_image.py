@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import buildrun, engine, image
+from trainbox import buildplan, buildrun, engine, image
 from trainbox.cli import main
+from trainbox.paths import REPO_ROOT
 from trainbox.runtime.errors import TrainboxError
 from trainbox.sources import Pin
 
@@ -248,8 +249,6 @@ def test_content_hash_covers_every_input(tmp_path):
 
 
 def test_staged_context_holds_inputs_and_links_wheels(tmp_path, monkeypatch):
-    from trainbox import buildplan
-
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     whdir = tmp_path / "wh"
     whdir.mkdir()
@@ -269,6 +268,27 @@ def test_staged_context_holds_inputs_and_links_wheels(tmp_path, monkeypatch):
     assert image.content_hash(buildplan.tree_files(ctx, [i for i in buildplan.CONTEXT_ITEMS + ["build"]
                                                          if (ctx / i).exists()]), wheels, {}) == \
         image.content_hash(files, wheels, {})
+
+
+def test_content_hash_covers_what_the_build_uses_and_nothing_else(tmp_path):
+    """An edit to a launcher changes the hash (and so the tag); an edit to the README, which .dockerignore keeps
+    out of every context, does not."""
+    root = tmp_path / "repo"
+    image.copy_inputs(root)
+    (root / "README.md").write_text("# trainbox\n")
+
+    def digest() -> str:
+        return image.content_hash(buildplan.input_files(root), [], {})
+
+    before = digest()
+    (root / "README.md").write_text("# trainbox, edited\n")
+    assert digest() == before
+    launcher = sorted(p for p in (root / "launchers").rglob("*") if p.is_file())[0]
+    launcher.write_text(launcher.read_text() + "\n# edited\n")
+    assert digest() != before
+    ignored = (REPO_ROOT / ".dockerignore").read_text().splitlines()
+    assert all(f"!{item}" in ignored for item in buildplan.CONTEXT_ITEMS if item != "python") and \
+        "!python/trainbox" in ignored  # every hashed item can reach the build
 
 
 def test_dockerfile_order():
@@ -293,8 +313,6 @@ def test_summary_line():
 def test_dry_run_prints_plan_and_a_command_that_runs_as_is(capsys, monkeypatch, tmp_path):
     """--dry-run with a stand-in engine that answers: the plan, a command whose context and secret files
     exist after the dry run, and nothing built."""
-    from trainbox import buildplan
-
     fake = tmp_path / "docker"
     log = tmp_path / "calls"
     fake.write_text(
@@ -341,8 +359,6 @@ def test_dry_run_offline_without_an_engine(capsys, monkeypatch, tmp_path, engine
     and says what it could not check."""
     import json
 
-    from trainbox import buildplan
-
     if "DOCKER_HOST" in engine_env and not Path("/usr/bin/docker").exists():
         pytest.skip("needs a docker client to point at a dead socket")
     for k, v in engine_env.items():
@@ -368,7 +384,6 @@ def test_plan_is_pure(monkeypatch, tmp_path):
     import subprocess
     import urllib.request
 
-    from trainbox import buildplan
     from trainbox.stack import load_stack
 
     def refuse(*a, **k):

@@ -25,8 +25,10 @@ from .paths import CACHE_DIR, REPO_ROOT
 from .wheelhouse import WheelFile, fetch_plan, wheelhouse_notes
 
 SCHEMA = "trainbox.build-plan/1"
-#: Top-level parts of the checkout that go into every build context (the rendered files come on top).
-CONTEXT_ITEMS = ["pyproject.toml", "README.md", "LICENSE", "python", "patches", "launchers"]
+#: Top-level parts of the checkout that go into every build context (the rendered files come on top). Only what
+#: the Dockerfiles may use (.dockerignore lets nothing else through): the content hash covers exactly these, so an
+#: edit to the README does not make a new image tag.
+CONTEXT_ITEMS = ["pyproject.toml", "python", "patches", "launchers"]
 #: Where the wheelhouse lies inside the build context (the Dockerfile bind-mounts it for pip).
 WHEELHOUSE_DIR = "wheelhouse"
 _IGNORED = ("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache", ".mypy_cache")
