@@ -19,6 +19,7 @@ from .runtime.errors import TrainboxError
 from . import grammar
 from .dists import canon  # noqa: F401 - re-exported: stack.canon is used across the host side
 from .paths import STACKS_DIR
+from .runtime.install_source import TOOLKITS
 from .yamlfile import load_yaml_file
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -90,6 +91,10 @@ class PlatformPin(_Strict):
         return v if v is None else grammar.check_name(v, "index")
 
 
+#: What `needs:` may name: the toolkits the builder knows how to find (trainbox.runtime.install_source).
+ToolkitName = Literal[tuple(sorted(TOOLKITS))]  # type: ignore[valid-type]
+
+
 class Component(_Strict):
     key: str = ""  # filled from the mapping key
     source: str  # a kind in trainbox.kinds.KINDS
@@ -112,7 +117,7 @@ class Component(_Strict):
     build: list[str] = Field(default_factory=list)  # git, install: build: shell commands run in the tree
     wheels: str | None = None  # git, install: build: the wheels they leave, a glob in the tree (dist/*.whl)
     # toolkits the build needs from the base; on a substitute base (which has none) the component is left out
-    needs: list[Literal["cann-toolkit", "cuda-toolkit"]] = Field(default_factory=list)
+    needs: list[ToolkitName] = Field(default_factory=list)
     note: str | None = None
 
     @field_validator("sha256")
