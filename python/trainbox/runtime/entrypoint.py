@@ -11,10 +11,10 @@ In order, it:
    which triton-ascend needs) and ATB's set_env.sh (ATB told `--cxx_abi=1`, so it does not import torch).
    When the image build recorded what they export (/etc/trainbox/cann-env.json, trainbox.runtime.cann_env)
    that record is applied and nothing is sourced (`trainbox image build` also bakes it as ENV, so this is
-   a no-op there; what the ENV lacked is named in $TRAINBOX_CANN_ENV_APPLIED for the doctor); otherwise the scripts that exist (list:
-   $TRAINBOX_SET_ENV_SCRIPTS, colon separated, each `PATH [ARG...]`, empty to skip) are sourced in one
-   `bash` with `set +u` (the scripts read unset variables). Either way a variable that was already set
-   keeps its value unless the scripts only extended it (PATH-like prepends, then de-duplicated);
+   a no-op there; what the ENV lacked is named in $TRAINBOX_CANN_ENV_APPLIED for the doctor); otherwise the
+   scripts that exist (list: $TRAINBOX_SET_ENV_SCRIPTS, colon separated, each `PATH [ARG...]`, empty to skip)
+   are sourced in one `bash` with `set +u` (the scripts read unset variables). Either way a variable that was
+   already set keeps its value unless the scripts only extended it (PATH-like prepends, then de-duplicated);
 4. with TRAINBOX_CHECK=1 prints the quick doctor checks' problems to stderr and goes on; with
    TRAINBOX_CHECK=strict refuses to start (exit 78) when one FAILs;
 5. replaces itself with the command (os.execvpe: no Python process stays behind, so signals from tini
