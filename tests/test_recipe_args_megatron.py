@@ -21,14 +21,15 @@ import pytest
 import yaml
 from docker_helpers import docker_client, wheelhouse_dir
 from trainbox.paths import REPO_ROOT
+from trainbox.smoke import load_profile
 from upstream_helpers import checkout, find_shared_upstream, git_env, mirror
 
 pytestmark = pytest.mark.skipif(find_shared_upstream() is None, reason="../shared/upstream is missing")
 RECIPES = REPO_ROOT / "launchers" / "recipes"
 SWIFT_RECIPE = "swift-megatron-qwen35-8npu"
 SWIFT_MODULE = "swift.cli._megatron.sft"
-# the smoke profile's pins for npu stacks (ci/smoke-offline.yaml): the image the args check runs in
-SMOKE_SETS = ["torch.version=2.13.0+cpu", "torch-npu.version=2.13.0", "base.cann=9.2.0"]
+# the smoke profile's pins for the swift stack (ci/smoke-offline.yaml): the image the args check runs in
+SMOKE_SETS = [f"{k}={v}" for k, v in load_profile(REPO_ROOT / "ci" / "smoke-offline.yaml")["set"]["swift"].items()]
 # torch_npu cannot load without CANN; mcore_bridge imports megatron.core.extensions.transformer_engine, which on
 # NPU exists only once mindspeed.megatron_adaptor (which needs a loadable torch_npu) has put its stand-ins in place
 SWIFT_STUBS = ["torch_npu", "mcore_bridge"]
