@@ -413,6 +413,33 @@ def test_plan_is_pure(monkeypatch, tmp_path):
     assert d["schema"] == "trainbox.build-plan/1" and d["argv"][-1] == str(sub.context)
 
 
+def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheelhouse):
+    """image.plan resolves more on its way to make_plan (a pin --set moved, the build's one platform, an index
+    that does not answer dropped): each on a new stack, so the stack loading returned is read, never written."""
+    import copy
+
+    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(image, "CACHE_DIR", tmp_path / "cache")  # no override lock remembered: resolved afresh
+    monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None:
+                        (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
+    _fake_wheel(wheelhouse, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    opts = image.BuildOptions(stack="cpu", sets={"numpy.version": "2.3.4"}, wheelhouse=str(wheelhouse),
+                              platform="linux/amd64", dry_run=True, check_wheelhouse=False)
+    stack, inp = image._check_inputs(opts)
+
+    def snapshot(s):
+        return (s.model_dump(), copy.deepcopy(s.resolution),
+                {k: (copy.deepcopy(c.locked), c._tree_id) for k, c in s.components.items()})
+
+    before = snapshot(stack)
+    p = image.plan(opts, None, lambda msg: None, checked=(stack, inp))
+    assert snapshot(stack) == before
+    # the plan's stack did resolve more: the index is dropped there, and numpy's old hashes are gone
+    assert "pytorch-cpu" in stack.indexes and "pytorch-cpu" not in p.stack.indexes
+    assert p.stack.dropped_indexes == {"pytorch-cpu": stack.indexes["pytorch-cpu"]}
+    assert any("--set moved pins without a known sha256 (numpy==2.3.4)" in n for n in p.notes)
+
+
 def test_dry_run_names_what_a_wheelhouse_lacks(tmp_path):
     from trainbox import wheelhouse
     from trainbox.stack import load_stack

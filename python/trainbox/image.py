@@ -223,30 +223,31 @@ def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_ru
 
 
 def _lock_overrides(stack, plat: str, wheels: list[WheelFile], wheelhouse: str | None,
-                    say: Callable[[str], None], dry_notes: list[str] | None = None) -> None:
-    """Hashes for pins that --set moved (the stack's own hashes and lock are for the old versions).
+                    say: Callable[[str], None], dry_notes: list[str] | None = None):
+    """The stack with hashes for the pins that --set moved (its own hashes and lock are for the old versions).
 
     The build is for one platform, so the stack is narrowed to it. A moved pin whose wheel is in the
     wheelhouse is pinned to that file (the wheelhouse is the trust root the user gave); the others
     get the hashes their index publishes, and the dependency closure is resolved again, exactly as
     `trainbox stack lock` does, so the build still installs everything in hash-checking mode."""
     from .lock import lock_stack
-    from .stack import attach_lock
 
-    def missing() -> list:
+    def missing(stack) -> list:
         return [c for c in stack.installed_components.values()
                 if c.kind.from_index and not c.pin_for(plat).sha256]
 
-    if not missing() and stack.lock_is_fresh():
-        return
-    stack.platforms = [plat]
-    for c in missing():
+    if not missing(stack) and stack.lock_is_fresh():
+        return stack
+    stack = stack.narrowed(plat)
+    pinned = {}
+    for c in missing(stack):
         pin = c.pin_for(plat)
         mine = [w for w in wheels if dist_key(w.name) == (canon(c.dist_name), norm_version(pin.version))]
         if mine:
-            c.sha256 = sorted({w.sha256 for w in mine})
+            pinned[c.key] = sorted({w.sha256 for w in mine})
             say(f"--set {c.key}: pinned {c.dist_name}=={pin.version} to the wheelhouse's "
-                f"{', '.join(w.name for w in mine)} (sha256 {c.sha256[0][:12]}...)")
+                f"{', '.join(w.name for w in mine)} (sha256 {pinned[c.key][0][:12]}...)")
+    stack = stack.with_hashes(pinned)
     # The same overrides resolve to the same lock: remember it, so an unchanged rebuild stays a matter
     # of seconds (and the image does not drift with new releases of unpinned dependencies).
     key = hashlib.sha256(json.dumps(
@@ -259,9 +260,9 @@ def _lock_overrides(stack, plat: str, wheels: list[WheelFile], wheelhouse: str |
     except (OSError, ValueError):
         if dry_notes is not None:  # a dry run asks no index: say what the build will resolve
             dry_notes.append("--set moved pins without a known sha256 (" + ", ".join(
-                f"{c.dist_name}=={c.pin_for(plat).version}" for c in missing()) + "); the build resolves their "
-                "hashes and dependencies from the index first")
-            return
+                f"{c.dist_name}=={c.pin_for(plat).version}" for c in missing(stack)) + "); the build resolves "
+                "their hashes and dependencies from the index first")
+            return stack
         say(f"resolving hashes and dependencies for the overridden pins of {stack.name} ({plat})")
         rep = lock_stack(stack, wheelhouse=Path(wheelhouse) if wheelhouse else None, resolve_deps=True)
         if rep.problems:
@@ -271,12 +272,13 @@ def _lock_overrides(stack, plat: str, wheels: list[WheelFile], wheelhouse: str |
         with contextlib.suppress(OSError):
             memo.parent.mkdir(parents=True, exist_ok=True)
             memo.write_text(json.dumps(lock, sort_keys=True))
-    attach_lock(stack, lock)
-    left = missing()
+    stack = stack.with_lock(lock, f"resolved for the overrides {', '.join(sorted(stack.overrides))} ({memo})")
+    left = missing(stack)
     if left:
         raise TrainboxError("no sha256 known for " + ", ".join(f"{c.dist_name}=={c.pin_for(plat).version}"
                                                               for c in left)
                             + ": their index does not answer and the wheelhouse does not hold them")
+    return stack
 
 
 def _client(dry_run: bool, say: Callable[[str], None]) -> Client | None:
@@ -324,10 +326,10 @@ def _indexes_to_check(stack, opts: BuildOptions) -> dict[str, str]:
 
 
 def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[str],
-                   answers: dict[str, Future]) -> None:
-    """Pins against the wheelhouse and the indexes (`answers`: their probes, under way). An index that does not
-    answer and whose pins the wheelhouse serves is dropped (pip would wait on it). A dry run records problems
-    instead of failing."""
+                   answers: dict[str, Future]):
+    """Pins against the wheelhouse and the indexes (`answers`: their probes, under way). Returns the stack
+    without the indexes that do not answer and whose pins the wheelhouse serves (pip would wait on them). A dry
+    run records problems instead of failing."""
     pins = pins_for(stack, inp.platform)
     if inp.wheels and opts.check_wheelhouse:
         served = check_wheelhouse(inp.wheels, pins, str(opts.wheelhouse))
@@ -340,16 +342,17 @@ def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[
         if not opts.dry_run:
             raise
         notes.append(f"the build would stop here: {exc}")
-        return
-    for name in sorted(down):
-        if name != "pypi":
-            say(f"index {name} ({stack.indexes[name]}) does not answer; its pins come from the wheelhouse")
-            stack.dropped_indexes[name] = stack.indexes.pop(name)
+        return stack
+    dropped = [name for name in sorted(down) if name != "pypi"]
+    for name in dropped:
+        say(f"index {name} ({stack.indexes[name]}) does not answer; its pins come from the wheelhouse")
+    return stack.without_indexes(dropped) if dropped else stack
 
 
-def _staged_sources(stack, opts: BuildOptions, say: Callable[[str], None]) -> dict[str, Path]:
+def _staged_sources(stack, opts: BuildOptions, say: Callable[[str], None]):
     """The stack's git trees and archives, fetched (or found in the cache) and verified, their patch series
-    checked, staged for the context as build/sources/<component>/... (bind-mounted by the builder)."""
+    checked, staged for the context as build/sources/<component>/... (bind-mounted by the builder). Returns
+    the staged files and the stack with the fetched commits' tree hashes recorded."""
     import atexit
 
     from .fetch import fetch_sources, stage as stage_sources
@@ -357,11 +360,11 @@ def _staged_sources(stack, opts: BuildOptions, say: Callable[[str], None]) -> di
     sources = fetch_sources(stack, offline=opts.offline, say=say,
                             cache_dir=Path(opts.sources_cache) if opts.sources_cache else None)
     if not sources.fetched:
-        return {}
+        return {}, stack
     root = Path(tempfile.mkdtemp(prefix=f"trainbox-sources-{stack.name}-"))
     atexit.register(shutil.rmtree, root, True)
     stage_sources(root, sources)
-    return tree_files(root, ["build"])
+    return tree_files(root, ["build"]), sources.stack
 
 
 def _check_cache_to(opts: BuildOptions, client: Client | None) -> None:
@@ -385,8 +388,9 @@ def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] =
         base = choose_base(stack, client, say, dry_run=opts.dry_run)
         notes: list[str] = [f"the build would stop here: {base.note}"] if base.note.startswith("base ") else []
         if stack.overrides:
-            _lock_overrides(stack, inp.platform, inp.wheels, opts.wheelhouse, say, notes if opts.dry_run else None)
-        _check_sources(stack, inp, opts, say, notes, answers)
+            stack = _lock_overrides(stack, inp.platform, inp.wheels, opts.wheelhouse, say,
+                                    notes if opts.dry_run else None)
+        stack = _check_sources(stack, inp, opts, say, notes, answers)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     if make_base and base.bootstrap:
@@ -394,7 +398,7 @@ def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] =
 
         bootstrap(tag=base.used, suite=base.used.rsplit(":", 1)[-1], client=client, say=say)
         base.image_id = client.image_id(base.used)
-    inp.sources = _staged_sources(stack, opts, say)
+    inp.sources, stack = _staged_sources(stack, opts, say)
     p = make_plan(stack, base, inp, client)
     p.notes[:0] = notes
     return p
