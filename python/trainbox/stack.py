@@ -28,6 +28,8 @@ from .dists import canon  # noqa: F401 - re-exported: stack.canon is used across
 from .paths import STACKS_DIR
 from .runtime.install_source import TOOLKITS
 from .yamlfile import load_yaml_file
+from . import documents
+from .documents import format_validation, merge, named_file
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 PLATFORM_RE = re.compile(r"^linux/(amd64|arm64)$")
@@ -368,29 +370,13 @@ class Stack(_Strict):
 
     # -- what was resolved: read here, changed only by the methods below, each returning a new stack --
 
-    @property
-    def resolution(self) -> Resolution:
-        return self._resolved
-
-    @property
-    def source_file(self) -> Path | None:
-        return self._resolved.source_file
-
-    @property
-    def overrides(self) -> dict[str, str]:
-        return self._resolved.overrides
-
-    @property
-    def declared_base(self) -> str | None:
-        return self._resolved.declared_base
-
-    @property
-    def lock(self) -> dict | None:
-        return self._resolved.lock
-
-    @property
-    def dropped_indexes(self) -> dict[str, str]:
-        return self._resolved.dropped_indexes
+    # read-only views of the resolution (properties, not fields: a stack file cannot set them)
+    resolution = property(lambda self: self._resolved)
+    source_file = property(lambda self: self._resolved.source_file)
+    overrides = property(lambda self: self._resolved.overrides)
+    declared_base = property(lambda self: self._resolved.declared_base)
+    lock = property(lambda self: self._resolved.lock)
+    dropped_indexes = property(lambda self: self._resolved.dropped_indexes)
 
     def resolved(self, **changes: Any) -> "Stack":
         """A copy with these `Resolution` parts replaced (this stack stays as it is)."""
@@ -565,52 +551,12 @@ def stack_path(name_or_path: str | Path, stacks_dir: Path | None = None) -> Path
     return _stack_path(name_or_path, stacks_dir)
 
 
-def named_file(name_or_path: str | Path, directory: Path, what: str, error: type[TrainboxError] | None = None,
-               hint: str = "") -> Path:
-    """A NAME in `directory` (NAME.yaml) or a path to a YAML file; `what` (stack, recipe) names it in errors.
-    Shared by stacks and recipes so both look things up, and fail, the same way."""
-    error = error or StackError
-    p = Path(name_or_path)
-    try:
-        p.is_file()
-    except OSError as exc:  # a name too long for the file system, ...
-        raise error(f"{str(p)[:80]}...: not a usable {what} name or path ({exc.strerror or exc})") from None
-    if p.suffix in (".yaml", ".yml") or "/" in str(name_or_path) or p.is_file():
-        if p.is_dir():
-            raise error(f"{p}: is a directory, expected a {what} file")
-        if not p.is_file():
-            raise error(f"{p}: no such {what} file")
-        return p
-    path = directory / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(q.stem for q in directory.glob("*.yaml"))) or "none"
-        raise error(f"unknown {what} {str(name_or_path)!r}: no {path} (known {what}s: {known}{hint})")
-    return path
-
-
 def _stack_path(name_or_path: str | Path, stacks_dir: Path | None) -> Path:
-    return named_file(name_or_path, stacks_dir or STACKS_DIR, "stack")
+    return named_file(name_or_path, stacks_dir or STACKS_DIR, "stack", StackError)
 
 
-def read_yaml(path: Path, error: type[TrainboxError] | None = None, what: str = "stack") -> dict:
-    """A YAML file whose top level is a mapping, read by trainbox.yamlfile (duplicate keys, size, encoding
-    refused); errors name the file, line and column."""
-    error = error or StackError
-    data = load_yaml_file(path, what, error)
-    if not isinstance(data, dict):
-        raise error(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
-
-
-def _merge(parent: dict, child: dict) -> dict:
-    """Child keys win; mappings merge recursively (so a child can change one pin's version only)."""
-    out = copy.deepcopy(parent)
-    for k, v in child.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
+def read_yaml(path: Path) -> dict:
+    return documents.read_yaml(path, StackError, "stack")
 
 
 def _raw(path: Path, stacks_dir: Path | None, seen: tuple[Path, ...] = ()) -> dict:
@@ -629,23 +575,8 @@ def _raw(path: Path, stacks_dir: Path | None, seen: tuple[Path, ...] = ()) -> di
         base = _raw(ppath, stacks_dir, seen + (path,))
         base.pop("name", None)
         base.pop("extends", None)
-        data = _merge(base, data)
+        data = merge(base, data)
     return data
-
-
-def format_validation(path: Path, exc: ValidationError,
-                      unknown: str = "unknown keys are rejected so a typo cannot drop a pin") -> str:
-    """One line per pydantic error: file, dotted key path, what was expected (shared with recipes)."""
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown key (check the spelling; {unknown})"
-        elif err["type"] == "missing":
-            msg = "required key is missing"
-        lines.append(f"{path}: {loc}: {msg.removeprefix('Value error, ')}")
-    return "\n".join(lines)
 
 
 def apply_sets(data: dict, sets: dict[str, str], path: Path) -> dict:
@@ -717,7 +648,8 @@ def load_stack(
 def _format_stack_errors(path: Path, exc: ValidationError) -> str:
     """format_validation, with a key that names trainbox's own build state said to be that (and what to do)."""
     lines = []
-    for err, line in zip(exc.errors(), format_validation(path, exc).splitlines()):
+    unknown = "unknown keys are rejected so a typo cannot drop a pin"
+    for err, line in zip(exc.errors(), format_validation(path, exc, unknown).splitlines()):
         key = str(err["loc"][-1]) if err["loc"] else ""
         if err["type"] == "extra_forbidden" and key in INTERNAL_KEYS:
             loc = ".".join(str(x) for x in err["loc"])
@@ -751,46 +683,4 @@ def parse_sets(items: list[str] | None) -> dict[str, str]:
         if "." not in key or not value.strip():
             raise StackError(f"--set {item}: expected COMPONENT.FIELD=VALUE, e.g. --set torch.version=2.13.0+cpu")
         out[key.strip()] = value.strip()
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------
-# comparing
-
-
-def _diff_view(stack: Stack) -> dict:
-    """Everything a build of the stack depends on, as plain JSON data (what `stack diff` compares)."""
-    comps = {}
-    for key, c in stack.components.items():
-        view = c.model_dump(exclude={"platforms", "sha256", "note"}, exclude_none=True)
-        if c.source == "pypi":  # the pin and hashes in force per platform (stack file, per-platform pins, lock)
-            view.pop("version"), view.pop("index")
-            view["pins"] = {p: c.pin_for(p).model_dump() for p in stack.platforms}
-        elif c.sha256:
-            view["sha256"] = c.sha256
-        comps[key] = view
-    return {
-        "device": stack.device, "python": stack.python, "platforms": stack.platforms,
-        "base": stack.base.model_dump(exclude_none=True), "indexes": stack.indexes,
-        "system_packages": stack.system_packages, "build_packages": stack.build_packages,
-        "components": comps, "env": stack.env,
-        "lock": {"state": "none" if not stack.lock else "fresh" if stack.lock_is_fresh() else "stale"},
-    }
-
-
-def diff_stacks(a: Stack, b: Stack) -> list[dict]:
-    """[{key, a, b, change}] for every dotted key whose value differs; a side that lacks it has None."""
-    out: list[dict] = []
-    missing = object()
-
-    def walk(x: Any, y: Any, path: str) -> None:
-        if isinstance(x, dict) and isinstance(y, dict):
-            for k in sorted(set(x) | set(y)):
-                walk(x.get(k, missing), y.get(k, missing), f"{path}.{k}" if path else str(k))
-        elif x != y:
-            change = "added" if x is missing else "removed" if y is missing else "changed"
-            out.append({"key": path, "a": None if x is missing else x, "b": None if y is missing else y,
-                        "change": change})
-
-    walk(_diff_view(a), _diff_view(b), "")
     return out
