@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import buildrun
+from .base import bootstrap, resolve_base
 from .buildplan import (CONTEXT_ITEMS, WHEELHOUSE_DIR, Base, BuildPlan, PlanInputs,  # noqa: F401 - re-exported
                         content_hash, copy_inputs, format_plan, make_plan, stage, tree_files)
 from .buildrun import BuildFailed, BuildOutcome  # noqa: F401 - re-exported
@@ -156,51 +157,6 @@ class BuildOptions:
     offline: bool = False  # git commits and archives only from trainbox's cache (`trainbox fetch` filled it)
     bundle: str | None = None  # `trainbox fetch --bundle` file: build from it alone, with the network off
     sources_cache: str | None = None  # where fetched sources live (default trainbox's cache; a bundle's own)
-
-
-def _pull_hint(image: str) -> str:
-    first, sep, rest = image.partition("/")
-    path = rest if sep and ("." in first or ":" in first or first == "localhost") else image
-    # no registry-mirrors advice: the availability check asks the image's own registry, so only a local copy
-    # or an explicit --base helps
-    return (f"pass --base IMAGE to build on another image that holds the same contents (a mirror, e.g. "
-            f"--base my-registry.example.com/{path}), or `docker pull`/`docker load` it first (a local image is "
-            f"used as it is)")
-
-
-def resolve_base(stack, client: Client, say: Callable[[str], None]) -> tuple[str, str | None, bool, str | None]:
-    """(image to build FROM, the substitute used or None, whether the substitute must be bootstrapped
-    first, its image id when it is present and used as it is). Decides in seconds; raises naming the base
-    and the ways out when it cannot be had."""
-    from .base import DEFAULT_TAG, base_available, outdated
-
-    image = stack.base.image
-    explicit = "base.image" in (stack.overrides or {})
-    if explicit and image.startswith("local/debian:"):
-        # trainbox's own base namespace (`trainbox base bootstrap`): made here, never pulled
-        info = client.image_info(image)
-        if info is None or outdated(image, client, info):
-            say(f"base {image} is not present or outdated; bootstrapping it from Debian's archive first")
-            return image, None, True, None
-        return image, None, False, info.get("Id")
-    ok, why = base_available(image, client)
-    if ok:
-        return image, None, False, None
-    sub = stack.base.substitute
-    if stack.base.auto_substitute and sub and not explicit:
-        say(f"base {image} cannot be pulled ({why}); building on {sub} instead (stack {stack.name} allows it)")
-        local = sub == DEFAULT_TAG or sub.startswith("local/debian:")
-        info = client.image_info(sub)
-        if info is not None and not (local and outdated(sub, client, info)):
-            return sub, sub, False, info.get("Id")
-        if local:
-            return sub, sub, True, None
-        raise TrainboxError(f"base {image} cannot be pulled ({why}) and its substitute {sub} is not "
-                            f"present either; {_pull_hint(image)}")
-    hint = _pull_hint(image)
-    if sub:
-        hint += f"; for a smoke build without the real base: --base {sub}"
-    raise TrainboxError(f"stack {stack.name}: base image {image} cannot be pulled ({why}); {hint}")
 
 
 def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False) -> Base:
@@ -394,8 +350,6 @@ def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] =
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     if make_base and base.bootstrap:
-        from .base import bootstrap
-
         bootstrap(tag=base.used, suite=base.used.rsplit(":", 1)[-1], client=client, say=say)
         base.image_id = client.image_id(base.used)
     inp.sources, stack = _staged_sources(stack, opts, say)
