@@ -423,6 +423,7 @@ def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheel
     monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None:
                         (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
     _fake_wheel(wheelhouse, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    numpy_sha = _fake_wheel(wheelhouse, "numpy-2.3.4-cp311-cp311-manylinux_2_27_x86_64.whl", b"stand-in numpy")
     opts = image.BuildOptions(stack="cpu", sets={"numpy.version": "2.3.4"}, wheelhouse=str(wheelhouse),
                               platform="linux/amd64", dry_run=True, check_wheelhouse=False)
     stack, inp = image._check_inputs(opts)
@@ -434,10 +435,11 @@ def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheel
     before = snapshot(stack)
     p = image.plan(opts, None, lambda msg: None, checked=(stack, inp))
     assert snapshot(stack) == before
-    # the plan's stack did resolve more: the index is dropped there, and numpy's old hashes are gone
+    # the plan's stack did resolve more: the moved pin is pinned to the wheelhouse's file, the index dropped
+    assert stack.components["numpy"].sha256 == [] and p.stack.components["numpy"].sha256 == [numpy_sha]
     assert "pytorch-cpu" in stack.indexes and "pytorch-cpu" not in p.stack.indexes
     assert p.stack.dropped_indexes == {"pytorch-cpu": stack.indexes["pytorch-cpu"]}
-    assert any("--set moved pins without a known sha256 (numpy==2.3.4)" in n for n in p.notes)
+    assert p.stack.overrides == {"numpy.version": "2.3.4"} and p.stack.platforms == ["linux/amd64"]
 
 
 def test_dry_run_names_what_a_wheelhouse_lacks(tmp_path):
