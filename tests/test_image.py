@@ -418,8 +418,10 @@ def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheel
     that does not answer dropped): each on a new stack, so the stack loading returned is read, never written."""
     import copy
 
+    from trainbox import lock as lockmod
+
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
-    monkeypatch.setattr(image, "CACHE_DIR", tmp_path / "cache")  # no override lock remembered: resolved afresh
+    monkeypatch.setattr(lockmod, "CACHE_DIR", tmp_path / "cache")  # no override lock remembered: resolved afresh
     monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None:
                         (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
     _fake_wheel(wheelhouse, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")

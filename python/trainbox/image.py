@@ -1,16 +1,15 @@
 """`trainbox image build`: a stack's image, planned then built with BuildKit (host module).
 
 The flow, one direction: check the input (stack with --set / --base, platform, CA bundle, wheelhouse) in
-milliseconds; choose the base (the cpu stack falls back to a debootstrapped Debian); pin what --set moved;
-check the indexes against the wheelhouse; make the plan (trainbox.buildplan: rendered files, content hash,
-tags, argv, secrets, what is fetched from where); then either print it (--dry-run: no engine, no index
-needed) or run it (trainbox.buildrun: stage, skip when the tag exists, build, report).
+milliseconds; choose the base (trainbox.base: the cpu stack falls back to a debootstrapped Debian); pin what
+--set moved (trainbox.lock); check the indexes against the wheelhouse; make the plan (trainbox.buildplan:
+rendered files, content hash, tags, argv, secrets, what is fetched from where); then either print it
+(--dry-run: no engine, no index needed) or run it (trainbox.buildrun: stage, skip when the tag exists, build,
+report). Each step that resolves more returns a new stack: the one loaded is only read.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 import platform as _platform
@@ -31,7 +30,8 @@ from .buildrun import BuildFailed, BuildOutcome  # noqa: F401 - re-exported
 from .dists import canon, dist_key, norm_version
 from .engine import Client, EngineError, find_client
 from .index import ca_bundle, ssl_context
-from .paths import CACHE_DIR, REPO_ROOT
+from .lock import lock_overrides
+from .paths import REPO_ROOT
 from .runtime.errors import TrainboxError
 from .sources import Pin
 from .wheelhouse import WheelFile, check_wheelhouse, pins_for, read_wheelhouse  # noqa: F401 - re-exported
@@ -178,65 +178,6 @@ def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_ru
                 note="made by `trainbox base bootstrap` first" if boot else "")
 
 
-def _lock_overrides(stack, plat: str, wheels: list[WheelFile], wheelhouse: str | None,
-                    say: Callable[[str], None], dry_notes: list[str] | None = None):
-    """The stack with hashes for the pins that --set moved (its own hashes and lock are for the old versions).
-
-    The build is for one platform, so the stack is narrowed to it. A moved pin whose wheel is in the
-    wheelhouse is pinned to that file (the wheelhouse is the trust root the user gave); the others
-    get the hashes their index publishes, and the dependency closure is resolved again, exactly as
-    `trainbox stack lock` does, so the build still installs everything in hash-checking mode."""
-    from .lock import lock_stack
-
-    def missing(stack) -> list:
-        return [c for c in stack.installed_components.values()
-                if c.kind.from_index and not c.pin_for(plat).sha256]
-
-    if not missing(stack) and stack.lock_is_fresh():
-        return stack
-    stack = stack.narrowed(plat)
-    pinned = {}
-    for c in missing(stack):
-        pin = c.pin_for(plat)
-        mine = [w for w in wheels if dist_key(w.name) == (canon(c.dist_name), norm_version(pin.version))]
-        if mine:
-            pinned[c.key] = sorted({w.sha256 for w in mine})
-            say(f"--set {c.key}: pinned {c.dist_name}=={pin.version} to the wheelhouse's "
-                f"{', '.join(w.name for w in mine)} (sha256 {pinned[c.key][0][:12]}...)")
-    stack = stack.with_hashes(pinned)
-    # The same overrides resolve to the same lock: remember it, so an unchanged rebuild stays a matter
-    # of seconds (and the image does not drift with new releases of unpinned dependencies).
-    key = hashlib.sha256(json.dumps(
-        [stack.name, plat, stack.pins_digest(), sorted(stack.overrides.items()),
-         {k: c.pin_for(plat).sha256 for k, c in sorted(stack.components.items())},
-         sorted((w.name, w.sha256) for w in wheels)], sort_keys=True).encode()).hexdigest()[:24]
-    memo = CACHE_DIR / "override-locks" / f"{stack.name}-{key}.json"
-    try:
-        lock = json.loads(memo.read_text())
-    except (OSError, ValueError):
-        if dry_notes is not None:  # a dry run asks no index: say what the build will resolve
-            dry_notes.append("--set moved pins without a known sha256 (" + ", ".join(
-                f"{c.dist_name}=={c.pin_for(plat).version}" for c in missing(stack)) + "); the build resolves "
-                "their hashes and dependencies from the index first")
-            return stack
-        say(f"resolving hashes and dependencies for the overridden pins of {stack.name} ({plat})")
-        rep = lock_stack(stack, wheelhouse=Path(wheelhouse) if wheelhouse else None, resolve_deps=True)
-        if rep.problems:
-            raise TrainboxError("the overridden stack cannot be pinned: " + "; ".join(rep.problems)
-                                + ". Check the versions given with --set, or put the wheels in --wheelhouse")
-        lock = rep.lock
-        with contextlib.suppress(OSError):
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            memo.write_text(json.dumps(lock, sort_keys=True))
-    stack = stack.with_lock(lock, f"resolved for the overrides {', '.join(sorted(stack.overrides))} ({memo})")
-    left = missing(stack)
-    if left:
-        raise TrainboxError("no sha256 known for " + ", ".join(f"{c.dist_name}=={c.pin_for(plat).version}"
-                                                              for c in left)
-                            + ": their index does not answer and the wheelhouse does not hold them")
-    return stack
-
-
 def _client(dry_run: bool, say: Callable[[str], None]) -> Client | None:
     """The engine client; a dry run goes on without one (and without an engine)."""
     try:
@@ -344,8 +285,8 @@ def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] =
         base = choose_base(stack, client, say, dry_run=opts.dry_run)
         notes: list[str] = [f"the build would stop here: {base.note}"] if base.note.startswith("base ") else []
         if stack.overrides:
-            stack = _lock_overrides(stack, inp.platform, inp.wheels, opts.wheelhouse, say,
-                                    notes if opts.dry_run else None)
+            stack = lock_overrides(stack, inp.platform, inp.wheels, opts.wheelhouse, say,
+                                   notes if opts.dry_run else None)
         stack = _check_sources(stack, inp, opts, say, notes, answers)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
