@@ -24,8 +24,8 @@ from typing import Any
 
 from .runtime.errors import TrainboxError
 from .paths import CACHE_DIR, PATCHES_DIR
-from .kinds import kind_of
-from .sources import Pin, fetch, pin_from_component, unpack
+from .kinds import Pin, fetch, kind_of, pin_from_component
+from .sources import unpack
 
 _EDIT_META = "trainbox-edit.json"
 # Fixed identity and dates for the commits trainbox itself makes, so an edit tree is reproducible.
