@@ -213,19 +213,34 @@ def fetch_pypi(pin: Any, prefer: Iterable[str], offline: bool, cache_dir: Path |
 GIT_PROTOCOLS = "https:ssh:file"
 
 
-def _git(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """The user's own git with the user's configuration (insteadOf mirrors, credential helpers, proxies);
-    never a prompt, and only the transports in GIT_PROTOCOLS unless the environment sets its own."""
-    env = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C")
-    env.setdefault("GIT_ALLOW_PROTOCOL", GIT_PROTOCOLS)
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
+def run_git(*args: str, cwd: Path | None = None, check: bool = True, user_config: bool = True,
+            env: dict[str, str] | None = None, stdout=None,
+            error: type[TrainboxError] = SourceError) -> subprocess.CompletedProcess:
+    """The one way trainbox runs git: the user's own git, never a prompt, C locale, output captured (stdout: a
+    file to write it to instead); a failure raises `error` naming the command and git's message.
+
+    user_config (fetching): the user's configuration (insteadOf mirrors, credential helpers, proxies), and only
+    the transports in GIT_PROTOCOLS unless the environment sets its own. Without it (the patch workspaces):
+    neither the user's nor the system's configuration, so no ~/.gitconfig shapes an exported patch, and no outer
+    GIT_DIR/GIT_WORK_TREE/GIT_INDEX_FILE. `env`: more variables (fixed authors and dates)."""
+    full = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    if user_config:
+        full.setdefault("GIT_ALLOW_PROTOCOL", GIT_PROTOCOLS)
+    else:
+        full.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull)
+        for k in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+            full.pop(k, None)
+    full.update(env or {})
+    proc = subprocess.run(["git", *args], cwd=cwd, text=True, env=full, stdout=stdout or subprocess.PIPE,
+                          stderr=subprocess.PIPE)
     if check and proc.returncode != 0:
-        raise SourceError(f"git {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+        where = f" in {cwd}" if cwd else ""
+        raise error(f"git {' '.join(args)}{where} failed: {(proc.stderr or proc.stdout or '').strip()}")
     return proc
 
 
 def _has_commit(repo: Path, commit: str) -> bool:
-    return _git("--git-dir", str(repo), "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode == 0
+    return run_git("--git-dir", str(repo), "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode == 0
 
 
 def git_cache_repo(url: str, cache_dir: Path | None = None) -> Path:
@@ -256,30 +271,30 @@ def fetch_git(pin: Any, offline: bool, cache_dir: Path | None) -> Fetched:
         repo.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=repo.parent))
         try:
-            _git("init", "--quiet", "--bare", str(tmp / "r.git"))
+            run_git("init", "--quiet", "--bare", str(tmp / "r.git"))
             with contextlib.suppress(OSError):
                 os.rename(tmp / "r.git", repo)  # a concurrent fetch may have made it first
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     # the URL after `--`, so that a URL starting with "-" can never be read as an option
-    proc = _git("--git-dir", str(repo), "fetch", "--quiet", "--no-tags", "--depth", "1", "--", pin.git,
+    proc = run_git("--git-dir", str(repo), "fetch", "--quiet", "--no-tags", "--depth", "1", "--", pin.git,
                 pin.commit, check=False)
     if proc.returncode != 0:
         err = _git_reason(proc.stderr or proc.stdout)
         if "not our ref" in err or "couldn't find remote ref" in err or "no such remote ref" in err:
             raise SourceError(f"{what}: the repository has no commit {pin.commit}; check `commit:` (git said: {err})")
         raise SourceError(f"{what}: cannot fetch from {pin.git}: {err}")
-    got = _git("--git-dir", str(repo), "rev-parse", "FETCH_HEAD").stdout.strip()
+    got = run_git("--git-dir", str(repo), "rev-parse", "FETCH_HEAD").stdout.strip()
     if got != pin.commit:
         raise SourceError(f"{what}: fetched {got}, not the pinned commit; check `commit:` and the mirror")
     # keep it reachable so that git gc in the cache does not drop it
-    _git("--git-dir", str(repo), "update-ref", f"refs/trainbox/{pin.commit}", pin.commit)
+    run_git("--git-dir", str(repo), "update-ref", f"refs/trainbox/{pin.commit}", pin.commit)
     return Fetched(pin, repo, repo.name, commit=pin.commit)
 
 
 def tree_id(fetched: Fetched) -> str:
     """git's tree hash of the fetched commit: names the exact file contents, recorded in the manifest."""
-    return _git("--git-dir", str(fetched.path), "rev-parse", f"{fetched.commit}^{{tree}}").stdout.strip()
+    return run_git("--git-dir", str(fetched.path), "rev-parse", f"{fetched.commit}^{{tree}}").stdout.strip()
 
 
 def fetch_url(pin: Any, offline: bool, cache_dir: Path | None) -> Fetched:
@@ -332,12 +347,8 @@ def unpack(fetched: Fetched, dest: Path) -> Path:
     part.mkdir()
     try:
         if fetched.commit:
-            env = dict(os.environ, LC_ALL="C")
             with tempfile.TemporaryFile() as tf:
-                proc = subprocess.run(["git", "--git-dir", str(fetched.path), "archive", "--format=tar",
-                                       fetched.commit], stdout=tf, stderr=subprocess.PIPE, env=env)
-                if proc.returncode != 0:
-                    raise SourceError(f"git archive {fetched.commit} failed: {proc.stderr.decode().strip()}")
+                run_git("--git-dir", str(fetched.path), "archive", "--format=tar", fetched.commit, stdout=tf)
                 tf.seek(0)
                 with tarfile.open(fileobj=tf) as tar:
                     _extract_tar(tar, part, fetched.filename)
