@@ -25,7 +25,8 @@ from .dists import dist_key, norm_version
 from .runtime.errors import TrainboxError
 from .index import IndexUnreachable, artifacts_for, project_files, versions
 from .paths import CACHE_DIR
-from .stack import PLATFORM_MACHINE, Stack, canon, load_stack
+from .platforms import PLATFORM_MACHINE
+from .stack import Stack, canon, load_stack
 
 if TYPE_CHECKING:  # a type only: no import edge to the wheelhouse
     from .wheelhouse import WheelFile
