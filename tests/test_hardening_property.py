@@ -311,7 +311,7 @@ RECIPE_FIELDS = {
 # folder per call under $STUB_LOG). python3 -c (the preflight checks) runs the real interpreter and records its
 # exit code; python3 -m (the entry's import check, which needs the image) and torchrun only record.
 STUB = """#!/bin/bash
-rec="$STUB_LOG/$(date +%s%N)-$$-${0##*/}"
+rec="$STUB_LOG/${EPOCHREALTIME/./}-$$-${0##*/}"
 mkdir -p "$rec"
 printf '%s\\0' "$@" > "$rec/argv"
 env -0 > "$rec/env"
@@ -347,16 +347,15 @@ def _records(log: Path) -> list[dict]:
 
 
 def _run_script(tmp: Path, script: str, stub_path: Path, marker: Path, where: str):
-    """Lint the script, run it with the stand-ins; nothing may execute. Returns (process, records)."""
-    path = tmp / "job.sh"
+    """Check the script's syntax, run it with the stand-ins; nothing may execute. Returns (process, records).
+    Each script is kept (scripts/N.sh) for _shellcheck, which lints a test's scripts in one run."""
+    scripts = tmp / "scripts"
+    scripts.mkdir(exist_ok=True)
+    path = scripts / f"{len(list(scripts.iterdir()))}.sh"
     path.write_text(script)
+    (tmp / "where").mkdir(exist_ok=True)
+    (tmp / "where" / path.name).write_text(where)
     assert check_script(script, None) == [], where  # bash -n
-    if SHELLCHECK:
-        # excluded: the findings that say a value is literal data, i.e. inert (SC2016 "expressions don't
-        # expand in single quotes", SC2089/SC2090 "quotes in this variable will be treated literally")
-        proc = subprocess.run([SHELLCHECK, "--shell=bash", "--severity=warning", "--exclude=SC2016,SC2089,SC2090",
-                               str(path)], capture_output=True, text=True)
-        assert proc.returncode == 0, f"{where}: shellcheck: {proc.stdout}"
     log = tmp / "log"
     shutil.rmtree(log, ignore_errors=True)
     log.mkdir()
@@ -365,6 +364,19 @@ def _run_script(tmp: Path, script: str, stub_path: Path, marker: Path, where: st
     proc = subprocess.run(["bash", str(path)], cwd=tmp, env=env, capture_output=True, text=True, timeout=60)
     assert not marker.exists(), f"{where}: the marker file appeared: something ran"
     return proc, _records(log)
+
+
+def _shellcheck(tmp: Path) -> None:
+    """shellcheck over every script _run_script ran in this test (one process: it starts slowly)."""
+    if not SHELLCHECK or not (tmp / "scripts").is_dir():
+        return
+    scripts = sorted((tmp / "scripts").iterdir())
+    # excluded: the findings that say a value is literal data, i.e. inert (SC2016 "expressions don't
+    # expand in single quotes", SC2089/SC2090 "quotes in this variable will be treated literally")
+    proc = subprocess.run([SHELLCHECK, "--shell=bash", "--severity=warning", "--exclude=SC2016,SC2089,SC2090",
+                           "--format=gcc", *map(str, scripts)], capture_output=True, text=True)
+    bad = {Path(line.split(":", 1)[0]).name for line in proc.stdout.splitlines()}
+    assert proc.returncode == 0, [(tmp / "where" / n).read_text() for n in sorted(bad)] + [proc.stdout]
 
 
 def _job(proc, records, where: str) -> dict:
@@ -394,11 +406,11 @@ def _cmd(job: dict) -> list[str]:
     return job["argv"][job["argv"].index("train.py"):]
 
 
-def _clean_job(tmp: Path, proc, records, value: str, where: str) -> None:
+def _clean_job(script: str, proc, records, value: str, where: str) -> None:
     """Free text the script only shows (comments, usage): the job runs exactly as the clean recipe's."""
     job = _job(proc, records, where)
     assert _cmd(job) == CLEAN_CMD and job["env"]["A"] == "1", where
-    assert value in (tmp / "job.sh").read_text(), f"{where}: the text is not in the script"
+    assert value in script, f"{where}: the text is not in the script"
 
 
 def _prepare_recipe_field(tmp: Path, field: str, value: str) -> None:
@@ -410,10 +422,10 @@ def _prepare_recipe_field(tmp: Path, field: str, value: str) -> None:
         (tmp / value).write_text("export SOURCED=yes\n")
 
 
-def _expect_recipe_field(tmp: Path, field: str, value: str, proc, records, where: str) -> None:
+def _expect_recipe_field(tmp: Path, field: str, value: str, script: str, proc, records, where: str) -> None:
     """Where each recipe field's value is meant to arrive, byte for byte, in the command that ran."""
     if field in ("description", "inputs.description", "upstream"):
-        return _clean_job(tmp, proc, records, value, where)
+        return _clean_job(script, proc, records, value, where)
     if field == "preflight.python":
         check = [r for r in records if r["name"] == "python3" and r["argv"][:1] == ["-c"]]
         assert [r["argv"] for r in check] == [["-c", value]], where
@@ -421,7 +433,7 @@ def _expect_recipe_field(tmp: Path, field: str, value: str, proc, records, where
             assert proc.returncode == 2 and "preflight n failed: h" in proc.stderr, where
             assert not [r for r in records if r["name"] == "torchrun"], where
             return
-        return _clean_job(tmp, proc, records, value, where)
+        return _clean_job(script, proc, records, value, where)
     if field == "preflight.hint":  # the check fails on purpose: the hint is the message
         assert proc.returncode == 2, where
         assert proc.stderr.rstrip("\n").endswith(f"error: preflight n failed: {value}"), where
@@ -467,8 +479,9 @@ def test_hostile_recipe_fields_are_refused_or_inert(tmp_path, stub_path, field):
             continue
         _prepare_recipe_field(tmp_path, field, value)
         proc, records = _run_script(tmp_path, script, stub_path, marker, f"{field}={value!r}")
-        _expect_recipe_field(tmp_path, field, value, proc, records, f"{field}={value!r}")
+        _expect_recipe_field(tmp_path, field, value, script, proc, records, f"{field}={value!r}")
         checked += 1
+    _shellcheck(tmp_path)
     # free text and command words are taken (quoted); a name or the stack is refused unless plain
     if field not in ("env.key", "inputs.key", "stack"):
         assert checked, f"{field}: no value got through, so nothing was checked"
@@ -493,6 +506,7 @@ def test_hostile_launch_set_values_stay_inert(tmp_path, stub_path, name):
             cmd = _cmd(job)
             assert cmd[cmd.index(flag) + 1] == value, where
         checked += 1
+    _shellcheck(tmp_path)
     assert checked, f"--set {name}: no value got through, so nothing was checked"
 
 
