@@ -104,6 +104,7 @@ def keep_going(checkout, tmp_path_factory):
     return run_smoke(env, tmp, "patched", "cpu", "--keep-going", "--skip", "lock,build")
 
 
+@pytest.mark.slow
 def test_broken_patch_fails_at_patches_step_and_names_the_patch(keep_going):
     rc, report, _, stderr = keep_going
     assert rc == 1 and report["ok"] is False and report["exit_code"] == 1
@@ -132,6 +133,7 @@ def test_keep_going_runs_the_stacks_after_a_broken_one(keep_going):
     assert rows == [{"name": "cpu-ddp", "render": "pass", "shellcheck": "pass", "dry_run": "pass", "message": None}]
 
 
+@pytest.mark.slow
 def test_without_keep_going_later_stacks_are_reported_not_run(checkout, tmp_path):
     _, env = checkout
     rc, report, junit, _ = run_smoke(env, tmp_path, "patched", "cpu",
