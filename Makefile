@@ -100,4 +100,4 @@ bench-import:
 	$(PYTHON) bench/import_time.py
 
 bench-build: engine
-	$(PYTHON) bench/build.py --prune-cache $(WHEELHOUSE_ARG)
+	$(SMOKE_GIT) $(PYTHON) bench/build.py --prune-cache $(WHEELHOUSE_ARG)
