@@ -184,6 +184,10 @@ def _check_dockerfile(tmp: Path, text: str, clean: list, where: str, arrives: di
         owner = next((i for i, (w, a) in enumerate(want) if w == word and key in a), last)
         want[owner][1][key] = value
     assert _parse(text) == want, f"{where}: the Dockerfile is not the clean one with the value where it belongs"
+    _hadolint(tmp, text, where)
+
+
+def _hadolint(tmp: Path, text: str, where: str) -> None:
     if HADOLINT:
         df = tmp / "Dockerfile"
         df.write_text(text)
@@ -224,6 +228,7 @@ def test_hostile_stack_fields_are_refused_or_inert(tmp_path, clean_stack, field)
             _check_dockerfile(tmp_path, text, clean, f"{field}={value!r}", {target: value} if target else None)
         else:  # a plain structured value: its destination is not this test's; the instructions stay the same
             assert _instructions(text) == [w for w, _ in clean], f"{field}={value!r}: the instructions changed"
+            _hadolint(tmp_path, text, f"{field}={value!r}")
     assert not marker.exists()
     if field in FREE_TEXT_TARGETS:  # free text is taken, quoted: the generator's hostile values get through
         assert [v for v, o in outcomes.items() if o == "rendered" and not plain(v)], outcomes
@@ -241,6 +246,7 @@ def test_hostile_set_values_are_refused(tmp_path, clean_stack, field):
         assert outcome == "refused" or plain(value), f"--set {field}={value!r} was accepted"
         if text is not None:
             assert _instructions(text) == [w for w, _ in clean], f"--set {field}={value!r}: the instructions changed"
+            _hadolint(tmp_path, text, f"--set {field}={value!r}")
     assert not marker.exists()
 
 
