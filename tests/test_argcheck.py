@@ -40,6 +40,7 @@ def argcheck(tree, args, *own):
     return proc.returncode, json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_the_seed_command_parses_with_specforges_own_parser(specforge):
     rc, out = argcheck(specforge, SEED_FLAGS)
     assert rc == 0 and out["ok"], out
@@ -48,12 +49,14 @@ def test_the_seed_command_parses_with_specforges_own_parser(specforge):
     assert "sglang" in out["stubbed"] and "torch_npu" not in out["stubbed"]  # named, never hidden
 
 
+@pytest.mark.slow
 def test_a_bogus_flag_fails_naming_it(specforge):
     rc, out = argcheck(specforge, SEED_FLAGS + ["--bogus-flag", "1"])
     assert rc == 1 and not out["ok"]
     assert out["error"] == "unrecognized arguments: --bogus-flag 1"
 
 
+@pytest.mark.slow
 def test_the_flag_trainbox_recipes_used_to_pass_is_not_specforges(specforge):
     """The recipe said --draft-model-config; SpecForge's parser knows --draft-config-path."""
     flags = [f if f != "--draft-config-path" else "--draft-model-config" for f in SEED_FLAGS]

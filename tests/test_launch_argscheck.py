@@ -141,6 +141,7 @@ def _with_code(tmp_path: Path, edit=None) -> Path:
 
 
 @needs_upstream
+@pytest.mark.slow
 def test_the_recipe_parses_with_specforges_parser(specforge, tmp_path):
     p = cli("launch", "check", str(_with_code(tmp_path)), "--args", "--code", str(specforge), "--stub-missing",
             "--json")
@@ -157,6 +158,7 @@ def test_the_recipe_parses_with_specforges_parser(specforge, tmp_path):
 
 
 @needs_upstream
+@pytest.mark.slow
 def test_a_bogus_flag_fails_naming_the_flag_and_the_recipe(specforge, tmp_path):
     def bogus(data):
         data["command"] = [*data["command"], "--num-anchorz 16"]

@@ -104,6 +104,7 @@ def keep_going(checkout, tmp_path_factory):
     return run_smoke(env, tmp, "patched", "cpu", "--keep-going", "--skip", "lock,build")
 
 
+@pytest.mark.slow
 def test_broken_patch_fails_at_patches_step_and_names_the_patch(keep_going):
     rc, report, _, stderr = keep_going
     assert rc == 1 and report["ok"] is False and report["exit_code"] == 1
@@ -120,6 +121,7 @@ def test_broken_patch_fails_at_patches_step_and_names_the_patch(keep_going):
     assert "FAIL  patched/patches: demo: 0001-greet-louder.patch fails at hello.py hunk 1" in stderr
 
 
+@pytest.mark.slow
 def test_keep_going_runs_the_stacks_after_a_broken_one(keep_going):
     _, report, _, _ = keep_going
     assert [s["stack"] for s in report["stacks"]] == ["patched", "cpu"]
@@ -132,6 +134,7 @@ def test_keep_going_runs_the_stacks_after_a_broken_one(keep_going):
     assert rows == [{"name": "cpu-ddp", "render": "pass", "shellcheck": "pass", "dry_run": "pass", "message": None}]
 
 
+@pytest.mark.slow
 def test_without_keep_going_later_stacks_are_reported_not_run(checkout, tmp_path):
     _, env = checkout
     rc, report, junit, _ = run_smoke(env, tmp_path, "patched", "cpu",
@@ -143,6 +146,7 @@ def test_without_keep_going_later_stacks_are_reported_not_run(checkout, tmp_path
     assert ET.parse(junit).getroot().find("testsuite[@name='cpu']").get("skipped") == str(len(smoke.STEPS))
 
 
+@pytest.mark.slow
 def test_junit_has_one_case_per_stack_and_step(keep_going):
     _, report, junit, _ = keep_going
     root = ET.parse(junit).getroot()
@@ -165,6 +169,7 @@ def test_junit_has_one_case_per_stack_and_step(keep_going):
     assert root.find("testsuite[@name='cpu']/testcase[@name='validate']/skipped") is None
 
 
+@pytest.mark.slow
 def test_json_report_follows_the_documented_schema(keep_going):
     _, report, _, _ = keep_going
     assert set(report) == {"schema", "trainbox_version", "ok", "exit_code", "started_at", "duration_s", "steps",

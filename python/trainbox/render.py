@@ -8,6 +8,7 @@ committed, and drift-checked with `trainbox render --check`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -125,8 +126,15 @@ def _sourced(stack: Stack) -> dict[str, str]:
 
 
 def _env() -> jinja2.Environment:
-    # Quoting by context, the second line of defence behind the stack schema (trainbox.grammar)
-    return make_env(TEMPLATES_DIR, {
+    return _env_for(str(TEMPLATES_DIR))  # read at each call: tests point TEMPLATES_DIR elsewhere
+
+
+@functools.lru_cache(maxsize=4)
+def _env_for(templates_dir: str) -> jinja2.Environment:
+    # One environment per directory, so that each template is compiled once per process, not once per stack
+    # (jinja2's auto_reload still picks up an edited file). Quoting by context, the second line of defence
+    # behind the stack schema (trainbox.grammar)
+    return make_env(templates_dir, {
         "tojson_compact": lambda v: json.dumps(v, sort_keys=True),
         "sh": lambda v: shlex.quote(_one_line(v)),  # a word in a RUN shell command
         "dq": dockerfile_string,  # a double-quoted ENV / LABEL / ARG value

@@ -64,6 +64,9 @@ def split_sets(recipe: Recipe, stack: StackInfo, sets: dict[str, str]) -> Values
                 raise TrainboxError(f"--set {key}: {problem} (recipe {recipe.name}: {inputs[key].description})")
             vals.inputs[key] = value
         elif key in recipe.env or key in stack.env:
+            problem = check_value("string", value)  # a NUL: bash would drop it, the job would get another value
+            if problem:
+                raise TrainboxError(f"--set {key}: {problem} (recipe {recipe.name}: an environment variable)")
             vals.env[key] = value
         else:
             raise TrainboxError(
