@@ -39,9 +39,9 @@ def register(sub) -> None:
                         "manifests a YAML parse (their schema checks need the CRDs: tests/test_k8s_manifests.py)")
     c.add_argument("--args", action="store_true",
                    help="also run each recipe's command through its framework's own argument parser, in the image "
-                        "(the entry's import closure must resolve in the image; nothing trains, no device or network is used). "
-                        "A recipe that cannot be checked (its entry is not in the image) is reported `not checked` "
-                        "with the reason, never ok; it does not change the exit status")
+                        "(the entry's import closure must resolve in the image; nothing trains, no device or "
+                        "network is used). A recipe that cannot be checked (its entry is not in the image) is "
+                        "reported `not checked` with the reason, never ok; it does not change the exit status")
     c.add_argument("--image", help="with --args: the image to check in (default: trainbox/STACK:latest)")
     c.add_argument("--code", metavar="DIR", help="with --args: check against this checkout of the workload on this "
                    "host instead of an image (the recipe's code input)")

@@ -223,4 +223,5 @@ def summary(result: dict) -> str:
     return f"{name}: {closure}{device}, {how}"
 
 
-__all__ = ["ArgsCheck", "CHECK_LABEL", "FAIL", "NOT_CHECKED", "OK", "entry_words", "expand", "plan", "run_in_image", "run_on_host", "summary"]
+__all__ = ["ArgsCheck", "CHECK_LABEL", "FAIL", "NOT_CHECKED", "OK", "entry_words", "expand", "plan", "run_in_image",
+           "run_on_host", "summary"]

@@ -23,8 +23,8 @@ and the distribution that provides it; the device-only modules are neither requi
 A framework that parses with `parse_known_args` may use the leftovers (Megatron's extra args) or reject them
 itself after the parse (ms-swift: `ValueError: remaining_argv`); `--strict` makes leftovers fail here too.
 
-Exit status: 0 the arguments parse (or the imports load); 1 the parser rejects them (or the program ended before parsing);
-2 usage error. `--json` prints one object, schema 1: {"schema", "ok", "parser", "error", "unknown",
+Exit status: 0 the arguments parse (or the import closure resolves); 1 the parser rejects them (or the program
+ended before parsing, or a module of the closure is missing); 2 usage error. `--json` prints one object, schema 1: {"schema", "ok", "parser", "error", "unknown",
 "stubbed", "namespace"}; with --imports, schema 2: {"schema", "ok", "target", "modules" (how many reached),
 "missing" [{"module", "imported_by", "chain", "distribution", "error"}], "optional_missing", "device_only",
 "unreadable", "error"}.

@@ -281,9 +281,9 @@ class _Walk:
                 if not e.optional:
                     self.add(sub, by)
             elif bare:
-                self.note_missing(into, sub, by, file, e.line,
-                                  f"{e.module} is a folder without __init__.py ({', '.join(dict.fromkeys(spec.submodule_search_locations))}),"
-                                  f" so it has no {n!r}: is the real package installed?")
+                where = ", ".join(dict.fromkeys(spec.submodule_search_locations))
+                self.note_missing(into, sub, by, file, e.line, f"{e.module} is a folder without __init__.py "
+                                  f"({where}), so it has no {n!r}: is the real package installed?")
 
     def run(self) -> None:
         while self.queue:
