@@ -232,7 +232,7 @@ def test_missing_command_is_a_failure_not_a_pass(tmp_path):
 def test_args_step_judges_each_recipe_against_the_profile(tmp_path):
     """expect_fail turns a failure into XFAIL and a pass into XPASS (a failure: the list cannot go stale); `not
     checked` fails unless accept_not_checked names the recipe; the text and JUnit reports say which is which.
-    The child CLI is a stand-in here (its real output: tests/test_launch_argscheck.py)."""
+    The child CLI is a stand-in here (its real output: tests/test_launch_recipecheck.py)."""
     outcome = {"plain-ok": ("ok", 0), "known-gap": ("fail", 1), "stale-gap": ("ok", 0),
                "mounted": ("not checked", 0), "unaccepted": ("not checked", 0), "broken": ("fail", 1)}
 

@@ -190,9 +190,9 @@ def cmd_check(args) -> int:
 
 
 def _check_args(name: str, args) -> dict:
-    """The recipe's command through its framework's parser (trainbox.launch.argscheck)."""
+    """The recipe's command through its framework's parser (trainbox.launch.recipecheck)."""
     from ..launch import parse_sets
-    from ..launch.argscheck import plan, run_in_image, run_on_host, summary
+    from ..launch.recipecheck import plan, run_in_image, run_on_host, summary
     from ..launch.images import choose_image
     from ..launch.job import resolve
     from ..runtime.errors import TrainboxError

@@ -15,7 +15,7 @@ import yaml
 from upstream_helpers import checkout, find_shared_upstream
 
 from trainbox.kinds import TREE_ROOT
-from trainbox.launch.argscheck import plan
+from trainbox.launch.recipecheck import plan
 from trainbox.launch.job import resolve
 from trainbox.recipe import RecipeError, list_recipes, load_recipe
 from trainbox.runtime.errors import TrainboxError
@@ -112,7 +112,7 @@ def test_plan_takes_python_dash_m_and_a_console_script_needs_an_entry(tmp_path):
 def test_a_mounted_workload_plans_from_its_entry_alone_and_says_why_nothing_ran():
     """Relax is a mounted checkout (check: args none, imports none): the plan needs only the entry (the command's
     ${MODEL_ARGS[@]} comes from a script in that checkout), and the result names the reason instead of passing."""
-    from trainbox.launch.argscheck import run_on_host, summary
+    from trainbox.launch.recipecheck import run_on_host, summary
 
     check = plan(resolve("relax-qwen3-4b-4npu-colocate", require_inputs=False, host_paths=False))
     assert check.entry == ["--module", "relax.entrypoints.train"] and check.args == []
