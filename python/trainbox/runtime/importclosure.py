@@ -175,6 +175,11 @@ class Resolver:
                 continue
             try:
                 spec = fs(name, path)
+            except KeyError:
+                # PathFinder builds a namespace package's path from its parent's module in sys.modules, which a
+                # walk that imports nothing never has (megatron/ is a namespace package: megatron-core's
+                # megatron.core beside a tree's megatron.training): the same portions, found without it
+                spec = _namespace_spec(name, path)
             except (ImportError, ValueError, AttributeError):
                 spec = None
             if spec is not None:
@@ -197,9 +202,22 @@ class Resolver:
         return None
 
 
+def _namespace_spec(name: str, path: list[str] | None):
+    """A namespace package's spec: the directories named like it under the search path (no __init__.py)."""
+    import os
+
+    last = name.rpartition(".")[2]
+    dirs = [os.path.join(p, last) for p in (path or sys.path) if os.path.isdir(os.path.join(p or ".", last))]
+    if not dirs:
+        return None
+    spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = dirs
+    return spec
+
+
 def _is_stdlib(name: str) -> bool:
     top = name.split(".")[0]
-    return top in sys.stdlib_module_names or top in sys.builtin_module_names or top == "__future__"
+    return top in sys.stdlib_module_names or top in sys.builtin_module_names or top in ("__future__", "__main__")
 
 
 _INSTALLED: list[dict] = []  # packages_distributions(), read once (it reads every distribution's metadata)
