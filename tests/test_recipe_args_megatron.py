@@ -101,6 +101,10 @@ def launch_check(recipe_file: Path | str, image: str) -> tuple[int, str, dict | 
 
 
 @pytest.mark.docker
+@pytest.mark.xfail(strict=True, reason="mcore_bridge imports megatron.core.extensions.transformer_engine, whose "
+                   "transformer_engine on Ascend comes from MindSpeed's adaptor, which needs a loadable torch_npu "
+                   "(CANN): on the substitute base the entry fails before its parse. It passed only while mcore_bridge "
+                   "was stood in for (issue 21 item 1; ci/smoke-offline.yaml expect_fail)")
 def test_swift_recipe_parses_with_ms_swifts_parser_and_a_bogus_flag_fails(swift_img, tmp_path):
     rc, err, row = launch_check(SWIFT_RECIPE, swift_img)
     assert rc == 0, err
