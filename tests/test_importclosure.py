@@ -144,3 +144,14 @@ def test_the_device_only_list_is_short_and_covers_submodules():
     assert distribution("yaml") == "PyYAML" and distribution("ray.serve.api") == "ray[serve]"
     assert distribution("zz_unknown_module") is None
     assert sys.modules.get("acl") is None
+
+
+def test_namespace_packages_nest_without_being_imported(tree):
+    """megatron/ is a namespace package (megatron-core's megatron.core beside a tree's megatron.training): a
+    namespace inside a namespace resolves though nothing is imported (the import system's own finder wants the
+    parent in sys.modules)."""
+    tree("zzmeg/inner/mod.py", "import json\n")
+    tree("entry.py", "import zzmeg.inner.mod\nfrom zzmeg.inner import mod\n")
+    c = walk(script=str(tree.root / "entry.py"))
+    assert c.ok, c.missing
+    assert {"zzmeg", "zzmeg.inner", "zzmeg.inner.mod"} <= set(c.modules) and "zzmeg" not in sys.modules
