@@ -154,12 +154,14 @@ MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 class Check(_Strict):
     """How `trainbox launch check --args` checks the command in the image, without starting the job."""
 
-    # modules replaced by inert stand-ins because they need a real device host (torch_npu without CANN)
+    # modules replaced by inert stand-ins in the args check because they need a real device host (torch_npu
+    # without CANN): only names of trainbox.runtime.deviceonly.DEVICE_ONLY; what the stack should hold is installed
     stub: list[str] = Field(default_factory=list)
     # parse: the rendered command goes through the framework's own parser; none: the entry takes no arguments
     args: Literal["parse", "none"] = "parse"
-    # entry: what the entry imports at its top level must load in the image; none: the entry is not in the image
-    # (the workload's source is mounted at run time and not pinned by the stack, e.g. Relax's CODE_DIR)
+    # entry: the entry's import closure must resolve in the image; none: the entry is not in the image (the
+    # workload's source is mounted at run time and not pinned by the stack, e.g. Relax's CODE_DIR): the recipe is
+    # then `not checked`, never ok, and `why` says why
     imports: Literal["entry", "none"] = "entry"
     # the entry whose parser reads the arguments, when the command's own first word is a console script that
     # hands them on (ms-swift's `megatron`): `-m MODULE` or a script path under workdir
@@ -173,9 +175,15 @@ class Check(_Strict):
     @field_validator("stub")
     @classmethod
     def _stub(cls, v: list[str]) -> list[str]:
+        from .runtime.deviceonly import DEVICE_ONLY, device_only
+
         for mod in v:
             if not MODULE_RE.match(mod):
                 raise ValueError(f"{mod!r}: expected a module name such as torch_npu")
+            if not device_only(mod):
+                raise ValueError(f"{mod!r} is not a device-only module: a stand-in may replace only what needs the "
+                                 f"device to load ({', '.join(DEVICE_ONLY)}, trainbox.runtime.deviceonly); a "
+                                 "module the image lacks must be added to the recipe's stack, not stood in for")
         return v
 
     @field_validator("entry", "replaces", "why")

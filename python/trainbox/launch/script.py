@@ -31,7 +31,7 @@ from ..recipe import (
 from ..runtime import npu
 from ..runtime.errors import TrainboxError
 from ..templating import make_env
-from .argscheck import entry_words
+from .recipecheck import entry_words
 from .job import StackInfo, Values, split_sets
 
 TEMPLATES_DIR = LAUNCHERS_DIR / "templates"

@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import base
 from ..runtime.errors import TrainboxError
 from .findings import classify_doctor
-from .model import _PLACEHOLDER, FAIL, PASS, SKIPPED, StackResult, StepResult
+from .model import _PLACEHOLDER, FAIL, NOT_CHECKED, PASS, SKIPPED, XFAIL, XPASS, StackResult, StepResult
 from .proc import _json, cli_argv, failure_message
 
 
@@ -246,9 +246,30 @@ class ImageSteps:
             res.reason = f"{len(rows)} recipe(s) rendered, shellchecked and dry-run: " + ", ".join(mine)
         return res
 
+    def _judge(self, name: str, status: str | None, summary: str) -> tuple[str, str | None]:
+        """A recipe's args result against the profile: (PASS | FAIL | XFAIL | XPASS | NOT_CHECKED, why it is not
+        a plain pass). `not checked` fails unless the recipe declared why and the profile accepts it by name."""
+        expected = self.opts.expect_fail.get(name)
+        if expected is not None:
+            if status == "fail":
+                return XFAIL, expected
+            if status == "ok":
+                return XPASS, (f"passes, but the profile expects it to fail ({expected}): remove it from "
+                               "expect_fail")
+            return FAIL, f"the profile expects it to fail ({expected}), but it was not checked: {summary}"
+        if status == "ok":
+            return PASS, None
+        if status == "not checked":
+            if name in self.opts.accept_not_checked:
+                return NOT_CHECKED, "accepted by the profile (accept_not_checked)"
+            return FAIL, ("not checked, and the profile does not accept that (accept_not_checked lists the recipes "
+                          "whose check.why it accepts)")
+        return FAIL, None
+
     def step_args(self, sr: StackResult) -> StepResult:
-        """Each recipe on the stack, in the image just built: its entry's imports load and its rendered command
-        parses with the framework's own parser (`trainbox launch check --args`)."""
+        """Each recipe on the stack, in the image just built: its entry's import closure resolves and its rendered
+        command parses with the framework's own parser (`trainbox launch check --args`), judged against the
+        profile's expect_fail and accept_not_checked."""
         log = self._log(sr.stack, "args")
         t0 = time.monotonic()
         recipes, problem, argv = self._recipe_list(log)
@@ -256,7 +277,7 @@ class ImageSteps:
         if problem:
             res.status, res.reason = FAIL, problem
             return res
-        rows, bad = [], []
+        rows = []
         for name in [r["name"] for r in recipes if r.get("stack") == sr.stack]:
             p = self.run(cli_argv("launch", "check", name, "--args", "--image", sr.image, "--json"),
                          self.opts.timeouts["args"], log=log)
@@ -266,16 +287,21 @@ class ImageSteps:
             check = row.get("args") or {}
             line = check.get("summary") or "; ".join(row.get("problems") or []) or \
                 failure_message(p, "trainbox launch check --args")
-            rows.append({"name": name, "ok": p.ok, "summary": line, "stubs": check.get("stubs", []),
+            status = row.get("status") if p.ok or row.get("status") == "fail" else "fail"
+            result, why = self._judge(name, status, line)
+            rows.append({"name": name, "result": result, "ok": result in (PASS, XFAIL, NOT_CHECKED),
+                         "status": status, "summary": line, "why": why, "stubs": check.get("stubs", []),
                          "missing": (check.get("imports") or {}).get("missing", [])})
-            if not p.ok:
-                bad.append(line)
         res.duration_s = time.monotonic() - t0
         res.details = {"recipes": rows}
+        bad = [r for r in rows if not r["ok"]]
         if bad:
-            res.status, res.reason = FAIL, "; ".join(bad)
+            res.status = FAIL
+            res.reason = "; ".join(f"{r['result'].upper()} {r['summary']}" + (f" [{r['why']}]" if r["why"] else "")
+                                   for r in bad)
         elif not rows:
             res.status, res.reason = SKIPPED, "no recipe runs on this stack (launchers/recipes/*.yaml: stack)"
         else:
-            res.reason = "; ".join(r["summary"] for r in rows)
+            res.reason = "; ".join(r["summary"] if r["result"] == PASS else f"{r['result'].upper()} {r['summary']}"
+                                   for r in rows)
         return res
