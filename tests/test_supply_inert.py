@@ -73,6 +73,15 @@ def test_an_index_url_with_shell_syntax_is_refused(tmp_path, capsys, url, index)
     assert not out.exists(), "render wrote something for a refused stack"
 
 
+def test_image_build_refuses_the_issue_url_before_any_build(tmp_path, capsys):
+    """`image build` (not a dry run) stops at the stack: no engine call, no context staged, no tag."""
+    doc = _cpu()
+    doc["indexes"]["pypi"] = ISSUE_URL
+    path = _stack_dir(tmp_path, doc)
+    err = _one_line_exit_2(capsys, ["image", "build", str(path), "-o", str(tmp_path / "report.json")])
+    assert "indexes.pypi" in err and not (tmp_path / "report.json").exists()
+
+
 def test_the_issue_url_is_refused_through_set_too(tmp_path, capsys):
     path = _stack_dir(tmp_path, _cpu())
     with pytest.raises(StackError, match="percent-encode"):
@@ -217,3 +226,44 @@ def test_a_control_character_is_refused_whatever_template_prints_it(tmp_path):
     stack.indexes["pypi"] = "https://x\nRUN touch /tmp/pwned"
     with pytest.raises(TrainboxError, match="control characters"):
         render_stack(copy.deepcopy(stack))
+
+
+# ------------------------------------------------------------------------ unpacking in the builder
+
+@pytest.mark.parametrize("kind,name,link", [
+    ("file", "../../tmp/trainbox-escape", ""),
+    ("file", "/tmp/trainbox-escape-abs", ""),
+    ("symlink", "wheels", "/etc"),
+    ("symlink", "ok", "inside.whl"),  # even one inside: an archive of wheels needs no link
+    ("hardlink", "passwd", "/etc/passwd"),
+    ("device", "null", ""),
+])
+def test_the_builder_unpacks_archives_with_its_own_member_checks(tmp_path, monkeypatch, kind, name, link):
+    """install_source runs in the builder, whose Python (Debian's 3.11.2) has no tar extraction filter: the
+    members are checked by hand, so a `../`, absolute, link or device member is refused, whatever the Python."""
+    import argparse
+    import hashlib
+    import io
+    import tarfile
+
+    from trainbox.runtime import install_source as inst
+
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)  # the builder's Python
+    staged = tmp_path / "sources" / "demo"
+    staged.mkdir(parents=True)
+    archive = staged / "wheels.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        good = tarfile.TarInfo("inside.whl")
+        good.size = 2
+        tar.addfile(good, io.BytesIO(b"PK"))
+        ti = tarfile.TarInfo(name)
+        ti.type = {"file": tarfile.REGTYPE, "symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE,
+                   "device": tarfile.CHRTYPE}[kind]
+        ti.linkname = link
+        tar.addfile(ti, io.BytesIO(b"") if kind == "file" else None)
+    args = argparse.Namespace(sources_dir=tmp_path / "sources", component="demo",
+                              sha256=hashlib.sha256(archive.read_bytes()).hexdigest())
+    with pytest.raises(inst.SourceFailed, match="refusing to unpack it"):
+        inst._install_archive(args, tmp_path / "work")
+    assert not Path("/tmp/trainbox-escape").exists() and not Path("/tmp/trainbox-escape-abs").exists()
+    assert not (tmp_path / "work" / "archive").exists()
