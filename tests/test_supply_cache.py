@@ -1,9 +1,10 @@
 """Issue 22: the git cache is re-verified on use, and fetches into it serialise on a lock of trainbox's own.
 
-Against the real MindSpeed and Megatron-LM trees (../shared/upstream through git's insteadOf): a `refs/replace`
-ref plus objects, and a rewritten loose object, put into the cache's repository after a good fetch are refused by
-`trainbox fetch` and by staging (nothing staged); two fetches at once both succeed; a lock left by a fetch killed
-with SIGKILL (git's shallow.lock, and trainbox's own lock file held by a dead process) does not stop the next.
+Against the real MindSpeed and Megatron-LM trees (../shared/upstream through git's insteadOf), changed in the
+cache's repository after a good fetch: a rewritten loose object is refused by `trainbox fetch` and by staging
+(nothing staged); a `refs/replace` ref plus objects is ignored (the pinned commit's own tree is staged). Two
+fetches at once both succeed; a lock left by a fetch killed with SIGKILL (git's shallow.lock, and trainbox's own
+lock file held by a dead process) does not stop the next.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _refused(env, stack, words: str, tmp: Path, monkeypatch) -> None:
     assert not (ctx / "build" / "sources" / "mindspeed").exists()
 
 
-def test_a_replace_ref_in_the_cache_is_refused_on_use(cached, tmp_path, monkeypatch):
+def test_a_replace_ref_in_the_cache_is_ignored_on_use(cached, tmp_path, monkeypatch):
     env, stack, repo = cached
     evil = git(repo, "hash-object", "-w", "--stdin", input=b"raise SystemExit('swapped')\n")
     entries = [ln if not ln.endswith("\tsetup.py") else f"100644 blob {evil}\tsetup.py"

@@ -210,7 +210,8 @@ def open_bundle(file: Path, stack, dest: Path) -> OpenBundle:
             sums = _read_sums(tar, files, file)
             _extract_checked(tar, files, sums, dest, file)
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
-        raise BundleError(f"--bundle {file}: cannot be read as a tar ({exc}); write it again with "
+        reason = " ".join(str(exc).split())[:300]  # tarfile's own reasons span lines (one per compression)
+        raise BundleError(f"--bundle {file}: cannot be read as a tar ({reason}); write it again with "
                           "`trainbox fetch STACK --bundle FILE`") from None
     meta = _read_meta(dest / "bundle.json", file)
     if meta.get("stack") != stack.name or meta.get("pins_digest") != stack.pins_digest():
