@@ -267,3 +267,53 @@ def test_the_builder_unpacks_archives_with_its_own_member_checks(tmp_path, monke
         inst._install_archive(args, tmp_path / "work")
     assert not Path("/tmp/trainbox-escape").exists() and not Path("/tmp/trainbox-escape-abs").exists()
     assert not (tmp_path / "work" / "archive").exists()
+
+
+# ------------------------------------------------------------------------ YAML that ended in a traceback
+
+def test_a_20000_deep_yaml_list_is_one_line(tmp_path, capsys):
+    path = tmp_path / "stacks" / "deep.yaml"
+    path.parent.mkdir()
+    path.write_text("name: deep\nsystem_packages: " + "[" * 20000 + "]" * 20000 + "\n")
+    err = _one_line_exit_2(capsys, ["render", str(path), "-o", str(tmp_path / "out")])
+    assert "nested too deeply" in err and str(path) in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_5001_digit_nodes_is_one_line(tmp_path, capsys):
+    from trainbox.paths import REPO_ROOT
+    from trainbox.recipe import RecipeError, load_recipe
+
+    path = tmp_path / "cpu-ddp.yaml"
+    path.write_text((REPO_ROOT / "launchers/recipes/cpu-ddp.yaml").read_text()
+                    .replace("launcher: torchrun\n", "launcher: torchrun\nnodes: " + "9" * 5001 + "\n"))
+    with pytest.raises(RecipeError, match=r"cpu-ddp.yaml: malformed YAML: .*4300") as exc:
+        load_recipe(path)
+    assert len(str(exc.value).splitlines()) == 1
+
+
+# ------------------------------------------------------------------------ recipe path inputs with reach
+
+@pytest.mark.parametrize("default", ["/var/run/docker.sock", "/run/containerd/containerd.sock",
+                                     "/var/lib/docker/volumes", "SOCKET"])
+def test_the_docker_socket_as_a_recipe_path_input_is_refused(tmp_path, default):
+    """A recipe input defaulting to the engine's socket was mounted into the job (read-only does not protect
+    the API): refused, as is any host control path or a socket anywhere (a link to one included)."""
+    import socket
+
+    from trainbox.launch.job import resolve
+    from trainbox.paths import REPO_ROOT
+    from trainbox.runtime.errors import TrainboxError
+
+    if default == "SOCKET":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(tmp_path / "engine.sock"))
+        (tmp_path / "innocent").symlink_to(tmp_path / "engine.sock")
+        default = str(tmp_path / "innocent")
+    recipe = tmp_path / "cpu-ddp.yaml"
+    recipe.write_text((REPO_ROOT / "launchers/recipes/cpu-ddp.yaml").read_text().replace(
+        "  OUTPUT_DIR:\n", f"  SOCK:\n    description: the engine\n    kind: path\n    mount: ro\n"
+        f"    default: {default}\n    required: false\n  OUTPUT_DIR:\n", 1))
+    with pytest.raises(TrainboxError, match="host control path") as exc:
+        resolve(str(recipe), host_paths=True, check_paths=False, require_inputs=False)
+    assert len(str(exc.value).splitlines()) == 1

@@ -81,6 +81,10 @@ def parse_yaml(text: str, where: str, error: type[TrainboxError] = TrainboxError
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc)
         raise error(f"{where}{_location(exc)}: malformed YAML: {problem}") from None
+    except RecursionError:  # the parser recurses per level: a 20,000-deep list would end in a traceback
+        raise error(f"{where}: malformed YAML: nested too deeply; a stack or recipe needs a few levels") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits (Python's int limit)
+        raise error(f"{where}: malformed YAML: {' '.join(str(exc).split())[:200]}") from None
 
 
 def read_text_file(path: Path, what: str, error: type[TrainboxError] = TrainboxError,
