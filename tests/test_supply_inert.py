@@ -317,3 +317,15 @@ def test_the_docker_socket_as_a_recipe_path_input_is_refused(tmp_path, default):
     with pytest.raises(TrainboxError, match="host control path") as exc:
         resolve(str(recipe), host_paths=True, check_paths=False, require_inputs=False)
     assert len(str(exc.value).splitlines()) == 1
+
+
+def test_compiled_components_build_without_the_index_credentials(tmp_path):
+    """`install: build` commands are the stack's own shell: the RUN that runs them mounts no pip_index_url secret
+    (it read the credentials and copied them into the image), while the pinned-wheel install keeps it."""
+    text = re.sub(r"\\\n", " ", _render(tmp_path, PLAIN))
+    runs = [ln for ln in text.splitlines() if ln.startswith("RUN ")]
+    build = [r for r in runs if "--component kernels" in r]
+    pip = [r for r in runs if "--require-hashes" in r]
+    assert len(build) == 1 and len(pip) == 1
+    assert "id=pip_index_url" not in build[0] and "id=pip_index_url" in pip[0]
+    assert "echo https://plain.example/simple" in build[0]  # the stack's own URL, which holds no credentials
