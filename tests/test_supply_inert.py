@@ -329,3 +329,28 @@ def test_compiled_components_build_without_the_index_credentials(tmp_path):
     assert len(build) == 1 and len(pip) == 1
     assert "id=pip_index_url" not in build[0] and "id=pip_index_url" in pip[0]
     assert "echo https://plain.example/simple" in build[0]  # the stack's own URL, which holds no credentials
+
+
+# ------------------------------------------------------------------------ links to files that are not ours
+
+@pytest.mark.parametrize("via", ["extends", "stack", "recipe"])
+def test_a_link_to_a_secret_file_is_refused_without_echoing_it(tmp_path, capsys, via):
+    """`extends:` a sibling that links to a shadow-like file, or a stack or recipe that is such a link: refused
+    before it is read, so none of its lines appears in the error."""
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$y$j9T$SECRETHASH:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n")
+    d = tmp_path / "stacks"
+    d.mkdir()
+    if via == "extends":
+        (d / "parent.yaml").symlink_to(secret)
+        (d / "child.yaml").write_text("name: child\nextends: parent\n")
+        argv = ["render", str(d / "child.yaml"), "-o", str(tmp_path / "out")]
+    elif via == "stack":
+        (d / "cpu.yaml").symlink_to(secret)
+        argv = ["render", str(d / "cpu.yaml"), "-o", str(tmp_path / "out")]
+    else:
+        (d / "job.yaml").symlink_to(secret)
+        argv = ["launch", "render", str(d / "job.yaml"), "-o", str(tmp_path / "job.sh")]
+    err = _one_line_exit_2(capsys, argv)
+    assert "nothing was read" in err and "SECRETHASH" not in err and "daemon" not in err, err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "job.sh").exists()

@@ -8,6 +8,7 @@ of the line a comment), each as one TrainboxError line instead of a traceback.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -92,6 +93,10 @@ def read_text_file(path: Path, what: str, error: type[TrainboxError] = TrainboxE
     """A user-written text file as str, or one clear error: missing, a directory, too big, not UTF-8."""
     path = Path(path)
     try:
+        if path.is_symlink() and Path(os.path.realpath(path)).suffix != path.suffix:
+            # a link to /etc/shadow must not be parsed and its lines echoed back in "unknown key" errors
+            raise error(f"{path}: a link to {os.path.realpath(path)}, which is not a {path.suffix or what} file; "
+                        "nothing was read from it")
         if path.is_dir():
             raise error(f"{path}: is a directory, expected a {what} file")
         size = path.stat().st_size
