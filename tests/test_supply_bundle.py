@@ -294,3 +294,19 @@ def test_fetch_bundle_writes_only_a_regular_file(bundle, tmp_path, out):
     assert proc.returncode == 2 and len(err.splitlines()) == 1 and "not a regular file" in err, err
     after = os.lstat(out)
     assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
+
+
+@pytest.mark.docker
+def test_a_real_image_build_of_the_tampered_bundle_stops_before_the_engine(bundle, tmp_path):
+    """Not a dry run: `image build --bundle` with the added setuptools-99 wheel exits 2 in one line, writes no
+    report and stages no context, so no `docker build` ever started."""
+    stack, good, env = bundle
+    bad = rewrite(good, tmp_path / "bad.tar",
+                  add={"wheelhouse/setuptools-99.0.0-py3-none-any.whl": b"PK\x03\x04 runs its code"})
+    cache = tmp_path / "cache-after"
+    report = tmp_path / "report.json"
+    proc = trainbox(["image", "build", str(stack), "--bundle", str(bad), "-o", str(report)],
+                    dict(env, TRAINBOX_CACHE=str(cache)))
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1 and "not in SHA256SUMS" in err, err
+    assert not report.exists() and not (cache / "build").exists()
