@@ -12,6 +12,23 @@ def test_canon_is_pep503():
     from trainbox.stack import canon
 
     assert canon is dists.canon  # the host side has one copy
+    from trainbox.runtime.apply_patches import canon_name
+
+    assert dists.canon is canon_name  # ... and it is the runtime's
+
+
+def test_one_pep503_rule_in_the_package():
+    """The name rule is written once (the patch applier's canon_name); host, doctor and applier all call it."""
+    from pathlib import Path
+
+    import trainbox
+
+    rule = 'r"[-_.]+"'
+    pkg = Path(trainbox.__file__).parent
+    holders = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if rule in p.read_text())
+    assert holders == ["runtime/apply_patches.py"], holders
+    assert (pkg / "runtime" / "apply_patches.py").read_text().count(rule) == 1
+    assert "canon_name(" in (pkg / "runtime" / "doctor" / "core.py").read_text()
 
 
 def test_parse_dist_wheels_sdists_and_others():

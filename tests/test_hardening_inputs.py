@@ -20,7 +20,8 @@ from trainbox.render import drift, render_all, write_set
 from trainbox.rules import check as rule_check
 from trainbox.runtime.errors import TrainboxError
 from trainbox.smoke import load_profile
-from trainbox.sources import Pin, SourceError, fetch
+from trainbox.kinds import Pin, fetch
+from trainbox.sources import SourceError
 from trainbox.stack import StackError, load_stack
 
 ENTRYPOINT = [sys.executable, "-m", "trainbox.runtime.entrypoint"]

@@ -17,7 +17,7 @@ from trainbox import buildplan, buildrun, engine, image
 from trainbox.cli import main
 from trainbox.paths import REPO_ROOT
 from trainbox.runtime.errors import TrainboxError
-from trainbox.sources import Pin
+from trainbox.kinds import Pin
 
 DATA = Path(__file__).parent / "data"
 

@@ -1,6 +1,7 @@
 """The package is split by where code runs (DESIGN.md): `trainbox.runtime` ships into images and imports only the
 standard library and itself at import time (torch and friends only lazily, inside functions); the host side
-imports runtime, never the reverse; the image holds the runtime half plus the thin CLI and no host module."""
+imports runtime, never the reverse; the image holds the runtime half plus the thin CLI and no host module.
+Imports flow one way: no circle among the package's modules, imports inside functions counted too."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ LAZY_OK = {"torch", "torch_npu", "ray", "mindspeed", "megatron", "numpy", "trito
 HOST_MODULES = sorted(p.stem for p in PKG.glob("*.py") if p.stem not in ("__init__", "cli"))
 
 
-def _imports(path: Path):
-    """(module, top_level) for every import in a file, relative imports resolved to absolute names."""
-    rel = path.relative_to(PKG.parent).with_suffix("")
+def _imports(path: Path, root: Path = PKG):
+    """(module, top_level) for every import in a file of the package at `root`, relative imports resolved to
+    absolute names."""
+    rel = path.relative_to(root.parent).with_suffix("")
     parts = list(rel.parts)
     pkg = parts[:-1]  # the package a relative import starts from (for __init__.py, its own package)
     tree = ast.parse(path.read_text(), str(path))
@@ -36,15 +38,74 @@ def _imports(path: Path):
             if node.level:
                 base = pkg[: len(pkg) - node.level + 1]
                 mod = ".".join(base + ([node.module] if node.module else []))
-                if not node.module:  # `from .. import x`: x is a submodule, or a name of the package itself
-                    for a in node.names:
-                        sub = PKG.parent.joinpath(*mod.split("."), a.name)
-                        is_mod = sub.is_dir() or sub.with_suffix(".py").is_file()
-                        yield (f"{mod}.{a.name}" if is_mod else mod), id(node) in top
-                    continue
             else:
                 mod = node.module
-            yield mod, id(node) in top
+            for a in node.names:  # `from P import x`: x is a submodule of P, or a name P itself defines
+                sub = root.parent.joinpath(*mod.split("."), a.name)
+                is_mod = sub.is_dir() or sub.with_suffix(".py").is_file()
+                yield (f"{mod}.{a.name}" if is_mod else mod), id(node) in top
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, at module level or inside functions alike.
+
+    `root` is a package directory; names are dotted from its parent (`trainbox.image`). Importing `a.b.c` also runs
+    `a/__init__` and `a/b/__init__`, so those count too, except the importer's own enclosing packages, which are
+    already being imported when it runs (an explicit `from . import NAME` of a package-level name still counts)."""
+    base = root.parent
+    mods = {}
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(base).with_suffix("").parts
+        mods[".".join(rel[:-1] if rel[-1] == "__init__" else rel)] = p
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        own_pkgs = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        if path.name == "__init__.py":
+            own_pkgs.add(name)
+        edges = graph.setdefault(name, set())
+        for target, _ in _imports(path, root):
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):
+                mod = ".".join(parts[:i])
+                explicit = i == len(parts)
+                if mod in mods and mod != name and (explicit or mod not in own_pkgs):
+                    edges.add(mod)
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of two or more modules (Tarjan), each sorted; the groups sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
 
 
 def _runtime_files():
@@ -85,6 +146,56 @@ def test_import_rule_catches_a_host_import(tmp_path, monkeypatch):
         assert mods == ["trainbox.render", "trainbox.render"]
     finally:
         bad.unlink()
+
+
+def test_no_import_circle():
+    """One direction of flow: no module reaches itself through imports, those inside functions included (a lazy
+    import that dodges a circle at import time is still a circle in the design)."""
+    circles = import_circles(import_graph(PKG))
+    assert not circles, "import circles in python/trainbox: " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_circle_detector_reports_a_circle_made_on_purpose(tmp_path):
+    """The detector can fail: relative, absolute, `from . import sub` and function-level imports all count, and
+    the circle is reported with its members; the same package without the closing import has none."""
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/ground.py": "import os\n",
+        "pkg/low.py": "from .ground import os\n\ndef f():\n    from pkg.sub import high\n    return high\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/high.py": "from .. import low\nfrom ..ground import os\n",
+        "pkg/side.py": "from pkg import ground\n",
+    }
+    _write_tree(tmp_path, files)
+    graph = import_graph(tmp_path / "pkg")
+    assert graph["pkg.low"] == {"pkg.ground", "pkg.sub", "pkg.sub.high"}
+    assert graph["pkg.side"] == {"pkg.ground"}
+    assert import_circles(graph) == [["pkg.low", "pkg.sub.high"]]
+
+    (tmp_path / "pkg" / "low.py").write_text("from .ground import os\n")  # the closing (lazy) import gone
+    assert import_circles(import_graph(tmp_path / "pkg")) == []
+
+
+def test_circle_detector_counts_a_package_init_it_runs(tmp_path):
+    """Importing `pkg.sub.x` runs `pkg/sub/__init__`: a circle through a package's __init__ is reported too,
+    while a submodule's own enclosing packages (already importing when it runs) add no edge."""
+    _write_tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from pkg.sub.x import thing\n",
+        "pkg/sub/__init__.py": "from ..a import other\n",
+        "pkg/sub/x.py": "from . import y\nthing = 1\n",
+        "pkg/sub/y.py": "",
+    })
+    graph = import_graph(tmp_path / "pkg")
+    assert graph["pkg.sub.x"] == {"pkg.sub.y"}
+    assert import_circles(graph) == [["pkg.a", "pkg.sub"]]
 
 
 def _shipped_tree(tmp_path: Path) -> Path:

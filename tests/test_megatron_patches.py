@@ -21,7 +21,8 @@ import pytest
 
 from trainbox import patches
 from trainbox.paths import REPO_ROOT
-from trainbox.sources import fetch, pin_from_component, unpack
+from trainbox.kinds import fetch, pin_from_component
+from trainbox.sources import unpack
 from trainbox.stack import load_stack
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]

@@ -49,18 +49,19 @@ def _sha256(path: Path) -> str:
 
 
 def _pypi_pins(stack, plat: str) -> list:
-    """sources.Pin for every hash-pinned wheel the build installs on `plat`: components, then locked deps."""
-    from .sources import Pin, _index_url
+    """kinds.Pin for every hash-pinned wheel the build installs on `plat`: components, then locked deps."""
+    from .kinds import Pin
+    from .sources import index_url
 
     pins = []
     for c in stack.installed_components.values():
         if c.kind.from_index:
             p = c.pin_for(plat)
             pins.append(Pin(key=c.key, source=c.source, name=c.dist_name, version=p.version, index_name=p.index,
-                            index_url=_index_url(p.index, stack.indexes), sha256=tuple(p.sha256)))
+                            index_url=index_url(p.index, stack.indexes), sha256=tuple(p.sha256)))
     for name, d in stack.locked_deps(plat).items():
         pins.append(Pin(key=name, source="pypi", name=name, version=d["version"],
-                        index_url=_index_url("pypi", stack.indexes), sha256=tuple(d.get("sha256") or ())))
+                        index_url=index_url("pypi", stack.indexes), sha256=tuple(d.get("sha256") or ())))
     return pins
 
 
@@ -106,9 +107,9 @@ def _build_requirements(stack, ctx_sources: Path, dest: Path, plat: str, say) ->
 def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, platform: str | None = None,
                  say=print) -> dict:
     from .fetch import fetch_sources, stage
-    from .image import host_platform
+    from .platforms import host_platform
     from .render import render_stack
-    from .sources import fetch
+    from .kinds import fetch
     from .stack import _raw, _stack_path, load_stack
 
     _check_output(Path(out))

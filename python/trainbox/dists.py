@@ -1,8 +1,8 @@
 """Python distribution files: PEP 503 names, wheel/sdist file names, versions and sha256 (host module).
 
 The one place index, lock, sources and image turn a file name into (project, version), compare project
-names and hash artifacts. (The runtime doctor keeps a stdlib copy of the name rule: it may not import
-packaging.)
+names and hash artifacts. The PEP 503 name rule itself is the runtime's (`canon`, from the patch applier, which
+must run alone in the builder), so the host, the doctor and the applier compare names one way.
 """
 
 from __future__ import annotations
@@ -11,21 +11,16 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 from pathlib import Path
 
 from packaging.utils import parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from .paths import CACHE_DIR
+from .runtime.apply_patches import canon_name as canon  # PEP 503 names: the runtime's one copy
 
 #: File names pip installs from: wheels and the two sdist formats.
 DIST_SUFFIXES = (".whl", ".tar.gz", ".zip")
-
-
-def canon(name: str) -> str:
-    """PEP 503 normalised project name."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def norm_version(v: str) -> str:

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .paths import PATCHES_DIR
+from .platforms import host_platform
 from .runtime.errors import TrainboxError
 from .sources import Fetched, SourceError, tree_id, unpack, verified_tree_id
+from .stack import list_stacks, load_stack
 
 SOURCES_DIR = "build/sources"
 MARKER = ".trainbox-source.json"
@@ -56,9 +58,6 @@ def fetch_sources(stack, *, offline: bool = False, cache_dir: Path | None = None
 def fetch_stacks(names: list[str] | None = None, *, sources_only: bool = False, offline: bool = False,
                  cache_dir: Path | None = None) -> list[dict]:
     """`trainbox fetch`: every installed component of each stack (PyPI artifacts too unless sources_only)."""
-    from .image import host_platform
-    from .stack import list_stacks, load_stack
-
     rows = []
     for name in names or list_stacks():
         stack = load_stack(name)

@@ -13,7 +13,6 @@ import contextlib
 import hashlib
 import json
 import os
-import platform as _platform
 import shutil
 import ssl
 import sys
@@ -31,8 +30,9 @@ from .dists import canon, dist_key, norm_version
 from .engine import Client, EngineError, find_client
 from .index import ca_bundle, ssl_context
 from .paths import CACHE_DIR, REPO_ROOT
+from .platforms import host_platform
 from .runtime.errors import TrainboxError
-from .sources import Pin
+from .kinds import Pin
 from .wheelhouse import WheelFile, check_wheelhouse, pins_for, read_wheelhouse  # noqa: F401 - re-exported
 
 REPORTS_DIR = REPO_ROOT / "build" / "reports"
@@ -44,11 +44,6 @@ def _say(msg: str) -> None:
 
 
 # -- inputs --------------------------------------------------------------------------------------------
-
-def host_platform() -> str:
-    m = _platform.machine().lower()
-    return "linux/arm64" if m in ("aarch64", "arm64") else "linux/amd64"
-
 
 def default_ca_bundle() -> str | None:
     """pip's own CA setting, else the system bundle (one rule for every HTTPS call trainbox makes)."""

@@ -16,7 +16,7 @@ from packaging.version import Version
 
 from .dists import canon, parse_dist, wheel_tags
 from .runtime.errors import TrainboxError
-from .stack import PLATFORM_MACHINE
+from .platforms import PLATFORM_MACHINE
 
 ACCEPT = "application/vnd.pypi.simple.v1+json"
 

@@ -11,16 +11,25 @@ is a new `source:` value everywhere at once; a value with no kind is refused at 
     git   a repository at a full 40-hex commit: a wheel built from the tree (`install: pip`), the tree itself
           on sys.path (`install: tree`), optionally below `subdir:`, or the wheels its own `build:` commands
           leave (`install: build`, with the toolkits it `needs:`); a patch series applies first
+
+`Pin` is what a component pins, reduced to what fetching needs; `fetch(pin)` asks the pin's kind, which takes
+the matching way of trainbox.sources (index, git, URL). One direction: stack -> kinds -> sources -> index.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Iterable
 
 from . import grammar
+from .dists import canon
+from .platforms import platform_marker
+from .runtime.apply_patches import GIT_REF_RE, PYPI_REF_RE, URL_REF_RE
+from .runtime.errors import TrainboxError
+from .sources import COMMIT_RE, DEFAULT_INDEX, Fetched, fetch_git, fetch_pypi, fetch_url, index_url
 
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".zip")
 #: Where `install: tree` checkouts live in the image (one directory per component key).
 TREE_ROOT = "/opt/src"
@@ -69,7 +78,7 @@ class Kind:
         return []
 
     def ref_problem(self, ref: str, pin: Any) -> str | None:
-        """None when a patch's `Upstream-Ref:` names this pin (a sources.Pin), else what is wrong with it."""
+        """None when a patch's `Upstream-Ref:` names this pin (a Pin), else what is wrong with it."""
         raise NotImplementedError
 
     def upstream_ref(self, fetched: Any) -> str:
@@ -78,8 +87,6 @@ class Kind:
 
     def fetch(self, c: Any, stack: Any = None, *, offline: bool = False, cache_dir=None, prefer=()):
         """The pinned source in trainbox's cache (sources.Fetched), verified."""
-        from .sources import pin_from_component
-
         return self.fetch_pin(pin_from_component(c, stack), prefer=list(prefer), offline=offline,
                               cache_dir=cache_dir)
 
@@ -105,13 +112,11 @@ class PypiKind(Kind):
         return f"{c.dist_name}=={c.version}"
 
     def requirement_lines(self, c: Any, stack: Any) -> list[str]:
-        from .stack import StackError, platform_marker
-
         groups: dict[tuple, list[str]] = {}
         for plat in stack.platforms:
             pin = c.pin_for(plat)
             if not pin.sha256:
-                raise StackError(
+                raise TrainboxError(
                     f"{stack.source_file}: components.{c.key}: no sha256 for {plat}; run "
                     f"`trainbox stack lock {stack.name}` (every artifact is installed in hash-checking mode)")
             groups.setdefault((pin.version, tuple(sorted(pin.sha256))), []).append(plat)
@@ -131,9 +136,6 @@ class PypiKind(Kind):
         return entry
 
     def ref_problem(self, ref: str, pin: Any) -> str | None:
-        from .runtime.apply_patches import PYPI_REF_RE
-        from .stack import canon
-
         m = PYPI_REF_RE.match(ref)
         if not m:
             return f"Upstream-Ref {ref!r} is not NAME==VERSION sha256:HEX"
@@ -149,9 +151,7 @@ class PypiKind(Kind):
         return f"{fetched.pin.name}=={fetched.pin.version} sha256:{fetched.sha256} (tree: {tree})"
 
     def fetch_pin(self, pin: Any, *, prefer: list[str], offline: bool, cache_dir):
-        from .sources import _fetch_pypi
-
-        return _fetch_pypi(pin, prefer, offline, cache_dir)
+        return fetch_pypi(pin, prefer, offline, cache_dir)
 
     def pin_warnings(self, c: Any, stack: Any) -> list[str]:
         return [f"no sha256 for {plat}; run `trainbox stack lock {stack.name}`"
@@ -176,8 +176,6 @@ class UrlKind(Kind):
             raise ValueError(f"install: {c.install!r} is for git components; a url component takes true or false")
 
     def ref_problem(self, ref: str, pin: Any) -> str | None:
-        from .runtime.apply_patches import URL_REF_RE
-
         m = URL_REF_RE.match(ref)
         if not m:
             return f"Upstream-Ref {ref!r} is not URL sha256:HEX"
@@ -189,9 +187,7 @@ class UrlKind(Kind):
         return f"{fetched.pin.url} sha256:{fetched.sha256}"
 
     def fetch_pin(self, pin: Any, *, prefer: list[str], offline: bool, cache_dir):
-        from .sources import _fetch_url
-
-        return _fetch_url(pin, offline, cache_dir)
+        return fetch_url(pin, offline, cache_dir)
 
     def is_archive(self, c: Any) -> bool:
         return c.url.split("?", 1)[0].split("#", 1)[0].endswith(ARCHIVE_SUFFIXES)
@@ -261,8 +257,6 @@ class GitKind(Kind):
         return f"{c.git}@{c.commit}"
 
     def ref_problem(self, ref: str, pin: Any) -> str | None:
-        from .runtime.apply_patches import GIT_REF_RE
-
         m = GIT_REF_RE.match(ref)
         if not m:
             return f"Upstream-Ref {ref!r} is not URL@COMMIT"
@@ -274,9 +268,7 @@ class GitKind(Kind):
         return f"{fetched.pin.git}@{fetched.commit}"
 
     def fetch_pin(self, pin: Any, *, prefer: list[str], offline: bool, cache_dir):
-        from .sources import _fetch_git
-
-        return _fetch_git(pin, offline, cache_dir)
+        return fetch_git(pin, offline, cache_dir)
 
     def install_args(self, c: Any) -> list[str]:
         args = ["--mode", self.mode(c), "--git", c.git, "--commit", c.commit]
@@ -329,3 +321,79 @@ def kind_of(source: str) -> Kind:
         return KINDS[source]
     except KeyError:
         raise ValueError(f"source {source!r}: expected one of {', '.join(KINDS)}") from None
+
+
+@dataclass(frozen=True)
+class Pin:
+    """What a component pins, reduced to what fetching needs (built from a stack Component)."""
+
+    key: str
+    source: str  # pypi | git | url
+    name: str  # distribution name (pypi) or the component key
+    version: str | None = None
+    index_name: str = "pypi"
+    index_url: str = DEFAULT_INDEX
+    sha256: tuple[str, ...] = ()
+    git: str | None = None
+    commit: str | None = None
+    url: str | None = None
+
+    @property
+    def dist_name(self) -> str:
+        return self.name
+
+    @property
+    def kind(self) -> Kind:
+        return kind_of(self.source)
+
+    @property
+    def ref(self) -> str:
+        return self.kind.pinned_ref(self)
+
+
+def pin_from_component(comp: Any, stack: Any = None, platform: str | None = None) -> Pin:
+    """A Pin from a trainbox.stack.Component (duck-typed: any object with the same fields works).
+
+    The hashes are the component's own plus, when a stack is given, those in force on each of its
+    platforms (the stack file or its lock), so any pinned artifact of that version can serve.
+    With `platform`: the pin as it stands on that one platform (its version, index and hashes only).
+    """
+    if platform is not None and hasattr(comp, "pin_for"):
+        pp = comp.pin_for(platform)
+        indexes = getattr(stack, "indexes", None) or {}
+        # an index the build dropped (it does not answer; the wheelhouse serves its pins) has no URL any more
+        url = index_url(pp.index, indexes) if pp.index in indexes or pp.index == "pypi" else ""
+        return Pin(key=comp.key, source=comp.source, name=comp.dist_name, version=pp.version,
+                   index_name=pp.index, index_url=url, sha256=tuple(pp.sha256))
+    hashes: list[str] = list(getattr(comp, "sha256", None) or [])
+    if stack is not None and hasattr(comp, "pin_for"):
+        for plat in getattr(stack, "platforms", None) or []:
+            pin = comp.pin_for(plat)
+            if pin.version == comp.version:
+                hashes.extend(pin.sha256)
+    seen: list[str] = []
+    for h in hashes:
+        if h not in seen:
+            seen.append(h)
+    index_name = getattr(comp, "index", None) or "pypi"
+    name = getattr(comp, "dist_name", None) or getattr(comp, "name", None) or comp.key
+    source = comp.source
+    return Pin(
+        key=comp.key,
+        source=source,
+        name=name,
+        version=getattr(comp, "version", None),
+        index_name=index_name,
+        index_url=(index_url(index_name, getattr(stack, "indexes", None)) if kind_of(source).from_index
+                   else DEFAULT_INDEX),
+        sha256=tuple(seen),
+        git=getattr(comp, "git", None),
+        commit=getattr(comp, "commit", None),
+        url=getattr(comp, "url", None),
+    )
+
+
+def fetch(pin: Pin, *, prefer: Iterable[str] = (), offline: bool = False, cache_dir: Path | None = None) -> Fetched:
+    """The pinned source, from the cache or downloaded into it, the way its kind fetches. `prefer`: sha256s to
+    choose first."""
+    return pin.kind.fetch_pin(pin, prefer=list(prefer), offline=offline, cache_dir=cache_dir)

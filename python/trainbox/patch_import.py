@@ -54,14 +54,14 @@ def import_diff(diff: Path, component: str, *, stack: str | None = None, status:
         for path, chunk in parts:
             one = work / "one.patch"
             one.write_text(chunk)
-            proc = _git(tree, "apply", "--index", "--whitespace=nowarn", str(one), check=False)
+            proc = _git("apply", "--index", "--whitespace=nowarn", str(one), check=False, cwd=tree)
             if proc.returncode != 0:
                 reason = (proc.stderr.strip().splitlines() or ["?"])[0]
                 raise PatchSeriesError(f"{diff}: the change to {path} does not apply to {pin.ref}: {reason}")
-            _git(tree, "commit", "--quiet", "--no-verify", "-m",
+            _git("commit", "--quiet", "--no-verify", "-m",
                  f"{path}: from {diff.name}\n\n"
                  f"Why: {why or f'imported from {diff.name}, a diff kept outside this project; one entry per file'}"
-                 f"\n\nUpstream-Status: {status}\nUpstream-Ref: {ref}\n")
+                 f"\n\nUpstream-Status: {status}\nUpstream-Ref: {ref}\n", cwd=tree)
         _, names = export(tree, patches_dir=patches_dir)
         return names
     finally:

@@ -11,12 +11,12 @@ about what "applies" means.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +24,8 @@ from typing import Any
 
 from .runtime.errors import TrainboxError
 from .paths import CACHE_DIR, PATCHES_DIR
-from .kinds import kind_of
-from .sources import Pin, fetch, pin_from_component, unpack
+from .kinds import Pin, fetch, kind_of, pin_from_component
+from .sources import run_git, unpack
 
 _EDIT_META = "trainbox-edit.json"
 # Fixed identity and dates for the commits trainbox itself makes, so an edit tree is reproducible.
@@ -35,6 +35,10 @@ _TRAINBOX_ID = ("trainbox", "trainbox@localhost")
 
 class PatchSeriesError(TrainboxError):
     """A series, patch or edit tree that cannot be used as it is."""
+
+
+# git in the edit workspaces: the one helper, without the user's configuration (it must not shape the patches)
+_git = functools.partial(run_git, user_config=False, error=PatchSeriesError)
 
 
 def applier():
@@ -253,23 +257,6 @@ def rows_json(rows: list[Row]) -> str:
 # edit / export
 
 
-def _git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    # the user's ~/.gitconfig (format.signature, diff.noprefix, ...) must not shape exported patches
-    env = dict(os.environ, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, LC_ALL="C",
-               GIT_TERMINAL_PROMPT="0")
-    for k in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
-        env.pop(k, None)
-    env.update(extra or {})
-    return env
-
-
-def _git(tree: Path, *args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True, env=_git_env(env))
-    if check and proc.returncode != 0:
-        raise PatchSeriesError(f"git {' '.join(args)} in {tree} failed: {(proc.stderr or proc.stdout).strip()}")
-    return proc
-
-
 def resolve_component(component: str, stack: str | None = None) -> tuple[str, Pin, str]:
     """(stack name, pin, series) for a patched component; all stacks must agree unless --stack is given."""
     targets = _stack_targets([stack] if stack else None, component)
@@ -327,24 +314,24 @@ def edit(
     fetched = fetch(pin, prefer=prefer, offline=offline, cache_dir=cache_dir)
     unpack(fetched, directory)
     try:
-        _git(directory, "init", "--quiet", "--initial-branch=patches")
+        _git("init", "--quiet", "--initial-branch=patches", cwd=directory)
         info = directory / ".git" / "info"
         info.mkdir(parents=True, exist_ok=True)
         (info / "exclude").write_text("__pycache__/\n*.py[cod]\n")
         (info / "attributes").write_text("* -text\n")  # byte-exact: no end-of-line conversion
-        if _git(directory, "config", "user.name", check=False).returncode != 0:
-            _git(directory, "config", "user.name", _TRAINBOX_ID[0])
-            _git(directory, "config", "user.email", _TRAINBOX_ID[1])
-        _git(directory, "add", "--all", "--force")
+        if _git("config", "user.name", check=False, cwd=directory).returncode != 0:
+            _git("config", "user.name", _TRAINBOX_ID[0], cwd=directory)
+            _git("config", "user.email", _TRAINBOX_ID[1], cwd=directory)
+        _git("add", "--all", "--force", cwd=directory)
         fixed = {
             "GIT_AUTHOR_NAME": _TRAINBOX_ID[0], "GIT_AUTHOR_EMAIL": _TRAINBOX_ID[1],
             "GIT_COMMITTER_NAME": _TRAINBOX_ID[0], "GIT_COMMITTER_EMAIL": _TRAINBOX_ID[1],
             "GIT_AUTHOR_DATE": _PRISTINE_DATE, "GIT_COMMITTER_DATE": _PRISTINE_DATE,
         }
-        _git(directory, "commit", "--quiet", "--no-verify", "-m",
-             f"{pin.ref}: pristine upstream\n\nUpstream-Ref: {fetched.upstream_ref}\n", env=fixed)
-        _git(directory, "tag", "upstream")
-        base = _git(directory, "rev-parse", "HEAD").stdout.strip()
+        _git("commit", "--quiet", "--no-verify", "-m",
+             f"{pin.ref}: pristine upstream\n\nUpstream-Ref: {fetched.upstream_ref}\n", env=fixed, cwd=directory)
+        _git("tag", "upstream", cwd=directory)
+        base = _git("rev-parse", "HEAD", cwd=directory).stdout.strip()
         meta = {
             "component": pin.key, "series": series, "ref": pin.ref, "upstream_ref": fetched.upstream_ref,
             "sha256": fetched.sha256, "commit": fetched.commit, "base": base,
@@ -359,8 +346,8 @@ def edit(
     applied: list[str] = []
     am_env = {"GIT_COMMITTER_NAME": _TRAINBOX_ID[0], "GIT_COMMITTER_EMAIL": _TRAINBOX_ID[1]}
     for p in patches:
-        proc = _git(directory, "am", "--quiet", "--keep-cr", "--committer-date-is-author-date", str(p.path),
-                    env=am_env, check=False)
+        proc = _git("am", "--quiet", "--keep-cr", "--committer-date-is-author-date", str(p.path),
+                    env=am_env, check=False, cwd=directory)
         if proc.returncode != 0:
             return directory, applied, p.name
         applied.append(p.name)
@@ -420,24 +407,24 @@ def export(directory: Path, *, patches_dir: Path | None = None) -> tuple[Path, l
     if (directory / ".git" / "rebase-apply").exists() or (directory / ".git" / "rebase-merge").exists():
         raise PatchSeriesError(f"{directory}: a `git am`/rebase is still in progress; finish it "
                                "(`git am --continue` or `git am --skip`) before exporting")
-    dirty = _git(directory, "status", "--porcelain", "--untracked-files=all").stdout.strip()
+    dirty = _git("status", "--porcelain", "--untracked-files=all", cwd=directory).stdout.strip()
     if dirty:
         first = dirty.splitlines()[:5]
         raise PatchSeriesError(f"{directory}: uncommitted changes ({'; '.join(x.strip() for x in first)}); commit "
                                "them (`git commit` or `git commit --amend`) or discard them, then export")
     base = meta["base"]
-    if _git(directory, "merge-base", "--is-ancestor", base, "HEAD", check=False).returncode != 0:
+    if _git("merge-base", "--is-ancestor", base, "HEAD", check=False, cwd=directory).returncode != 0:
         raise PatchSeriesError(f"{directory}: HEAD does not descend from the pristine upstream commit "
                                f"{base[:12]}; keep the patches on top of it")
-    commits = _git(directory, "rev-list", "--reverse", f"{base}..HEAD").stdout.split()
+    commits = _git("rev-list", "--reverse", f"{base}..HEAD", cwd=directory).stdout.split()
     pin = Pin(key=meta["component"], **{k: (tuple(v) if k == "sha256" else v) for k, v in meta["pin"].items()})
     target = series_dir(meta["series"], Path(patches_dir) if patches_dir else Path(meta["patches_dir"]))
     stage = Path(tempfile.mkdtemp(prefix="trainbox-export-"))
     try:
         if commits:
-            _git(directory, "-c", "core.abbrev=12", "format-patch", "--quiet", "--zero-commit", "--no-signature",
+            _git("-c", "core.abbrev=12", "format-patch", "--quiet", "--zero-commit", "--no-signature",
                  "--no-numbered", "--no-stat", "--no-renames", "--filename-max-length=64", "--start-number=1",
-                 "--diff-algorithm=myers", "-o", str(stage), f"{base}..HEAD")
+                 "--diff-algorithm=myers", "-o", str(stage), f"{base}..HEAD", cwd=directory)
         names = sorted(p.name for p in stage.iterdir())
         if len(names) != len(commits):
             raise PatchSeriesError(f"{directory}: git format-patch wrote {len(names)} files for {len(commits)} "

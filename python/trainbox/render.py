@@ -23,7 +23,8 @@ from .grammar import check_env_name, check_image, controls
 from .runtime.errors import TrainboxError
 from .paths import PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
 from .templating import make_env
-from .stack import Stack, list_stacks, load_stack, platform_marker
+from .platforms import platform_marker
+from .stack import Stack, list_stacks, load_stack
 
 # Stacks whose Dockerfile is rendered to the repo root (the rest live under build/generated/ only).
 DEFAULT_DOCKERFILES = {"npu-910b": "Dockerfile.npu", "cuda": "Dockerfile.cuda"}

@@ -17,7 +17,8 @@ from packaging.version import InvalidVersion, Version
 
 from .paths import COMPAT_DIR, PATCHES_DIR
 from .runtime.errors import TrainboxError
-from .stack import PLATFORM_MACHINE, Stack
+from .platforms import PLATFORM_MACHINE
+from .stack import Stack
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,9 @@ sdist), a git repository by 40-hex commit, or a URL by sha256. Artifacts land in
 CACHE_DIR/sources/sha256/<hex>/<filename> only after their hash matched (download to a temporary
 directory, verify, rename), so the cache never holds a partial or unverified file; git repositories are
 kept as bare mirrors under CACHE_DIR/sources/git/. Everything already cached is used without the network.
+
+This module knows how to fetch (from an index, a git repository, a URL), not which way a pin goes: that is its
+kind's choice (trainbox.kinds, which builds on this module and holds `Pin` and `fetch`).
 """
 
 from __future__ import annotations
@@ -27,43 +30,20 @@ from typing import Any, Iterable
 
 from .dists import is_dist_of, sha256_file, wheel_tags
 from .runtime.errors import TrainboxError
-from .index import ssl_context
-from .kinds import COMMIT_RE, kind_of
+from .index import project_files, ssl_context
 from .paths import CACHE_DIR
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 class SourceError(TrainboxError):
     """A pinned source that cannot be fetched or does not match its pin."""
 
 
-@dataclass(frozen=True)
-class Pin:
-    """What a component pins, reduced to what fetching needs (built from a stack Component)."""
-
-    key: str
-    source: str  # pypi | git | url
-    name: str  # distribution name (pypi) or the component key
-    version: str | None = None
-    index_name: str = "pypi"
-    index_url: str = DEFAULT_INDEX
-    sha256: tuple[str, ...] = ()
-    git: str | None = None
-    commit: str | None = None
-    url: str | None = None
-
-    @property
-    def dist_name(self) -> str:
-        return self.name
-
-    @property
-    def ref(self) -> str:
-        return kind_of(self.source).pinned_ref(self)
-
-
-def _index_url(name: str, indexes: dict[str, str] | None) -> str:
+def index_url(name: str, indexes: dict[str, str] | None) -> str:
+    """The URL of the index a stack names (`indexes:`, or pypi with a pip-style override); a URL as is."""
     if "://" in name:
         return name
     if indexes and name in indexes:
@@ -74,53 +54,11 @@ def _index_url(name: str, indexes: dict[str, str] | None) -> str:
     raise SourceError(f"index {name!r} is not defined under the stack's `indexes`")
 
 
-def pin_from_component(comp: Any, stack: Any = None, platform: str | None = None) -> Pin:
-    """A Pin from a trainbox.stack.Component (duck-typed: any object with the same fields works).
-
-    The hashes are the component's own plus, when a stack is given, those in force on each of its
-    platforms (the stack file or its lock), so any pinned artifact of that version can serve.
-    With `platform`: the pin as it stands on that one platform (its version, index and hashes only).
-    """
-    if platform is not None and hasattr(comp, "pin_for"):
-        pp = comp.pin_for(platform)
-        indexes = getattr(stack, "indexes", None) or {}
-        # an index the build dropped (it does not answer; the wheelhouse serves its pins) has no URL any more
-        url = _index_url(pp.index, indexes) if pp.index in indexes or pp.index == "pypi" else ""
-        return Pin(key=comp.key, source=comp.source, name=comp.dist_name, version=pp.version,
-                   index_name=pp.index, index_url=url, sha256=tuple(pp.sha256))
-    hashes: list[str] = list(getattr(comp, "sha256", None) or [])
-    if stack is not None and hasattr(comp, "pin_for"):
-        for plat in getattr(stack, "platforms", None) or []:
-            pin = comp.pin_for(plat)
-            if pin.version == comp.version:
-                hashes.extend(pin.sha256)
-    seen: list[str] = []
-    for h in hashes:
-        if h not in seen:
-            seen.append(h)
-    index_name = getattr(comp, "index", None) or "pypi"
-    name = getattr(comp, "dist_name", None) or getattr(comp, "name", None) or comp.key
-    source = comp.source
-    return Pin(
-        key=comp.key,
-        source=source,
-        name=name,
-        version=getattr(comp, "version", None),
-        index_name=index_name,
-        index_url=(_index_url(index_name, getattr(stack, "indexes", None)) if kind_of(source).from_index
-                   else DEFAULT_INDEX),
-        sha256=tuple(seen),
-        git=getattr(comp, "git", None),
-        commit=getattr(comp, "commit", None),
-        url=getattr(comp, "url", None),
-    )
-
-
 @dataclass(frozen=True)
 class Fetched:
     """A pinned source in the cache: an artifact file, or a bare git mirror plus the commit."""
 
-    pin: Pin
+    pin: Any  # a kinds.Pin
     path: Path
     filename: str
     sha256: str | None = None
@@ -132,12 +70,12 @@ class Fetched:
             return "git"
         if self.filename.endswith(".whl"):
             return "wheel"
-        return "sdist" if kind_of(self.pin.source).from_index else "archive"
+        return "sdist" if self.pin.kind.from_index else "archive"
 
     @property
     def upstream_ref(self) -> str:
         """The `Upstream-Ref:` value for patches made against this source."""
-        return kind_of(self.pin.source).upstream_ref(self)
+        return self.pin.kind.upstream_ref(self)
 
     @property
     def label(self) -> str:
@@ -221,13 +159,7 @@ def _rank(filename: str) -> tuple:
     return (1 if tags & set(sys_tags()) else 2, filename)
 
 
-def _project_files(pin: Pin) -> list[dict]:
-    from .index import project_files
-
-    return project_files(pin.index_name, pin.index_url, pin.name)
-
-
-def _fetch_pypi(pin: Pin, prefer: Iterable[str], offline: bool, cache_dir: Path | None) -> Fetched:
+def fetch_pypi(pin: Any, prefer: Iterable[str], offline: bool, cache_dir: Path | None) -> Fetched:
     what = f"{pin.key} ({pin.ref})"
     if not pin.sha256:
         raise SourceError(
@@ -246,7 +178,7 @@ def _fetch_pypi(pin: Pin, prefer: Iterable[str], offline: bool, cache_dir: Path 
     if offline:
         raise SourceError(f"{what}: not in the cache ({_cache(cache_dir)}) and --offline was given; run once "
                           "with network access to fill the cache")
-    files = _project_files(pin)
+    files = project_files(pin.index_name, pin.index_url, pin.name)
     candidates = []
     listed = []
     for f in files:
@@ -281,19 +213,34 @@ def _fetch_pypi(pin: Pin, prefer: Iterable[str], offline: bool, cache_dir: Path 
 GIT_PROTOCOLS = "https:ssh:file"
 
 
-def _git(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """The user's own git with the user's configuration (insteadOf mirrors, credential helpers, proxies);
-    never a prompt, and only the transports in GIT_PROTOCOLS unless the environment sets its own."""
-    env = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C")
-    env.setdefault("GIT_ALLOW_PROTOCOL", GIT_PROTOCOLS)
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
+def run_git(*args: str, cwd: Path | None = None, check: bool = True, user_config: bool = True,
+            env: dict[str, str] | None = None, stdout=None,
+            error: type[TrainboxError] = SourceError) -> subprocess.CompletedProcess:
+    """The one way trainbox runs git: the user's own git, never a prompt, C locale, output captured (stdout: a
+    file to write it to instead); a failure raises `error` naming the command and git's message.
+
+    user_config (fetching): the user's configuration (insteadOf mirrors, credential helpers, proxies), and only
+    the transports in GIT_PROTOCOLS unless the environment sets its own. Without it (the patch workspaces):
+    neither the user's nor the system's configuration, so no ~/.gitconfig shapes an exported patch, and no outer
+    GIT_DIR/GIT_WORK_TREE/GIT_INDEX_FILE. `env`: more variables (fixed authors and dates)."""
+    full = dict(os.environ, GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    if user_config:
+        full.setdefault("GIT_ALLOW_PROTOCOL", GIT_PROTOCOLS)
+    else:
+        full.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull)
+        for k in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+            full.pop(k, None)
+    full.update(env or {})
+    proc = subprocess.run(["git", *args], cwd=cwd, text=True, env=full, stdout=stdout or subprocess.PIPE,
+                          stderr=subprocess.PIPE)
     if check and proc.returncode != 0:
-        raise SourceError(f"git {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+        where = f" in {cwd}" if cwd else ""
+        raise error(f"git {' '.join(args)}{where} failed: {(proc.stderr or proc.stdout or '').strip()}")
     return proc
 
 
 def _has_commit(repo: Path, commit: str) -> bool:
-    return _git("--git-dir", str(repo), "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode == 0
+    return run_git("--git-dir", str(repo), "cat-file", "-e", f"{commit}^{{commit}}", check=False).returncode == 0
 
 
 def git_cache_repo(url: str, cache_dir: Path | None = None) -> Path:
@@ -309,7 +256,7 @@ def _git_reason(text: str) -> str:
     return (told or lines[-1:] or ["no output"])[0]
 
 
-def _fetch_git(pin: Pin, offline: bool, cache_dir: Path | None) -> Fetched:
+def fetch_git(pin: Any, offline: bool, cache_dir: Path | None) -> Fetched:
     """The pinned commit, fetched by id (depth 1) into the cache and verified: FETCH_HEAD must be it."""
     what = f"{pin.key} ({pin.git}@{pin.commit})"
     if not pin.commit or not COMMIT_RE.match(pin.commit):
@@ -324,7 +271,7 @@ def _fetch_git(pin: Pin, offline: bool, cache_dir: Path | None) -> Fetched:
         repo.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=repo.parent))
         try:
-            _git("init", "--quiet", "--bare", str(tmp / "r.git"))
+            run_git("init", "--quiet", "--bare", str(tmp / "r.git"))
             with contextlib.suppress(OSError):
                 os.rename(tmp / "r.git", repo)  # a concurrent fetch may have made it first
         finally:
@@ -333,8 +280,8 @@ def _fetch_git(pin: Pin, offline: bool, cache_dir: Path | None) -> Fetched:
         if _has_commit(repo, pin.commit):  # a concurrent fetch brought it while this one waited
             return Fetched(pin, repo, repo.name, commit=pin.commit)
         # the URL after `--`, so that a URL starting with "-" can never be read as an option
-        proc = _git("--git-dir", str(repo), "fetch", "--quiet", "--no-tags", "--depth", "1", "--", pin.git,
-                    pin.commit, check=False)
+        proc = run_git("--git-dir", str(repo), "fetch", "--quiet", "--no-tags", "--depth", "1", "--", pin.git,
+                       pin.commit, check=False)
         return _fetched_commit(pin, repo, proc, what)
 
 
@@ -352,17 +299,17 @@ def _repo_lock(repo: Path):
         yield
 
 
-def _fetched_commit(pin: Pin, repo: Path, proc: subprocess.CompletedProcess, what: str) -> Fetched:
+def _fetched_commit(pin: Any, repo: Path, proc: subprocess.CompletedProcess, what: str) -> Fetched:
     if proc.returncode != 0:
         err = _git_reason(proc.stderr or proc.stdout)
         if "not our ref" in err or "couldn't find remote ref" in err or "no such remote ref" in err:
             raise SourceError(f"{what}: the repository has no commit {pin.commit}; check `commit:` (git said: {err})")
         raise SourceError(f"{what}: cannot fetch from {pin.git}: {err}")
-    got = _git("--git-dir", str(repo), "rev-parse", "FETCH_HEAD").stdout.strip()
+    got = run_git("--git-dir", str(repo), "rev-parse", "FETCH_HEAD").stdout.strip()
     if got != pin.commit:
         raise SourceError(f"{what}: fetched {got}, not the pinned commit; check `commit:` and the mirror")
     # keep it reachable so that git gc in the cache does not drop it
-    _git("--git-dir", str(repo), "update-ref", f"refs/trainbox/{pin.commit}", pin.commit)
+    run_git("--git-dir", str(repo), "update-ref", f"refs/trainbox/{pin.commit}", pin.commit)
     return Fetched(pin, repo, repo.name, commit=pin.commit)
 
 
@@ -389,7 +336,7 @@ def verified_tree_id(fetched: Fetched) -> str:
                           "and fetch again") from None
 
 
-def _fetch_url(pin: Pin, offline: bool, cache_dir: Path | None) -> Fetched:
+def fetch_url(pin: Any, offline: bool, cache_dir: Path | None) -> Fetched:
     what = f"{pin.key} ({pin.url})"
     if len(pin.sha256) != 1:
         raise SourceError(f"{what}: a url source needs exactly one sha256 to be fetched")
@@ -404,12 +351,7 @@ def _fetch_url(pin: Pin, offline: bool, cache_dir: Path | None) -> Fetched:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# public
-
-
-def fetch(pin: Pin, *, prefer: Iterable[str] = (), offline: bool = False, cache_dir: Path | None = None) -> Fetched:
-    """The pinned source, from the cache or downloaded into it. `prefer`: sha256s to choose first."""
-    return kind_of(pin.source).fetch_pin(pin, prefer=list(prefer), offline=offline, cache_dir=cache_dir)
+# unpack
 
 
 def _safe_members(names: Iterable[str], archive: str) -> None:

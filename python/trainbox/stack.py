@@ -19,20 +19,11 @@ from .runtime.errors import TrainboxError
 from . import grammar
 from .dists import canon  # noqa: F401 - re-exported: stack.canon is used across the host side
 from .paths import STACKS_DIR
+from .platforms import PLATFORM_RE
 from .runtime.install_source import TOOLKITS
 from .yamlfile import load_yaml_file
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-PLATFORM_RE = re.compile(r"^linux/(amd64|arm64)$")
-# pip markers for the platforms a stack can target
-PLATFORM_MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
-
-
-def platform_marker(plats: list[str], all_plats: list[str]) -> str:
-    """The requirement marker that limits a line to `plats` ("" when it holds on every platform)."""
-    if len(plats) == len(all_plats):
-        return ""
-    return " ; " + " or ".join(f'platform_machine == "{PLATFORM_MACHINE[p]}"' for p in plats)
 
 
 class StackError(TrainboxError):

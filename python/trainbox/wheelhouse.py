@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .dists import DIST_SUFFIXES, canon, dist_key, norm_version, sha256_file
 from .runtime.errors import TrainboxError
-from .sources import Pin, pin_from_component
+from .kinds import Pin, pin_from_component
 
 SCHEMA = "trainbox.wheelhouse/1"
 

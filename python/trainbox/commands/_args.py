@@ -24,14 +24,6 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_PIPE = 141
 
-EXIT_CODES = {
-    EXIT_OK: "ok",
-    EXIT_PROBLEMS: "a check found problems (or the build / job failed)",
-    EXIT_USAGE: "usage error or invalid input (the message names the file and key)",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
-    EXIT_PIPE: "the reader of the output went away (e.g. `| head`): not an error of the command",
-}
-
 JSON_SCHEMA = 1
 _ALIAS_PREFIX = "_alias__"
 

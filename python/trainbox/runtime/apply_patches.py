@@ -48,6 +48,12 @@ class PatchError(Exception):
     """A series or patch that cannot be used; the message names the file and the fix."""
 
 
+def canon_name(name: str) -> str:
+    """PEP 503 normalised project name: the one copy (trainbox.dists and the doctor use it too). It lives here
+    because this file runs alone in the builder, where it cannot import a sibling module."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 # ---------------------------------------------------------------------------------------------------------
 # parsing
 
@@ -626,10 +632,10 @@ def _dist_target(name: str) -> tuple[Path, str]:
 def check_versions(patches: list[Patch], dist: str, installed: str) -> list[str]:
     """Patches whose Upstream-Ref names another version of `dist` than the one installed."""
     problems = []
-    norm = re.sub(r"[-_.]+", "-", dist).lower()
+    norm = canon_name(dist)
     for p in patches:
         nv = ref_version(p.upstream_ref)
-        if nv and re.sub(r"[-_.]+", "-", nv[0]).lower() == norm and nv[1] != installed:
+        if nv and canon_name(nv[0]) == norm and nv[1] != installed:
             problems.append(f"{p.name} was made against {nv[0]} {nv[1]}, but {installed} is installed")
     return problems
 

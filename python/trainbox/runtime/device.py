@@ -17,7 +17,13 @@ import os
 import sys
 
 from trainbox.runtime.errors import TrainboxError
-from trainbox.runtime.kernels import CAUSAL_CONV1D_ALTERNATIVE, CAUSAL_CONV1D_NPU_REASON
+
+# Why a fused causal_conv1d kernel is not chosen on an NPU, and what to call instead (capabilities() says it;
+# trainbox.runtime.kernels, which builds on this module, picks the implementation).
+CAUSAL_CONV1D_NPU_REASON = ("the Triton causal_conv1d kernel (FLA / causal-conv1d) overflows the Ascend 192 KB "
+                            "unified buffer under sequence parallel")
+CAUSAL_CONV1D_ALTERNATIVE = ("use trainbox.runtime.kernels.causal_conv1d (torch conv1d); "
+                             "choose_causal_conv1d() picks it where no fused kernel is safe")
 
 __all__ = [
     "Capability",

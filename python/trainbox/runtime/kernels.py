@@ -15,14 +15,10 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+from trainbox.runtime import device
 from trainbox.runtime.errors import TrainboxError
 
 _ACTIVATIONS = (None, "silu", "swish")
-# Why a fused kernel is not chosen on a device without one (also device.capabilities()["causal_conv1d"]).
-CAUSAL_CONV1D_NPU_REASON = ("the Triton causal_conv1d kernel (FLA / causal-conv1d) overflows the Ascend 192 KB "
-                            "unified buffer under sequence parallel")
-CAUSAL_CONV1D_ALTERNATIVE = ("use trainbox.runtime.kernels.causal_conv1d (torch conv1d); "
-                             "choose_causal_conv1d() picks it where no fused kernel is safe")
 
 
 class KernelChoice(NamedTuple):
@@ -59,13 +55,11 @@ def causal_conv1d(x, weight, bias=None, activation: str | None = None):
 
 def choose_causal_conv1d(device_type: str | None = None) -> KernelChoice:
     """The causal_conv1d implementation to use on `device_type` (default: the active device)."""
-    from trainbox.runtime.device import get_device_type, optional_import
-
-    dt = device_type or get_device_type()
+    dt = device_type or device.get_device_type()
     if dt == "npu":
-        return KernelChoice("torch", dt, causal_conv1d, CAUSAL_CONV1D_NPU_REASON)
+        return KernelChoice("torch", dt, causal_conv1d, device.CAUSAL_CONV1D_NPU_REASON)
     if dt == "cuda":
-        mod, why = optional_import("causal_conv1d")
+        mod, why = device.optional_import("causal_conv1d")
         fn = getattr(mod, "causal_conv1d_fn", None)
         if fn is not None:
             return KernelChoice("causal_conv1d", dt, fn, "the causal-conv1d package's fused kernel imports")

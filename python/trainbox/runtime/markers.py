@@ -164,11 +164,6 @@ def install_mindspeed_import_guard() -> bool:
     return True
 
 
-def remove_mindspeed_import_guard() -> None:
-    """Remove the guard installed by install_mindspeed_import_guard (tests, interactive sessions)."""
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _MindSpeedGuard)]
-
-
 if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
     from trainbox.runtime.errors import not_a_command
 

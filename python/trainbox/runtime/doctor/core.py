@@ -9,6 +9,7 @@ import re
 import sys
 
 from ... import __version__
+from ..apply_patches import canon_name
 from ..manifest import ManifestError, load_manifest, manifest_path
 from ..npu import TOOLKIT_HOMES
 
@@ -96,7 +97,7 @@ class Context:
 
     def dist(self, name: str):
         """The installed distribution that `import` would see first (importlib.metadata; imports nothing)."""
-        key = _canon_name(name)
+        key = canon_name(name)
         if key not in self._dists:
             from importlib import metadata
 
@@ -231,10 +232,6 @@ def main(manifest: str | None = None, as_json: bool = False, strict: bool = Fals
 
 # ---------------------------------------------------------------------------------------------------
 # helpers
-
-
-def _canon_name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 _VERSION = re.compile(r"^v?(\d+(?:\.\d+)*)(.*)$")
