@@ -18,7 +18,7 @@ from pathlib import Path
 from .paths import PATCHES_DIR
 from .platforms import host_platform
 from .runtime.errors import TrainboxError
-from .sources import Fetched, SourceError, tree_id, unpack
+from .sources import Fetched, SourceError, tree_id, unpack, verified_tree_id
 from .stack import list_stacks, load_stack
 
 SOURCES_DIR = "build/sources"
@@ -73,8 +73,11 @@ def fetch_stacks(names: list[str] | None = None, *, sources_only: bool = False, 
                                    prefer=pin.sha256 if pin else ())
             except SourceError as exc:
                 raise SourceError(f"stack {stack.name}: component {exc}") from None
-            rows.append({"stack": stack.name, "component": key, "ref": c.pinned_ref,
-                         "cached": str(got.path), "sha256": got.sha256, "commit": got.commit})
+            row = {"stack": stack.name, "component": key, "ref": c.pinned_ref,
+                   "cached": str(got.path), "sha256": got.sha256, "commit": got.commit}
+            if got.commit:  # every object under the commit re-hashed, as staging does
+                row["tree"] = verified_tree_id(got)
+            rows.append(row)
     return rows
 
 

@@ -8,6 +8,7 @@ of the line a comment), each as one TrainboxError line instead of a traceback.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -82,6 +83,10 @@ def parse_yaml(text: str, where: str, error: type[TrainboxError] = TrainboxError
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc)
         raise error(f"{where}{_location(exc)}: malformed YAML: {problem}") from None
+    except RecursionError:  # the parser recurses per level: a 20,000-deep list would end in a traceback
+        raise error(f"{where}: malformed YAML: nested too deeply; a stack or recipe needs a few levels") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits (Python's int limit)
+        raise error(f"{where}: malformed YAML: {' '.join(str(exc).split())[:200]}") from None
 
 
 def read_text_file(path: Path, what: str, error: type[TrainboxError] = TrainboxError,
@@ -89,6 +94,10 @@ def read_text_file(path: Path, what: str, error: type[TrainboxError] = TrainboxE
     """A user-written text file as str, or one clear error: missing, a directory, too big, not UTF-8."""
     path = Path(path)
     try:
+        if path.is_symlink() and Path(os.path.realpath(path)).suffix != path.suffix:
+            # a link to /etc/shadow must not be parsed and its lines echoed back in "unknown key" errors
+            raise error(f"{path}: a link to {os.path.realpath(path)}, which is not a {path.suffix or what} file; "
+                        "nothing was read from it")
         if path.is_dir():
             raise error(f"{path}: is a directory, expected a {what} file")
         size = path.stat().st_size
