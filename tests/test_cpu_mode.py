@@ -80,8 +80,8 @@ def test_cpu_mode_hides_torch_npu_from_find_spec_and_import(venv_site):
 @pytest.mark.parametrize("device", [None, "npu", ""])
 def test_hook_does_nothing_and_imports_nothing_otherwise(venv_site, device):
     out = probe(venv_site, **({} if device is None else {"TRAINBOX_DEVICE": device}))
-    assert out == {"spec": True, "loaded": False, "autoload": None, "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                   "import": "ok", "after_pop": "ok"}
+    assert out == {"spec": True, "loaded": False, "autoload": None, "import": "ok", "after_pop": "ok",
+                   "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 def test_install_leaves_an_imported_module_alone(monkeypatch):
