@@ -152,14 +152,16 @@ sys.exit(not result.wasSuccessful())
 
 
 BRINGUP = SPECFORGE_HARNESS + """
-import json, torch, torch.distributed as dist
+import json, os, torch, torch.distributed as dist
 from specforge import distributed as sfd
 sfd.init_distributed(timeout=2)
 t = torch.tensor([dist.get_rank() + 1.0])
 dist.all_reduce(t)
-print("BRINGUP", json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(), "backend": dist.get_backend(),
-      "sum": t.item(), "mesh": sfd.get_device_mesh().device_type, "tp_mesh": sfd.get_tp_device_mesh().device_type,
-      "draft_sp": dist.get_world_size(sfd.get_draft_sp_group())}), flush=True)
+row = json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(), "backend": dist.get_backend(),
+                  "sum": t.item(), "mesh": sfd.get_device_mesh().device_type,
+                  "tp_mesh": sfd.get_tp_device_mesh().device_type,
+                  "draft_sp": dist.get_world_size(sfd.get_draft_sp_group())})
+os.write(1, f"BRINGUP {row}\\n".encode())  # one write per rank: the two ranks share the container's stdout
 sfd.destroy_distributed()
 """
 
@@ -170,8 +172,7 @@ def test_patched_specforge_brings_up_a_two_rank_gloo_group(specforge_img):
            "--master-addr 127.0.0.1 --master-port 29500 --local-addr 127.0.0.1 /tmp/bringup.py")
     proc = run_in_image(specforge_img, "bash", "-c", cmd, env={**CPU, "BRINGUP": BRINGUP}, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rows = sorted((json.loads(line.split("BRINGUP", 1)[1]) for line in proc.stdout.splitlines() if "BRINGUP" in line),
-                  key=lambda r: r["rank"])
+    rows = sorted((json.loads(m) for m in re.findall(r"BRINGUP (\{[^}]*\})", proc.stdout)), key=lambda r: r["rank"])
     assert rows == [{"rank": r, "world": 2, "backend": "gloo", "sum": 3.0, "mesh": "cpu", "tp_mesh": "cpu",
                      "draft_sp": 1} for r in (0, 1)], proc.stdout
 
