@@ -413,6 +413,23 @@ def test_plan_is_pure(monkeypatch, tmp_path):
     assert d["schema"] == "trainbox.build-plan/1" and d["argv"][-1] == str(sub.context)
 
 
+def test_a_given_base_is_a_substitute_in_the_label_the_manifest_and_the_plan(tmp_path, monkeypatch):
+    """`--base local/debian:bookworm` on an NPU stack: `image ls` and `run` read the label, `doctor` the manifest;
+    both say substitute (the label used to be set only when the build fell back by itself)."""
+    from trainbox.stack import load_stack
+
+    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    stack = load_stack("npu-910b", base="local/debian:bookworm")
+    base = image.choose_base(stack, None, lambda _msg: None, dry_run=True)
+    plan = buildplan.make_plan(stack, base, buildplan.PlanInputs(platform="linux/amd64"))
+    manifest = json.loads(plan.files["build/generated/npu-910b/stack.json"])
+    assert manifest["base"]["substituted"] == "local/debian:bookworm"
+    assert plan.labels["io.trainbox.base.substituted"] == manifest["base"]["substituted"]
+    assert base.substituted == "local/debian:bookworm" and "(substitute for quay.io/ascend/cann:" in buildplan.format_plan(plan)
+    own = buildplan.make_plan(load_stack("npu-910b"), buildplan.Base("x", "x"), buildplan.PlanInputs("linux/amd64"))
+    assert "io.trainbox.base.substituted" not in own.labels
+
+
 def test_dry_run_names_what_a_wheelhouse_lacks(tmp_path):
     from trainbox import wheelhouse
     from trainbox.stack import load_stack
