@@ -68,11 +68,14 @@ def _commands_in(code: str) -> list[str]:
     """`trainbox ...` commands in one shell line: after env assignments, and after `&&`, `;`, `|`."""
     out = []
     for part in re.split(r"&&|\|\||;|\|", code):
-        words = part.split()
+        try:
+            words = shlex.split(part)  # keeps VAR="$(cmd args)" one word
+        except ValueError:
+            words = part.split()
         while words and _ENV.match(words[0]):
             words.pop(0)
         if words and words[0] == "trainbox":
-            out.append(" ".join(words))
+            out.append(" ".join(shlex.quote(w) if any(c.isspace() for c in w) else w for w in words))
     return out
 
 

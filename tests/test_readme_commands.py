@@ -60,7 +60,8 @@ def test_bad_lines_are_found_in_code_blocks_comments_and_prose():
 
 def test_generated_files_suggest_current_spellings():
     """The GENERATED headers (and comments) of the rendered Dockerfiles name commands as they are spelled now."""
-    files = [ROOT / "Dockerfile.npu", ROOT / "Dockerfile.cuda", *sorted((ROOT / "build/generated").glob("*/Dockerfile"))]
+    files = [ROOT / "Dockerfile.npu", ROOT / "Dockerfile.cuda",
+             *sorted((ROOT / "build/generated").glob("*/Dockerfile"))]
     examples = [(f, e) for f in files for e in extract(f.read_text())]
     assert len(examples) >= 2 * len(files), "the header's `trainbox ...` commands were not found"
     bad = [f"{f.relative_to(ROOT)}:{e.line}: {e.text}\n    {p}" for f, e in examples if (p := check(e))]

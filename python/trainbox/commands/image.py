@@ -15,44 +15,7 @@ ENGINE_2 = "usage or invalid input, or no Docker engine answers"
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("image", help="build, list and prune stack images")
     isub = p.add_subparsers(dest="image_command", metavar="SUBCOMMAND")
-
-    b = isub.add_parser(
-        "build",
-        help="build a stack's image with BuildKit (skipped when its content-hash tag exists)",
-        description="Render the stack, stage its inputs, and build trainbox/<stack>:<content hash> with "
-        "BuildKit. Every pinned artifact is installed in pip's hash-checking mode; the CA bundle and index "
-        "URL reach the build as BuildKit secrets, never as build args or layers.",
-    )
-    exits(b, "the build failed (its step is named)", **{"2": ENGINE_2})
-    add_stack(b)
-    b.add_argument("--tag", action="append", default=[], metavar="T", help="extra tag (repeatable)")
-    b.add_argument("--base", metavar="IMAGE", help="build FROM this image instead of the stack's base")
-    b.add_argument("--set", action="append", default=[], metavar="COMPONENT.FIELD=VALUE", dest="sets",
-                   help="override a pin of the stack, e.g. --set torch.version=2.13.0+cpu (repeatable; recorded in "
-                   "the image manifest and its io.trainbox.overrides label)")
-    b.add_argument("--wheelhouse", metavar="DIR", help="directory of wheels pip may install from inside the build")
-    b.add_argument("--pip-index-url", metavar="URL", help="PyPI mirror (may hold credentials: passed as a secret)")
-    b.add_argument("--ca-bundle", metavar="FILE",
-                   help="CA certificates for pip inside the build (default: pip's configured cert, else "
-                   "/etc/ssl/certs/ca-certificates.crt); passed as a secret")
-    b.add_argument("--platform", metavar="P", help="target platform, e.g. linux/arm64 (default: this machine's)")
-    b.add_argument("--force", action="store_true", help="build even when the content-hash tag exists")
-    b.add_argument("--no-cache", action="store_true", help="do not reuse BuildKit's layer cache")
-    b.add_argument("--cache-from", action="append", default=[], metavar="SPEC",
-                   help="BuildKit cache source, e.g. type=local,src=DIR (repeatable; CI keeps DIR between runs)")
-    b.add_argument("--cache-to", action="append", default=[], metavar="SPEC",
-                   help="BuildKit cache export, e.g. type=local,dest=DIR,mode=max (buildx with a builder that "
-                   "exports caches, e.g. the docker-container driver)")
-    b.add_argument("--offline", action="store_true", help="git commits and archives only from trainbox's cache")
-    b.add_argument("--bundle", metavar="FILE", help="build from a `trainbox fetch --bundle` file, network off")
-    b.add_argument("--dry-run", action="store_true",
-                   help="print the plan (base, inputs, content hash, tags, secrets, what is fetched from where) and "
-                   "a docker command that runs as printed; builds nothing, needs no engine and no index")
-    add_output(b, "where to write the JSON build report (default: build/reports/<stack>.json)", old=("--report",),
-               metavar="FILE")
-    add_json(b, "the build report (with --dry-run: the plan, schema trainbox.build-plan/1)")
-    b.add_argument("-v", "--verbose", action="store_true", help="stream every line of the build's output")
-    b.set_defaults(func=_build)
+    _register_build(isub)
 
     w = isub.add_parser(
         "wheelhouse",
@@ -94,12 +57,59 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=group_help(p))
 
 
+def _register_build(isub) -> None:
+    b = isub.add_parser(
+        "build",
+        help="build a stack's image with BuildKit (skipped when its content-hash tag exists)",
+        description="Render the stack, stage its inputs, and build trainbox/<stack>:<content hash> with "
+        "BuildKit. Every pinned artifact is installed in pip's hash-checking mode; the CA bundle and index "
+        "URL reach the build as BuildKit secrets, never as build args or layers.",
+    )
+    exits(b, "the build failed (its step is named)", **{"2": ENGINE_2})
+    add_stack(b)
+    b.add_argument("--tag", action="append", default=[], metavar="T", help="extra tag (repeatable)")
+    b.add_argument("--base", metavar="IMAGE", help="build FROM this image instead of the stack's base")
+    b.add_argument("--set", action="append", default=[], metavar="COMPONENT.FIELD=VALUE", dest="sets",
+                   help="override a pin of the stack, e.g. --set torch.version=2.13.0+cpu (repeatable; recorded in "
+                   "the image manifest and its io.trainbox.overrides label)")
+    b.add_argument("--wheelhouse", metavar="DIR", help="directory of wheels pip may install from inside the build")
+    b.add_argument("--profile", metavar="FILE",
+                   help="take the pins, wheelhouse and base choice for STACK from a smoke profile, as `trainbox "
+                   "smoke --profile` does: e.g. ci/smoke-offline.yaml builds an NPU/CUDA stack on a CPU host (its "
+                   "base.substitute when its own base cannot be pulled, with pins PyPI serves); the command line "
+                   "wins")
+    b.add_argument("--pip-index-url", metavar="URL", help="PyPI mirror (may hold credentials: passed as a secret)")
+    b.add_argument("--ca-bundle", metavar="FILE",
+                   help="CA certificates for pip inside the build (default: pip's configured cert, else "
+                   "/etc/ssl/certs/ca-certificates.crt); passed as a secret")
+    b.add_argument("--platform", metavar="P", help="target platform, e.g. linux/arm64 (default: this machine's)")
+    b.add_argument("--force", action="store_true", help="build even when the content-hash tag exists")
+    b.add_argument("--no-cache", action="store_true", help="do not reuse BuildKit's layer cache")
+    b.add_argument("--cache-from", action="append", default=[], metavar="SPEC",
+                   help="BuildKit cache source, e.g. type=local,src=DIR (repeatable; CI keeps DIR between runs)")
+    b.add_argument("--cache-to", action="append", default=[], metavar="SPEC",
+                   help="BuildKit cache export, e.g. type=local,dest=DIR,mode=max (buildx with a builder that "
+                   "exports caches, e.g. the docker-container driver)")
+    b.add_argument("--offline", action="store_true", help="git commits and archives only from trainbox's cache")
+    b.add_argument("--bundle", metavar="FILE", help="build from a `trainbox fetch --bundle` file, network off")
+    b.add_argument("--dry-run", action="store_true",
+                   help="print the plan (base, inputs, content hash, tags, secrets, what is fetched from where) and "
+                   "a docker command that runs as printed; builds nothing, needs no engine and no index")
+    add_output(b, "where to write the JSON build report (default: build/reports/<stack>.json)", old=("--report",),
+               metavar="FILE")
+    add_json(b, "the build report (with --dry-run: the plan, schema trainbox.build-plan/1)")
+    b.add_argument("-v", "--verbose", action="store_true", help="stream every line of the build's output")
+    b.set_defaults(func=_build)
+
+
 def _build(args: argparse.Namespace) -> int:
     import contextlib
     import json
 
     from trainbox import image
     from trainbox.stack import parse_sets
+    if args.profile:
+        _apply_profile(args)
     opts = image.BuildOptions(
         stack=args.stack, tags=args.tag, base=args.base, sets=parse_sets(args.sets),
         wheelhouse=args.wheelhouse, pip_index_url=args.pip_index_url, ca_bundle=args.ca_bundle,
@@ -118,6 +128,37 @@ def _build(args: argparse.Namespace) -> int:
     emit_json({**report, "dry_run": bool(args.dry_run), "command": list(outcome.argv or []),
                "report_file": str(outcome.report_path) if outcome.report_path else None})
     return 0
+
+
+def _apply_profile(args: argparse.Namespace) -> None:
+    """`--profile FILE`: the profile's pins for the stack (under the command line's --set), its wheelhouse, and
+    its base choice (substitute_base: auto, never or an image) decided as `trainbox smoke` decides it."""
+    from trainbox.base import base_available
+    from trainbox.runtime.errors import TrainboxError
+    from trainbox.smoke.profile import load_profile
+    from trainbox.stack import load_stack
+
+    prof = load_profile(args.profile)
+    stack = load_stack(args.stack)
+    pins = dict((prof.get("set") or {}).get(stack.name) or {})
+    args.sets = [f"{k}={v}" for k, v in pins.items()] + list(args.sets)  # later wins: the command line
+    args.wheelhouse = args.wheelhouse or prof.get("wheelhouse")
+    mode = prof.get("substitute_base") or "auto"
+    own, sub = stack.base.image, stack.base.substitute
+    note = f"--profile {args.profile}: " + (", ".join(f"{k}={v}" for k, v in pins.items()) or "no pins")
+    if args.base or mode == "never" or stack.base.auto_substitute:
+        pass  # the command line's --base, the stack's own base, or a stack that substitutes by itself (cpu)
+    elif mode != "auto":
+        args.base = mode
+    elif sub:
+        try:
+            ok, why = base_available(own)
+        except TrainboxError as exc:  # no engine (a dry run): plan on the substitute, as the build would
+            ok, why = False, str(exc)
+        if not ok:
+            args.base = sub
+            note += f"; base {sub} (the stack's base.substitute: {own}: {why})"
+    print(note, file=sys.stderr)
 
 
 def _wheelhouse(args: argparse.Namespace) -> int:
