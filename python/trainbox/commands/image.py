@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr = isub.add_parser("prune", help="remove older content-hash tags of each stack, keeping the newest N",
                          description="For each stack, keep the --keep newest images and remove the "
                          "trainbox/<stack>:<hash> tags of the older ones (the image goes with its last tag; :latest "
-                         "and your own tags are never removed).")
+                         "and your own tags are never removed), and the untagged images `image ls` lists. Without "
+                         "STACK on an engine holding several stacks, it names them first.")
     exits(pr, "a tag could not be removed (e.g. a container still uses the image)", **{"2": ENGINE_2})
     add_stacks(pr, help="only these stacks (default: all)")
     pr.add_argument("--keep", type=int, default=3, metavar="N", help="newest images to keep per stack (default 3)")
@@ -200,18 +201,25 @@ def _prune(args: argparse.Namespace) -> int:
 
     if args.keep < 1:
         args._cmd_parser.error(f"--keep {args.keep}: keep at least 1 image per stack")
-    plan = prune_plan(built_images(args.stacks or None), args.keep)
+    images = built_images(args.stacks or None)
+    plan = prune_plan(images, args.keep)
+    note = sys.stderr if args.json else sys.stdout
+    stacks = sorted({i.stack for i in images})
+    if not args.stacks and len(stacks) > 1:
+        # a shared engine: say whose images this touches before touching them
+        print(f"no STACK given: pruning every stack on this engine ({', '.join(stacks)}); name STACKs to limit it",
+              file=note)
     if not args.dry_run:
         prune(plan)
-    note = sys.stderr if args.json else sys.stdout
     for act in plan:
         state = "would remove" if args.dry_run else "removed" if act.removed else f"kept ({act.error})"
-        print(f"{state} {act.tag} ({act.image}, built {act.created})", file=note)
+        what = act.tag or f"untagged {act.stack} image"
+        print(f"{state} {what} ({act.image}, built {act.created})", file=note)
     if not plan:
         print(f"nothing to prune (at most {args.keep} image(s) per stack)", file=note)
     failed = [a for a in plan if not args.dry_run and not a.removed]
     if args.json:
-        emit_json({"dry_run": args.dry_run, "keep": args.keep, "ok": not failed,
+        emit_json({"dry_run": args.dry_run, "keep": args.keep, "ok": not failed, "stacks": stacks,
                    "tags": [{"stack": a.stack, "tag": a.tag, "image": a.image, "created": a.created,
                              "removed": a.removed, "error": a.error} for a in plan]})
     return EXIT_PROBLEMS if failed else 0
