@@ -103,6 +103,7 @@ def _build_requirements(stack, ctx_sources: Path, dest: Path, plat: str, say) ->
 def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, platform: str | None = None,
                  say=print) -> dict:
     from .fetch import fetch_sources, stage
+    from .index import IndexUnreachable
     from .platforms import host_platform
     from .render import render_stack
     from .kinds import fetch
@@ -123,7 +124,12 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
         wh = root / "wheelhouse"
         wh.mkdir(parents=True)
         for pin in _pypi_pins(stack, plat):
-            got = fetch(pin, prefer=pin.sha256, cache_dir=cache)
+            try:
+                got = fetch(pin, prefer=pin.sha256, cache_dir=cache)
+            except IndexUnreachable as exc:  # the build's advice, for the bundle too
+                raise BundleError(f"{exc}; {pin.name}=={pin.version} is not in the cache: pass --wheelhouse DIR "
+                                  "holding the pinned wheels (`trainbox image wheelhouse` fills one where the index "
+                                  "answers)") from None
             shutil.copy2(got.path, wh / got.filename)
         srcs = fetch_sources(stack, cache_dir=cache, say=say)
         staged = work / "staged"
@@ -154,6 +160,17 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
                 "size": out.stat().st_size}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _mismatch(meta: dict, stack) -> str:
+    """What a bundle made for something else differs in, each fact once."""
+    why = []
+    if meta.get("stack") != stack.name:
+        why.append(f"made for stack {meta.get('stack')}, not {stack.name}")
+    if meta.get("pins_digest") != stack.pins_digest():
+        why.append(f"its pins (digest {str(meta.get('pins_digest'))[:12]}) are not {stack.name}'s now "
+                   f"({stack.pins_digest()[:12]}): a pin moved since it was written")
+    return "; ".join(why)
 
 
 @dataclass
@@ -200,6 +217,5 @@ def open_bundle(file: Path, stack, dest: Path) -> OpenBundle:
             raise BundleError(f"--bundle {file}: {rel} does not match its SHA256SUMS entry (damaged or tampered)")
     meta = json.loads((dest / "bundle.json").read_text())
     if meta.get("stack") != stack.name or meta.get("pins_digest") != stack.pins_digest():
-        raise BundleError(f"--bundle {file}: made for stack {meta.get('stack')} (pins {meta.get('pins_digest')}), "
-                          f"not {stack.name} (pins {stack.pins_digest()}); write a new bundle for it")
+        raise BundleError(f"--bundle {file}: {_mismatch(meta, stack)}; write a new bundle for it")
     return OpenBundle(dest, meta)
