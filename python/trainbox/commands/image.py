@@ -36,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     ls = isub.add_parser("ls", help="built images: stack, content hash, base, substitute/override flags, size, age",
                          description="trainbox's images in the engine (those labelled io.trainbox.stack), newest "
-                         "first, from their labels. SUBST: built on a substitute base (no CANN / CUDA of its own); "
+                         "first, from their labels. SUBST: built on a base other than the stack's own (its base.substitute, or "
+                         "--base IMAGE), as the image's manifest and doctor say; "
                          "OVERRIDES: built with --set or --base.")
     add_stacks(ls, help="only the images of these stacks (default: all)")
     add_json(ls, "the images")
