@@ -11,6 +11,7 @@ are checked as if given. The generated command reference is left out: it is the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import re
 import shlex
@@ -114,11 +115,16 @@ def argv(example: Example) -> list[str]:
     return words[1:]  # without "trainbox"
 
 
+@functools.cache
+def _parser():
+    return build_parser()  # parsing leaves no state in it: one for every line
+
+
 def _parse(words: list[str]):
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         try:
-            args = build_parser().parse_args(words)
+            args = _parser().parse_args(words)
             finish(args)
         except SystemExit:
             lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
