@@ -76,7 +76,8 @@ def test_stage_puts_trees_without_git_and_records_tree_hashes(tmp_path, gitenv):
     meta = json.loads((tree / ".trainbox-source.json").read_text())
     assert meta["commit"] == MEGATRON[2] and len(meta["tree"]) == 40
     # the tree hash is git's, of exactly this commit
-    assert stack.components["megatron-lm"]._tree_id == meta["tree"]
+    assert got.stack.components["megatron-lm"]._tree_id == meta["tree"]
+    assert stack.components["megatron-lm"]._tree_id is None, "the stack given is left as it was"
 
 
 def test_a_patch_that_no_longer_applies_names_patch_file_and_hunk(tmp_path, gitenv):

@@ -455,6 +455,37 @@ def test_a_given_base_is_a_substitute_in_the_label_the_manifest_and_the_plan(tmp
     assert "io.trainbox.base.substituted" not in own.labels
 
 
+def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheelhouse):
+    """image.plan resolves more on its way to make_plan (a pin --set moved, the build's one platform, an index
+    that does not answer dropped): each on a new stack, so the stack loading returned is read, never written."""
+    import copy
+
+    from trainbox import lock as lockmod
+
+    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(lockmod, "CACHE_DIR", tmp_path / "cache")  # no override lock remembered: resolved afresh
+    monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None:
+                        (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
+    _fake_wheel(wheelhouse, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    numpy_sha = _fake_wheel(wheelhouse, "numpy-2.3.4-cp311-cp311-manylinux_2_27_x86_64.whl", b"stand-in numpy")
+    opts = image.BuildOptions(stack="cpu", sets={"numpy.version": "2.3.4"}, wheelhouse=str(wheelhouse),
+                              platform="linux/amd64", dry_run=True, check_wheelhouse=False)
+    stack, inp = image._check_inputs(opts)
+
+    def snapshot(s):
+        return (s.model_dump(), copy.deepcopy(s.resolution),
+                {k: (copy.deepcopy(c.locked), c._tree_id) for k, c in s.components.items()})
+
+    before = snapshot(stack)
+    p = image.plan(opts, None, lambda msg: None, checked=(stack, inp))
+    assert snapshot(stack) == before
+    # the plan's stack did resolve more: the moved pin is pinned to the wheelhouse's file, the index dropped
+    assert stack.components["numpy"].sha256 == [] and p.stack.components["numpy"].sha256 == [numpy_sha]
+    assert "pytorch-cpu" in stack.indexes and "pytorch-cpu" not in p.stack.indexes
+    assert p.stack.dropped_indexes == {"pytorch-cpu": stack.indexes["pytorch-cpu"]}
+    assert p.stack.overrides == {"numpy.version": "2.3.4"} and p.stack.platforms == ["linux/amd64"]
+
+
 def test_dry_run_names_what_a_wheelhouse_lacks(tmp_path):
     from trainbox import wheelhouse
     from trainbox.stack import load_stack

@@ -284,7 +284,7 @@ def test_substitute_base_is_chosen_explicitly_and_recorded(tmp_path, monkeypatch
     import trainbox.base
 
     # Stand-in registry probe: the stack's own base cannot be pulled.
-    monkeypatch.setattr(trainbox.base, "base_available", lambda image, timeout=8.0: (False, "registry unreachable"))
+    monkeypatch.setattr(trainbox.base, "base_available", lambda image, client=None, timeout=8.0: (False, "registry unreachable"))
     fake = FakeBuild()
     s = smoke.Smoke(options(tmp_path, wheelhouse="/wh"), run=fake, say=lambda m: None)
     sr = stack_result(overrides={"torch.version": "2.13.0+cpu"})
@@ -303,7 +303,7 @@ def test_substitute_base_is_chosen_explicitly_and_recorded(tmp_path, monkeypatch
 def test_substitute_base_never_and_image(tmp_path, monkeypatch):
     import trainbox.base
 
-    monkeypatch.setattr(trainbox.base, "base_available", lambda image, timeout=8.0: (False, "unreachable"))
+    monkeypatch.setattr(trainbox.base, "base_available", lambda image, client=None, timeout=8.0: (False, "unreachable"))
     info = {"base": {"image": "quay.io/x:1", "substitute": "local/debian:bookworm"}}
     fake = FakeBuild()
     sr = stack_result()
@@ -321,7 +321,7 @@ def test_substitute_base_never_and_image(tmp_path, monkeypatch):
 def test_build_failure_names_the_dockerfile_step(tmp_path, monkeypatch):
     import trainbox.base
 
-    monkeypatch.setattr(trainbox.base, "base_available", lambda image, timeout=8.0: (True, "present locally"))
+    monkeypatch.setattr(trainbox.base, "base_available", lambda image, client=None, timeout=8.0: (True, "present locally"))
     sr = stack_result()
     res = smoke.Smoke(options(tmp_path), run=FakeBuild(ok=False), say=lambda m: None).step_build(
         sr, {"base": {"image": "debian:x"}})
@@ -418,7 +418,7 @@ def test_cpu_stack_end_to_end(tmp_path):
 def test_build_cache_is_passed_and_rotated(tmp_path, monkeypatch):
     import trainbox.base
 
-    monkeypatch.setattr(trainbox.base, "base_available", lambda image, timeout=8.0: (True, "present locally"))
+    monkeypatch.setattr(trainbox.base, "base_available", lambda image, client=None, timeout=8.0: (True, "present locally"))
 
     class CachingBuild(FakeBuild):
         # Stand-in for an `image build` that has --cache-from/--cache-to: exports a cache like BuildKit does.

@@ -175,10 +175,8 @@ def render_for(stack, base: Base):
 
     if not base.substituted or stack.declared_base:
         return render.render_stack(stack)
-    sub = stack.model_copy(deep=True)
-    sub.source_file, sub.overrides = stack.source_file, stack.overrides
-    sub.base.image, sub.declared_base = base.used, stack.base.image
-    return render.render_stack(sub)
+    sub = stack.model_copy(update={"base": stack.base.model_copy(update={"image": base.used})})
+    return render.render_stack(sub.resolved(declared_base=stack.base.image))
 
 
 def _args(inp: PlanInputs, dockerfile: Path, tags: list[str], labels: dict[str, str], mode: str) -> list[str]:

@@ -132,6 +132,7 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
                                   "answers)") from None
             shutil.copy2(got.path, wh / got.filename)
         srcs = fetch_sources(stack, cache_dir=cache, say=say)
+        stack = srcs.stack  # with the fetched commits' tree hashes, for the manifest
         staged = work / "staged"
         stage(staged, srcs)
         _build_requirements(stack, staged / "build" / "sources", wh, plat, say)

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .runtime.errors import TrainboxError
 from .paths import LAUNCHERS_DIR
 from .grammar import ENV_NAME_RE, MAX_DEVICES_PER_NODE, MAX_NODES, check_name, check_text
-from .stack import format_validation, named_file, read_yaml
+from .documents import format_validation, merge, named_file, read_yaml
 
 RECIPES_DIR = LAUNCHERS_DIR / "recipes"
 NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -503,8 +503,6 @@ def _drop_nulls(merged: dict, child: dict) -> None:
 def _raw_recipe(path: Path, recipes_dir: Path | None, seen: tuple[Path, ...] = ()) -> dict:
     """The recipe's mapping with `extends: PARENT` applied like stacks do: mappings (inputs, env, parallel,
     ...) merge key by key, anything else (command, source, preflight, upstream) is replaced whole."""
-    from .stack import _merge
-
     if path.resolve() in seen:
         chain = " -> ".join(p.name for p in seen + (path.resolve(),))
         raise RecipeError(f"{path}: `extends` loops: {chain}")
@@ -518,7 +516,7 @@ def _raw_recipe(path: Path, recipes_dir: Path | None, seen: tuple[Path, ...] = (
     base = _raw_recipe(sibling if sibling.is_file() else recipe_path(parent, recipes_dir), recipes_dir,
                        seen + (path.resolve(),))
     base.pop("name", None)
-    merged = _merge(base, data)
+    merged = merge(base, data)
     _drop_nulls(merged, data)
     return merged
 

@@ -8,6 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
+from .. import base
 from ..runtime.errors import TrainboxError
 from .findings import classify_doctor
 from .model import _PLACEHOLDER, FAIL, PASS, SKIPPED, StackResult, StepResult
@@ -22,8 +23,8 @@ class ImageSteps:
     def _choose_base(self, sr: StackResult, info: dict) -> str | None:
         """Decide the base before the build and record why (the report must say what was built on).
         Returns the image to pass as `image build --base`, or None for the stack's own."""
-        base = info.get("base") or {}
-        own, sub = base.get("image"), base.get("substitute")
+        declared = info.get("base") or {}
+        own, sub = declared.get("image"), declared.get("substitute")
         sr.base["image"] = own
         mode = self.opts.substitute_base
         if mode == "never":
@@ -33,22 +34,20 @@ class ImageSteps:
             sr.base.update(decision="explicit", used=mode, substituted=mode if mode != own else None,
                            reason=f"--substitute-base {mode}")
             return mode
+        # Smoke's policy beside image build's: any stack with a base.substitute is built on it when its own
+        # base cannot be had (image build substitutes by itself only where the stack allows it: cpu).
         try:
-            from ..base import base_available
-
-            ok, why = base_available(own, timeout=self.opts.pull_timeout)
+            choice = base.own_or_substitute(own, sub, may_substitute=True, timeout=self.opts.pull_timeout)
         except TrainboxError as exc:  # no engine: the build step says so
-            ok, why = True, f"not probed ({exc})"
-        if ok:
-            sr.base.update(decision="own", reason=f"{own}: {why}")
-            return None
-        if not sub:
-            sr.base.update(decision="own", reason=f"{own} cannot be pulled ({why}) and the stack declares no "
-                                                  "base.substitute; the build says how to provide one")
+            choice = base.Choice(own, None, f"{own}: not probed ({exc})")
+        if not choice.substituted:
+            sr.base.update(decision="own", reason=choice.why if choice.available else
+                           f"{choice.why} and the stack declares no base.substitute; the build says how to "
+                           "provide one")
             return None
         sr.base.update(decision="substitute", used=sub, substituted=sub,
-                       reason=f"{own} cannot be pulled ({why}); built on the stack's base.substitute {sub}")
-        if base.get("auto_substitute"):
+                       reason=f"{choice.why}; built on the stack's base.substitute {sub}")
+        if declared.get("auto_substitute"):
             # The stack substitutes by itself (cpu): no --base, so the image is the very one `trainbox image
             # build` makes for everyone (same content hash, a cache hit when it exists).
             return None

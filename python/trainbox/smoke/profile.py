@@ -39,7 +39,7 @@ def load_profile(path: str | Path) -> dict:
         skip: list[str] = Field(default_factory=list)
         set: dict[str, dict[str, str]] = Field(default_factory=dict)
 
-    from ..stack import format_validation, read_yaml
+    from ..documents import format_validation, read_yaml
 
     p = Path(path)
     if not p.is_file():
