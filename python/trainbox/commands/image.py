@@ -135,7 +135,7 @@ def _build(args: argparse.Namespace) -> int:
 def _apply_profile(args: argparse.Namespace) -> None:
     """`--profile FILE`: the profile's pins for the stack (under the command line's --set), its wheelhouse, and
     its base choice (substitute_base: auto, never or an image) decided as `trainbox smoke` decides it."""
-    from trainbox.base import base_available
+    from trainbox.base import Choice, own_or_substitute
     from trainbox.runtime.errors import TrainboxError
     from trainbox.smoke.profile import load_profile
     from trainbox.stack import load_stack
@@ -152,14 +152,14 @@ def _apply_profile(args: argparse.Namespace) -> None:
         pass  # the command line's --base, the stack's own base, or a stack that substitutes by itself (cpu)
     elif mode != "auto":
         args.base = mode
-    elif sub:
+    elif sub:  # smoke's policy (trainbox.base.own_or_substitute): the substitute when the own base cannot be had
         try:
-            ok, why = base_available(own)
+            choice = own_or_substitute(own, sub, may_substitute=True)
         except TrainboxError as exc:  # no engine (a dry run): plan on the substitute, as the build would
-            ok, why = False, str(exc)
-        if not ok:
+            choice = Choice(sub, sub, f"{own}: not probed ({exc})")
+        if choice.substituted:
             args.base = sub
-            note += f"; base {sub} (the stack's base.substitute: {own}: {why})"
+            note += f"; base {sub}, the stack's base.substitute ({choice.why})"
     print(note, file=sys.stderr)
 
 
