@@ -107,6 +107,7 @@ def _build_requirements(stack, ctx_sources: Path, dest: Path, plat: str, say) ->
 def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, platform: str | None = None,
                  say=print) -> dict:
     from .fetch import fetch_sources, stage
+    from .index import IndexUnreachable
     from .platforms import host_platform
     from .render import render_stack
     from .kinds import fetch
@@ -128,7 +129,12 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
         wh = root / "wheelhouse"
         wh.mkdir(parents=True)
         for pin in _pypi_pins(stack, plat):
-            got = fetch(pin, prefer=pin.sha256, cache_dir=cache)
+            try:
+                got = fetch(pin, prefer=pin.sha256, cache_dir=cache)
+            except IndexUnreachable as exc:  # the build's advice, for the bundle too
+                raise BundleError(f"{exc}; {pin.name}=={pin.version} is not in the cache: pass --wheelhouse DIR "
+                                  "holding the pinned wheels (`trainbox image wheelhouse` fills one where the index "
+                                  "answers)") from None
             shutil.copy2(got.path, wh / got.filename)
         srcs = fetch_sources(stack, cache_dir=cache, say=say)
         stack = srcs.stack  # with the fetched commits' tree hashes, for the manifest
@@ -169,6 +175,17 @@ def _check_output(out: Path) -> None:
     if out.name in ("", ".", "..") or (os.path.lexists(out) and not stat.S_ISREG(os.lstat(out).st_mode)):
         raise BundleError(f"--bundle {out}: not a regular file; name a new or existing .tar file to write the "
                           "bundle to")
+
+
+def _mismatch(meta: dict, stack) -> str:
+    """What a bundle made for something else differs in, each fact once."""
+    why = []
+    if meta.get("stack") != stack.name:
+        why.append(f"made for stack {meta.get('stack')}, not {stack.name}")
+    if meta.get("pins_digest") != stack.pins_digest():
+        why.append(f"its pins (digest {str(meta.get('pins_digest'))[:12]}) are not {stack.name}'s now "
+                   f"({stack.pins_digest()[:12]}): a pin moved since it was written")
+    return "; ".join(why)
 
 
 @dataclass
@@ -217,8 +234,7 @@ def open_bundle(file: Path, stack, dest: Path) -> OpenBundle:
                           "`trainbox fetch STACK --bundle FILE`") from None
     meta = _read_meta(dest / "bundle.json", file)
     if meta.get("stack") != stack.name or meta.get("pins_digest") != stack.pins_digest():
-        raise BundleError(f"--bundle {file}: made for stack {meta.get('stack')} (pins {meta.get('pins_digest')}), "
-                          f"not {stack.name} (pins {stack.pins_digest()}); write a new bundle for it")
+        raise BundleError(f"--bundle {file}: {_mismatch(meta, stack)}; write a new bundle for it")
     _check_git(stack, dest, file)
     return OpenBundle(dest, meta)
 

@@ -157,18 +157,23 @@ class BuildOptions:
 def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False) -> Base:
     """The base as a plan records it. Without an engine (a dry run offline) the stack's base is taken as
     declared and the plan says what could not be checked; a dry run also plans on a base it cannot have."""
+    # `--base IMAGE` is a substitute as render.manifest records it (base.substituted), so the plan, the
+    # io.trainbox.base.substituted label (`image ls`, `run`) and the manifest (`doctor`) say one thing
+    given = stack.base.image if stack.declared_base else None
     if client is None:
-        sub = stack.base.substitute if stack.base.auto_substitute else None
+        sub = stack.base.substitute if stack.base.auto_substitute and not given else None
         note = "no engine answers, so it was not checked" + (
             f" (if it cannot be pulled the build uses the substitute {sub}, which changes the tag)" if sub else "")
-        return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, note=note)
+        return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
+                    note=note)
     try:
         used, substituted, boot, image_id = resolve_base(stack, client, say)
     except TrainboxError as exc:
         if not dry_run:
             raise
-        return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, note=str(exc))
-    return Base(requested=stack.declared_base or stack.base.image, used=used, substituted=substituted,
+        return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
+                    note=str(exc))
+    return Base(requested=stack.declared_base or stack.base.image, used=used, substituted=substituted or given,
                 bootstrap=boot, image_id=None if boot else (image_id or client.image_id(used)),
                 note="made by `trainbox base bootstrap` first" if boot else "")
 
