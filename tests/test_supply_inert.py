@@ -276,7 +276,7 @@ def test_a_20000_deep_yaml_list_is_one_line(tmp_path, capsys):
     path.parent.mkdir()
     path.write_text("name: deep\nsystem_packages: " + "[" * 20000 + "]" * 20000 + "\n")
     err = _one_line_exit_2(capsys, ["render", str(path), "-o", str(tmp_path / "out")])
-    assert "nested too deeply" in err and str(path) in err
+    assert "nested more than 64 levels deep" in err and str(path) in err
     assert not (tmp_path / "out").exists()
 
 

@@ -19,6 +19,9 @@ from .runtime.errors import TrainboxError
 # The largest stack in the tree is a few KiB and a lock some tens; 1 MiB leaves room without letting a stray
 # 50 MB file through to pydantic.
 MAX_YAML_BYTES = 1 << 20
+# A stack or recipe nests a few levels; deeper is a hostile or broken file (libyaml parses 20,000 levels happily,
+# and the schema would then print one error per level).
+MAX_YAML_DEPTH = 64
 
 
 class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
@@ -73,18 +76,35 @@ def _cut_values(text: str, where: str, error: type[TrainboxError]) -> None:
                         "as '# text'")
 
 
+def _too_deep(data) -> bool:
+    """Nesting past MAX_YAML_DEPTH, measured without recursion (the data may be 20,000 levels deep)."""
+    todo = [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if depth > MAX_YAML_DEPTH:
+            return True
+        if isinstance(value, dict):
+            todo.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            todo.extend((v, depth + 1) for v in value)
+    return False
+
+
 def parse_yaml(text: str, where: str, error: type[TrainboxError] = TrainboxError):
     """Parse YAML text (duplicate keys and cut-short values refused); errors name `where` (a path) and the line."""
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
         if _SUSPECT.search(text):
             _cut_values(text, where, error)
+        if _too_deep(data):
+            raise RecursionError
         return data
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc)
         raise error(f"{where}{_location(exc)}: malformed YAML: {problem}") from None
-    except RecursionError:  # the parser recurses per level: a 20,000-deep list would end in a traceback
-        raise error(f"{where}: malformed YAML: nested too deeply; a stack or recipe needs a few levels") from None
+    except RecursionError:  # the pure-Python parser recurses per level; libyaml's result is measured above
+        raise error(f"{where}: malformed YAML: nested more than {MAX_YAML_DEPTH} levels deep; a stack or recipe "
+                    "needs a few levels") from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits (Python's int limit)
         raise error(f"{where}: malformed YAML: {' '.join(str(exc).split())[:200]}") from None
 

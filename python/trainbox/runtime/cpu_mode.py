@@ -21,17 +21,13 @@ from __future__ import annotations
 import os
 import sys
 
-# What cannot load without CANN (Ascend) or a GPU driver, top-level import names. Python packages built on top of
-# them (MindSpeed, ...) then fail to import exactly as they do in a CPU image without these.
-HIDDEN = (
-    "torch_npu",              # Ascend's torch backend (libascendcl, libhccl)
-    "torchair",               # torch_npu's graph mode
-    "acl",                    # pyACL, CANN's runtime bindings
-    "te", "tbe",              # CANN's operator compiler packages (the base Python's site-packages)
-    "sgl_kernel_npu",         # sglang's NPU kernels, built against CANN
-    "transformer_engine",     # NVIDIA Transformer Engine: loads libcuda at import
-    "transformer_engine_torch",
-)
+from trainbox.runtime.deviceonly import DEVICE_ONLY
+
+# What cannot load without CANN (Ascend) or a GPU driver: the one device-only list, plus the PyPI packages whose
+# import loads one of those at once (so a framework's `find_spec` must not see them either). The closure check
+# requires these two (they install from PyPI); CPU mode hides them. Python packages built on top (MindSpeed, ...)
+# then fail to import exactly as they do in a CPU image without these.
+HIDDEN = (*DEVICE_ONLY, "torchair", "transformer_engine")
 ENV_VAR = "TRAINBOX_DEVICE"
 FORCED_ENV = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "CUDA_VISIBLE_DEVICES": "", "ASCEND_RT_VISIBLE_DEVICES": ""}
 # After trainbox.pth (which puts the package on sys.path): site reads a directory's .pth files in sorted order.

@@ -46,3 +46,9 @@ def device_only(module: str) -> str | None:
 
 
 __all__ = ["DEVICE_ONLY", "device_only"]
+
+
+if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
+    from trainbox.runtime.errors import not_a_command
+
+    raise SystemExit(not_a_command(__spec__.name))

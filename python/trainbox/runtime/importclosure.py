@@ -338,3 +338,9 @@ def walk(script: str | None = None, module: str | None = None) -> Closure:
 
 
 __all__ = ["Closure", "DISTRIBUTIONS", "Edge", "Resolver", "distribution", "module_edges", "walk"]
+
+
+if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
+    from trainbox.runtime.errors import not_a_command
+
+    raise SystemExit(not_a_command(__spec__.name))
