@@ -33,7 +33,7 @@ install:
 
 # install on first use, so that a fresh clone needs only `make demo` / `make test`
 ensure-installed:
-	@$(PYTHON) -c 'import trainbox, jinja2, pydantic, yaml, rich, pytest, torch, jsonschema, kubernetes_validate' 2>/dev/null || $(MAKE) install
+	@$(PYTHON) -c 'import trainbox, jinja2, pydantic, yaml, rich, pytest, xdist, torch, jsonschema, kubernetes_validate' 2>/dev/null || $(MAKE) install
 
 engine:
 	bash ci/ensure-docker.sh
@@ -65,9 +65,11 @@ slurm-up:
 slurm-down:
 	bash ci/slurm/down.sh
 
-# The inner loop: what needs no engine, no PyPI and no multi-second torch jobs (`make test` runs those).
+# The inner loop: what needs no engine, no PyPI and no multi-second torch jobs (`make test` runs those), on
+# every core (pytest-xdist): these tests share no fixed port, image or cache directory.
+TEST_FAST_JOBS ?= auto
 test-fast: ensure-installed
-	$(PYTEST) -q -ra -m "not docker and not network and not slow"
+	$(PYTEST) -q -ra -n $(TEST_FAST_JOBS) -m "not docker and not network and not slow"
 
 # The workload stacks' git components come from the seeds' upstream trees: beside a checkout that has
 # ../shared/upstream (CI), smoke reaches them through writable mirrors (ci/upstream-mirrors.sh); elsewhere

@@ -16,7 +16,7 @@ from trainbox.stack import load_stack
 
 
 def _bundle(path, meta: dict) -> None:
-    data = json.dumps(meta).encode()
+    data = json.dumps({"schema": bundle.SCHEMA, **meta}).encode()
     sums = f"{hashlib.sha256(data).hexdigest()}  bundle.json\n".encode()
     with tarfile.open(path, "w") as tar:
         for name, content in (("bundle.json", data), ("SHA256SUMS", sums)):
