@@ -28,6 +28,8 @@ def register(sub) -> None:
     r.add_argument("--devices", metavar="LIST", help="host cards, e.g. 4-7: ports derive from them so jobs on "
                    "0-3 and 4-7 do not collide")
     r.add_argument("-o", "--output", metavar="FILE", help="write the script here (mode 0755) instead of stdout")
+    r.add_argument("--strict", action="store_true", help="fail (exit 2) where a warning would do: a cluster render "
+                   "whose image no node but this one can pull (a local tag without a registry)")
     exits(r)
     r.set_defaults(func=cmd_render)
 
@@ -103,6 +105,7 @@ def cmd_render(args) -> int:
                       stack_name=args.stack, nodes=args.nodes, nproc_per_node=args.nproc_per_node,
                       devices=args.devices)
     recipe, script = job.recipe, render_target(job, args.target)
+    _image_reachable(job, args.target, args.strict)
     if args.output:
         from ..runtime.errors import TrainboxError
 
@@ -122,6 +125,17 @@ def cmd_render(args) -> int:
     else:
         sys.stdout.write(script)
     return 0
+
+
+def _image_reachable(job, target: str, strict: bool) -> None:
+    from ..launch.targets import unpullable
+    from ..runtime.errors import TrainboxError
+
+    problem = unpullable(job, target)
+    if problem and strict:
+        raise TrainboxError(f"--strict: {problem}")
+    if problem:
+        print(f"warning: {problem}", file=sys.stderr)
 
 
 def cmd_check(args) -> int:

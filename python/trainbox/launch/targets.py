@@ -51,6 +51,19 @@ TARGETS: dict[str, tuple[Callable[[Job], str], str, str]] = {
 }
 
 
+K8S_TARGETS = ("ascendjob", "volcano", "pytorchjob", "rayjob")
+
+
+def unpullable(job: Job, target: str) -> str | None:
+    """Why the nodes of this render cannot pull its image, or None: a Kubernetes pod, or a node of a multi-node
+    Slurm job, is another machine than the one that built the image."""
+    from .images import pull_problem
+
+    if target == "docker" or (target not in K8S_TARGETS and job.nodes < 2):
+        return None
+    return pull_problem(job.image)
+
+
 def render_target(job: Job, target: str) -> str:
     if target not in TARGETS:
         raise TrainboxError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
