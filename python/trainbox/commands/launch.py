@@ -28,6 +28,10 @@ def register(sub) -> None:
     r.add_argument("--devices", metavar="LIST", help="host cards, e.g. 4-7: ports derive from them so jobs on "
                    "0-3 and 4-7 do not collide")
     r.add_argument("-o", "--output", metavar="FILE", help="write the script here (mode 0755) instead of stdout")
+    r.add_argument("--accelerator-type", metavar="TYPE",
+                   help="Kubernetes NPU targets: the MindCluster node type to schedule on (accelerator-type node "
+                   "label): module-910b-8 (default for 910B), module-910b-16, card-910b-2, module-a3-16-super-pod "
+                   "(default for A3; adds sp-block), module-a3-16, module-a3-8-super-pod")
     r.add_argument("--strict", action="store_true", help="fail (exit 2) where a warning would do: a cluster render "
                    "whose image no node but this one can pull (a local tag without a registry)")
     exits(r)
@@ -99,12 +103,12 @@ def _scale_args(p) -> None:
 
 def cmd_render(args) -> int:
     from ..launch import node_commands, parse_sets
-    from ..launch.targets import render_target, resolve_for
+    from ..launch.targets import RenderOptions, render_target, resolve_for
 
     job = resolve_for(args.target, args.recipe, sets=parse_sets(args.sets), image=args.image,
                       stack_name=args.stack, nodes=args.nodes, nproc_per_node=args.nproc_per_node,
                       devices=args.devices)
-    recipe, script = job.recipe, render_target(job, args.target)
+    recipe, script = job.recipe, render_target(job, args.target, RenderOptions(args.accelerator_type))
     _image_reachable(job, args.target, args.strict)
     if args.output:
         from ..runtime.errors import TrainboxError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Callable
 
 from ..runtime.errors import TrainboxError
@@ -11,35 +12,41 @@ from .job import Job
 IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+#-]*$")  # "#": enroot's REGISTRY#IMAGE form
 
 
-def _docker(job: Job) -> str:
+@dataclass(frozen=True)
+class RenderOptions:
+    """What a cluster render takes beyond the job: the NPU node type of a Kubernetes job."""
+    accelerator_type: str | None = None
+
+
+def _docker(job: Job, _opts: RenderOptions) -> str:
     from .script import render_script
 
     return render_script(job.recipe, job.stack, job.sets)
 
 
-def _slurm(job: Job) -> str:
+def _slurm(job: Job, _opts: RenderOptions) -> str:
     from .slurm import render_sbatch
 
     return render_sbatch(job)
 
 
-def _slurm_pyxis(job: Job) -> str:
+def _slurm_pyxis(job: Job, _opts: RenderOptions) -> str:
     from .slurm import render_sbatch
 
     return render_sbatch(job, pyxis=True)
 
 
-def _k8s(kind: str) -> Callable[[Job], str]:
-    def render(job: Job) -> str:
+def _k8s(kind: str) -> Callable[[Job, RenderOptions], str]:
+    def render(job: Job, opts: RenderOptions) -> str:
         from .k8s import render_manifest
 
-        return render_manifest(job, kind)
+        return render_manifest(job, kind, accelerator=opts.accelerator_type)
 
     return render
 
 
 # name -> (renderer, what it writes, the kind of file)
-TARGETS: dict[str, tuple[Callable[[Job], str], str, str]] = {
+TARGETS: dict[str, tuple[Callable[[Job, RenderOptions], str], str, str]] = {
     "docker": (_docker, "the bash launcher script `trainbox run` mounts into the container", "sh"),
     "slurm": (_slurm, "an sbatch script: one docker container per node", "sbatch"),
     "slurm-pyxis": (_slurm_pyxis, "an sbatch script for pyxis/enroot (srun --container-image)", "sbatch"),
@@ -64,10 +71,13 @@ def unpullable(job: Job, target: str) -> str | None:
     return pull_problem(job.image)
 
 
-def render_target(job: Job, target: str) -> str:
+def render_target(job: Job, target: str, options: RenderOptions | None = None) -> str:
     if target not in TARGETS:
         raise TrainboxError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
-    return TARGETS[target][0](job)
+    options = options or RenderOptions()
+    if options.accelerator_type and target not in K8S_TARGETS:
+        raise TrainboxError(f"--accelerator-type: a node selector of the Kubernetes targets, not of --target {target}")
+    return TARGETS[target][0](job, options)
 
 
 def resolve_for(target: str, recipe_name: str, *, sets: dict[str, str] | None = None, image: str | None = None,
