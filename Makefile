@@ -12,7 +12,7 @@ WHEELHOUSE ?= $(if $(PIP_LINKS_DIR),$(if $(wildcard $(PIP_LINKS_DIR)/torch-*+cpu
 WHEELHOUSE_ARG = $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE),)
 PYTEST ?= $(PYTHON) -m pytest
 
-.PHONY: slurm-up slurm-down
+.PHONY: slurm-up slurm-down registry
 .PHONY: help docs install ensure-installed engine render render-check lint test test-fast smoke image-cpu image-npu image-cuda demo bench bench-build bench-import
 
 help:
@@ -64,6 +64,11 @@ slurm-up:
 
 slurm-down:
 	bash ci/slurm/down.sh
+
+# A registry on 127.0.0.1 (Debian's docker-registry) for `trainbox image push`, until Ctrl-C; the push tests
+# start their own.
+registry:
+	$(PYTHON) tests/registry_helpers.py
 
 test-fast: ensure-installed
 	$(PYTEST) -q -ra -m "not docker and not network"

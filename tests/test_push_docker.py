@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -57,12 +58,10 @@ def test_push_pull_by_digest_run(registry, tmp_path):
     assert refs == [pushed.ref, pushed.ref], refs
     assert unpullable(resolve_for("slurm", "cpu-ddp", nodes=2), "slurm") is None
 
-    # delete every local name of the image, so only the registry has it (tags come back afterwards)
-    tags = json.loads(_docker("image", "inspect", "--format", "{{json .RepoTags}}", pushed.image_id).stdout)
+    # delete every local name of the image, so only the registry has it (the names come back afterwards)
+    names = json.loads(_docker("image", "inspect", "--format", "{{json .RepoTags}}", pushed.image_id).stdout)
     try:
-        rm = _docker("image", "rm", *tags, f"{registry}/trainbox/cpu@{pushed.digest}")
-        assert rm.returncode == 0, rm.stderr
-        assert _docker("image", "inspect", pushed.image_id).returncode != 0, "the image is still here"
+        _remove_all_names(pushed.image_id)
         pull = _docker("pull", refs[0])
         assert pull.returncode == 0, pull.stderr
         assert _docker("image", "inspect", "--format", "{{.Id}}", refs[0]).stdout.strip() == pushed.image_id
@@ -70,10 +69,23 @@ def test_push_pull_by_digest_run(registry, tmp_path):
                               timeout=300)
         assert run.returncode == 0 and "ran " in run.stdout, run.stdout + run.stderr
     finally:
-        for tag in tags:
-            _docker("tag", pushed.image_id, tag)
+        if _docker("image", "inspect", pushed.image_id).returncode != 0:
+            _docker("pull", pushed.ref)  # the registry still runs: what the test removed comes back from it
+        for name in names:
+            _docker("tag", pushed.image_id, name)
         # the registry goes with the test: no name of it may stay on the image (renders elsewhere would pin it)
         _docker("image", "rm", pushed.tag, pushed.ref)
+
+
+def _remove_all_names(image_id: str) -> None:
+    """Untag every tag, then drop any digest reference left (a push to another registry leaves one)."""
+    for key in ("RepoTags", "RepoDigests"):
+        proc = _docker("image", "inspect", "--format", "{{json ." + key + "}}", image_id)
+        refs = json.loads(proc.stdout) if proc.returncode == 0 else []
+        if refs:
+            rm = _docker("image", "rm", *refs)
+            assert rm.returncode == 0, rm.stderr
+    assert _docker("image", "inspect", image_id).returncode != 0, "the image is still here"
 
 
 def test_push_refuses_a_bad_registry_before_the_engine(tmp_path):
@@ -85,3 +97,32 @@ def test_push_refuses_a_bad_registry_before_the_engine(tmp_path):
             check_registry(bad)
     assert check_registry("127.0.0.1:5000/") == "127.0.0.1:5000"
     assert check_registry("registry.example.com/ml") == "registry.example.com/ml"
+
+
+def test_push_command_json_names_the_digest_the_registry_serves(registry):
+    import urllib.request
+
+    dh.build_cpu_image()
+    proc = subprocess.run([sys.executable, "-m", "trainbox.cli", "image", "push", "cpu", "--registry", registry,
+                           "--json"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    try:
+        assert out["ref"] == f"{registry}/trainbox/cpu@{out['digest']}"
+        repo_tag = out["tag"].split("/", 1)[1]  # trainbox/cpu:HASH
+        name, tag = repo_tag.rsplit(":", 1)
+        req = urllib.request.Request(f"http://{registry}/v2/{name}/manifests/{tag}", method="HEAD", headers={
+            "Accept": "application/vnd.docker.distribution.manifest.v2+json, "
+                      "application/vnd.oci.image.manifest.v1+json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.headers["Docker-Content-Digest"] == out["digest"]
+        assert "pushing " in proc.stderr  # progress goes to stderr under --json
+    finally:
+        _docker("image", "rm", out["tag"], out["ref"])
+
+
+def test_push_without_a_registry_is_a_usage_error(monkeypatch):
+    monkeypatch.delenv("TRAINBOX_REGISTRY", raising=False)
+    proc = subprocess.run([sys.executable, "-m", "trainbox.cli", "image", "push", "cpu"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "--registry REG is required" in proc.stderr

@@ -72,6 +72,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     exits(w, None, **{"2": "usage or invalid input, or a pinned artifact cannot be fetched or verified"})
     w.set_defaults(func=_wheelhouse)
 
+    _register_inventory(isub)
+    _register_push(isub)
+
+    p.set_defaults(func=group_help(p))
+
+
+def _register_inventory(isub) -> None:
     ls = isub.add_parser("ls", help="built images: stack, content hash, base, substitute/override flags, size, age",
                          description="trainbox's images in the engine (those labelled io.trainbox.stack), newest "
                          "first, from their labels. SUBST: built on a substitute base (no CANN / CUDA of its own); "
@@ -81,19 +88,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_json(ls, "the images")
     exits(ls, None, **{"2": ENGINE_2})
     ls.set_defaults(func=_ls)
-
-    pu = isub.add_parser(
-        "push", help="push a stack's content-hash tag to a registry and record the digest it got",
-        description="Tag trainbox/STACK:<content hash> as REG/trainbox/STACK:<hash> and push it. The digest the "
-        "registry stored is recorded in the build report and shown by `image ls`; the cluster targets of `launch "
-        "render` then name REG/trainbox/STACK@sha256:..., which every node can pull.")
-    add_stack(pu)
-    pu.add_argument("--registry", metavar="REG", default=os.environ.get("TRAINBOX_REGISTRY"),
-                    help="registry host[:port][/path] (default: $TRAINBOX_REGISTRY); a registry on 127.0.0.1 is "
-                    "plain HTTP to the engine, any other needs TLS or the engine's insecure-registries")
-    add_json(pu, "the pushed image: tag, digest, ref")
-    exits(pu, "the push failed (the registry's message is shown)", **{"2": ENGINE_2})
-    pu.set_defaults(func=_push)
 
     pr = isub.add_parser("prune", help="remove older content-hash tags of each stack, keeping the newest N",
                          description="For each stack, keep the --keep newest images and remove the "
@@ -106,7 +100,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_json(pr, "what was (or would be) removed")
     pr.set_defaults(func=_prune)
 
-    p.set_defaults(func=group_help(p))
+
+def _register_push(isub) -> None:
+    pu = isub.add_parser(
+        "push", help="push a stack's content-hash tag to a registry and record the digest it got",
+        description="Tag trainbox/STACK:<content hash> as REG/trainbox/STACK:<hash> and push it. The digest the "
+        "registry stored is recorded in the build report and shown by `image ls`; the cluster targets of `launch "
+        "render` then name REG/trainbox/STACK@sha256:..., which every node can pull.")
+    add_stack(pu)
+    pu.add_argument("--registry", metavar="REG", default=os.environ.get("TRAINBOX_REGISTRY"),
+                    help="registry host[:port][/path] (default: $TRAINBOX_REGISTRY); a registry on 127.0.0.1 is "
+                    "plain HTTP to the engine, any other needs TLS or the engine's insecure-registries")
+    add_json(pu, "the pushed image: tag, digest, ref")
+    exits(pu, "the push failed (the registry's message is shown)", **{"2": ENGINE_2})
+    pu.set_defaults(func=_push)
 
 
 def _build(args: argparse.Namespace) -> int:

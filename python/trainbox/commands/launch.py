@@ -28,12 +28,7 @@ def register(sub) -> None:
     r.add_argument("--devices", metavar="LIST", help="host cards, e.g. 4-7: ports derive from them so jobs on "
                    "0-3 and 4-7 do not collide")
     r.add_argument("-o", "--output", metavar="FILE", help="write the script here (mode 0755) instead of stdout")
-    r.add_argument("--accelerator-type", metavar="TYPE",
-                   help="Kubernetes NPU targets: the MindCluster node type to schedule on (accelerator-type node "
-                   "label): module-910b-8 (default for 910B), module-910b-16, card-910b-2, module-a3-16-super-pod "
-                   "(default for A3; adds sp-block), module-a3-16, module-a3-8-super-pod")
-    r.add_argument("--strict", action="store_true", help="fail (exit 2) where a warning would do: a cluster render "
-                   "whose image no node but this one can pull (a local tag without a registry)")
+    _cluster_args(r)
     exits(r)
     r.set_defaults(func=cmd_render)
 
@@ -93,6 +88,15 @@ def register(sub) -> None:
     add_json(run, "the plan (image, script, docker argv per node; with --dry-run)")
     exits(run, "the job failed: run exits with the job's own status (the container's), so any code from 1 up")
     run.set_defaults(func=cmd_run)
+
+
+def _cluster_args(r) -> None:
+    r.add_argument("--accelerator-type", metavar="TYPE",
+                   help="Kubernetes NPU targets: the MindCluster node type to schedule on (accelerator-type node "
+                   "label): module-910b-8 (default for 910B), module-910b-16, card-910b-2, module-a3-16-super-pod "
+                   "(default for A3; adds sp-block), module-a3-16, module-a3-8-super-pod")
+    r.add_argument("--strict", action="store_true", help="fail (exit 2) where a warning would do: a cluster render "
+                   "whose image no node but this one can pull (a local tag without a registry)")
 
 
 def _scale_args(p) -> None:
