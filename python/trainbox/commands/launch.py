@@ -95,6 +95,11 @@ def _cluster_args(r) -> None:
                    help="Kubernetes NPU targets: the MindCluster node type to schedule on (accelerator-type node "
                    "label): module-910b-8 (default for 910B), module-910b-16, card-910b-2, module-a3-16-super-pod "
                    "(default for A3; adds sp-block), module-a3-16, module-a3-8-super-pod")
+    r.add_argument("--name", help="Kubernetes targets: the job's name (its ConfigMap is NAME-launcher; default: the "
+                   "recipe's name and a random suffix, so a second submission does not collide)")
+    r.add_argument("--namespace", help="Kubernetes targets: metadata.namespace of the job and its ConfigMap")
+    r.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="--OPTION=VALUE",
+                   help="slurm targets: an extra #SBATCH line, e.g. --sbatch-arg=--partition=train (repeatable)")
     r.add_argument("--strict", action="store_true", help="fail (exit 2) where a warning would do: a cluster render "
                    "whose image no node but this one can pull (a local tag without a registry)")
 
@@ -112,7 +117,8 @@ def cmd_render(args) -> int:
     job = resolve_for(args.target, args.recipe, sets=parse_sets(args.sets), image=args.image,
                       stack_name=args.stack, nodes=args.nodes, nproc_per_node=args.nproc_per_node,
                       devices=args.devices)
-    recipe, script = job.recipe, render_target(job, args.target, RenderOptions(args.accelerator_type))
+    recipe, script = job.recipe, render_target(job, args.target, RenderOptions(
+        args.accelerator_type, args.name, args.namespace, tuple(args.sbatch_args)))
     _image_reachable(job, args.target, args.strict)
     if args.output:
         from ..runtime.errors import TrainboxError

@@ -14,8 +14,12 @@ IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+#-]*$")  # "#": enroot's REG
 
 @dataclass(frozen=True)
 class RenderOptions:
-    """What a cluster render takes beyond the job: the NPU node type of a Kubernetes job."""
+    """What a cluster render takes beyond the job: for Kubernetes the NPU node type, the objects' name (default:
+    the recipe's and a random suffix) and namespace; for Slurm extra #SBATCH options."""
     accelerator_type: str | None = None
+    name: str | None = None
+    namespace: str | None = None
+    sbatch_args: tuple[str, ...] = ()
 
 
 def _docker(job: Job, _opts: RenderOptions) -> str:
@@ -24,23 +28,23 @@ def _docker(job: Job, _opts: RenderOptions) -> str:
     return render_script(job.recipe, job.stack, job.sets)
 
 
-def _slurm(job: Job, _opts: RenderOptions) -> str:
+def _slurm(job: Job, opts: RenderOptions) -> str:
     from .slurm import render_sbatch
 
-    return render_sbatch(job)
+    return render_sbatch(job, sbatch_args=opts.sbatch_args)
 
 
-def _slurm_pyxis(job: Job, _opts: RenderOptions) -> str:
+def _slurm_pyxis(job: Job, opts: RenderOptions) -> str:
     from .slurm import render_sbatch
 
-    return render_sbatch(job, pyxis=True)
+    return render_sbatch(job, pyxis=True, sbatch_args=opts.sbatch_args)
 
 
 def _k8s(kind: str) -> Callable[[Job, RenderOptions], str]:
     def render(job: Job, opts: RenderOptions) -> str:
         from .k8s import render_manifest
 
-        return render_manifest(job, kind, accelerator=opts.accelerator_type)
+        return render_manifest(job, kind, opts.name, opts.accelerator_type, opts.namespace)
 
     return render
 
@@ -75,8 +79,13 @@ def render_target(job: Job, target: str, options: RenderOptions | None = None) -
     if target not in TARGETS:
         raise TrainboxError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
     options = options or RenderOptions()
-    if options.accelerator_type and target not in K8S_TARGETS:
-        raise TrainboxError(f"--accelerator-type: a node selector of the Kubernetes targets, not of --target {target}")
+    k8s_only = {"--accelerator-type": options.accelerator_type, "--name": options.name,
+                "--namespace": options.namespace}
+    for flag, value in k8s_only.items():
+        if value is not None and target not in K8S_TARGETS:
+            raise TrainboxError(f"{flag}: an option of the Kubernetes targets, not of --target {target}")
+    if options.sbatch_args and not target.startswith("slurm"):
+        raise TrainboxError(f"--sbatch-arg: an option of the slurm targets, not of --target {target}")
     return TARGETS[target][0](job, options)
 
 
