@@ -30,10 +30,12 @@ def _docker(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([dh.docker_client().docker, *args], capture_output=True, text=True, timeout=timeout)
 
 
-def _rendered_refs(target: str) -> list[str]:
+def _rendered_refs(target: str, image: str) -> list[str]:
+    """The image the rendered Slurm script or Volcano Job names, for a job given the local content-hash tag (not
+    :latest, which another build on a shared engine may move meanwhile)."""
     from trainbox.launch.targets import render_target, resolve_for
 
-    job = resolve_for(target, "cpu-ddp", nodes=2)
+    job = resolve_for(target, "cpu-ddp", nodes=2, image=image)
     out = render_target(job, target)
     if target == "slurm":
         return [job.image] if job.image in out else []
@@ -42,25 +44,17 @@ def _rendered_refs(target: str) -> list[str]:
 
 
 def test_push_pull_by_digest_run(registry, tmp_path):
-    from trainbox.launch.targets import resolve_for, unpullable
     from trainbox.push import push
 
     outcome = dh.build_cpu_outcome()
     lines: list[str] = []
     pushed = push("cpu", registry, say=lines.append, report=outcome.report_path)
-    assert pushed.ref == f"{registry}/trainbox/cpu@{pushed.digest}" and pushed.digest.startswith("sha256:")
-    assert any("Pushed" in ln or "Layer already exists" in ln for ln in lines), lines
-    # the build report records the push; the registry serves that very manifest
-    report = json.loads(outcome.report_path.read_text())
-    assert pushed.ref in [p["ref"] for p in report["pushed"]]
-    # the cluster targets name the pushed digest, and no longer warn that nodes cannot pull it
-    refs = _rendered_refs("slurm") + _rendered_refs("volcano")
-    assert refs == [pushed.ref, pushed.ref], refs
-    assert unpullable(resolve_for("slurm", "cpu-ddp", nodes=2), "slurm") is None
-
-    # delete every local name of the image, so only the registry has it (the names come back afterwards)
     names = json.loads(_docker("image", "inspect", "--format", "{{json .RepoTags}}", pushed.image_id).stdout)
     try:
+        assert pushed.ref == f"{registry}/trainbox/cpu@{pushed.digest}" and pushed.digest.startswith("sha256:")
+        assert any("Pushed" in ln or "Layer already exists" in ln for ln in lines), lines
+        refs = _check_records(pushed, outcome)
+        # delete every local name of the image, so only the registry has it (the names come back afterwards)
         _remove_all_names(pushed.image_id)
         pull = _docker("pull", refs[0])
         assert pull.returncode == 0, pull.stderr
@@ -75,6 +69,22 @@ def test_push_pull_by_digest_run(registry, tmp_path):
             _docker("tag", pushed.image_id, name)
         # the registry goes with the test: no name of it may stay on the image (renders elsewhere would pin it)
         _docker("image", "rm", pushed.tag, pushed.ref)
+
+
+def _check_records(pushed, outcome) -> list[str]:
+    """The digest is in the build report, in `image ls` (PUSHED), and in what the cluster targets render, which
+    then no longer warn that nodes cannot pull the image. Returns the rendered references."""
+    from trainbox.inventory import built_images
+    from trainbox.launch.targets import resolve_for, unpullable
+
+    report = json.loads(outcome.report_path.read_text())
+    assert pushed.ref in [p["ref"] for p in report["pushed"]]
+    assert [i.digests for i in built_images(["cpu"])
+            if pushed.image_id.removeprefix("sha256:").startswith(i.id)] == [[pushed.ref]]
+    refs = _rendered_refs("slurm", pushed.source) + _rendered_refs("volcano", pushed.source)
+    assert refs == [pushed.ref, pushed.ref], refs
+    assert unpullable(resolve_for("slurm", "cpu-ddp", nodes=2, image=pushed.source), "slurm") is None
+    return refs
 
 
 def _remove_all_names(image_id: str) -> None:
