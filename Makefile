@@ -18,7 +18,7 @@ PYTEST ?= $(PYTHON) -m pytest
 help:
 	@echo "make demo        build the cpu image, run the doctor and the cpu-ddp training job in it"
 	@echo "make test        all tests (starts a Docker engine when none answers)"
-	@echo "make test-fast   the inner loop: no Docker, no network"
+	@echo "make test-fast   the inner loop: no Docker, no network, no slow tests"
 	@echo "make render      re-render Dockerfile.npu, Dockerfile.cuda and build/generated/"
 	@echo "make docs        regenerate the README's command reference from the parser"
 	@echo "make lint        render --check, strict validation, hadolint, shellcheck, launcher checks"
@@ -70,8 +70,9 @@ slurm-down:
 registry:
 	$(PYTHON) tests/registry_helpers.py
 
+# The inner loop: what needs no engine, no PyPI and no multi-second torch jobs (`make test` runs those).
 test-fast: ensure-installed
-	$(PYTEST) -q -ra -m "not docker and not network"
+	$(PYTEST) -q -ra -m "not docker and not network and not slow"
 
 # The workload stacks' git components come from the seeds' upstream trees: beside a checkout that has
 # ../shared/upstream (CI), smoke reaches them through writable mirrors (ci/upstream-mirrors.sh); elsewhere
@@ -104,4 +105,4 @@ bench-import:
 	$(PYTHON) bench/import_time.py
 
 bench-build: engine
-	$(PYTHON) bench/build.py --prune-cache $(WHEELHOUSE_ARG)
+	$(SMOKE_GIT) $(PYTHON) bench/build.py --prune-cache $(WHEELHOUSE_ARG)

@@ -40,6 +40,7 @@ def argcheck(tree, args, *own):
     return proc.returncode, json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_the_seed_command_parses_with_specforges_own_parser(specforge):
     rc, out = argcheck(specforge, SEED_FLAGS)
     assert rc == 0 and out["ok"], out
@@ -48,12 +49,14 @@ def test_the_seed_command_parses_with_specforges_own_parser(specforge):
     assert "sglang" in out["stubbed"] and "torch_npu" not in out["stubbed"]  # named, never hidden
 
 
+@pytest.mark.slow
 def test_a_bogus_flag_fails_naming_it(specforge):
     rc, out = argcheck(specforge, SEED_FLAGS + ["--bogus-flag", "1"])
     assert rc == 1 and not out["ok"]
     assert out["error"] == "unrecognized arguments: --bogus-flag 1"
 
 
+@pytest.mark.slow
 def test_the_flag_trainbox_recipes_used_to_pass_is_not_specforges(specforge):
     """The recipe said --draft-model-config; SpecForge's parser knows --draft-config-path."""
     flags = [f if f != "--draft-config-path" else "--draft-model-config" for f in SEED_FLAGS]
@@ -91,12 +94,20 @@ def test_subcommands_and_known_args_parsers(tmp_path):
 
 
 def test_a_module_that_cannot_load_is_stood_in_only_when_asked(tmp_path):
-    s = write(tmp_path, "npu.py", "import torch_npu_like_missing_module as t\nimport argparse\n"
+    # acl: CANN's pyACL, on the device-only list and not installed here
+    s = write(tmp_path, "npu.py", "import acl as t\nimport argparse\n"
               "from packaging.version import Version\nassert Version(t.__version__) < Version('0.0.1')\n"
               "@t.jit\ndef f(): pass\nclass M(t.nn.Module): pass\n"
               "argparse.ArgumentParser().parse_args()\n")
     assert run(s).returncode == 1 and "No module named" in run(s).stderr
-    assert run(s, stub=["torch_npu_like_missing_module"]).returncode == 0
+    assert run(s, stub=["acl"]).returncode == 0
+
+
+def test_only_device_only_modules_can_be_stood_in(tmp_path):
+    s = write(tmp_path, "uses_sglang.py", "import sglang\nimport argparse\nargparse.ArgumentParser().parse_args()\n")
+    proc = run(s, stub=["sglang"])
+    assert proc.returncode == 2
+    assert "--stub sglang: not a device-only module" in proc.stderr and "torch_npu" in proc.stderr
 
 
 def test_a_program_that_never_parses_is_reported(tmp_path):
@@ -105,21 +116,35 @@ def test_a_program_that_never_parses_is_reported(tmp_path):
     assert proc.returncode == 1 and "ended without parsing" in proc.stderr
 
 
-def test_imports_mode_names_what_is_missing_and_runs_nothing(tmp_path):
-    """--imports: the entry's top-level imports load (stand-ins named), imports inside try/if are the author's
-    optional ones and are left alone, and the entry itself never runs."""
-    entry = tmp_path / "entry.py"
-    entry.write_text("import json\nfrom collections import OrderedDict\nimport torch_npu\n"
-                     "try:\n    import not_installed_optional\nexcept ImportError:\n    pass\n"
-                     "import not_installed_at_all\nopen('RAN', 'w').write('ran')\n")
-    proc = subprocess.run([sys.executable, "-m", "trainbox.runtime.argcheck", "--json", "--imports",
-                           "--stub", "torch_npu", "--script", str(entry)], capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path)
-    out = json.loads(proc.stdout)
-    assert proc.returncode == 1 and not (tmp_path / "RAN").exists()
-    assert out["imports"] == ["json", "collections.OrderedDict", "torch_npu", "not_installed_at_all"]
-    assert [m["import"] for m in out["missing"]] == ["not_installed_at_all"] and out["stubbed"] == ["torch_npu"]
-    entry.write_text("import json\nimport torch_npu\n")
-    proc = subprocess.run([sys.executable, "-m", "trainbox.runtime.argcheck", "--imports", "--stub", "torch_npu",
-                           "--script", str(entry)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert proc.returncode == 0 and "2 top-level import(s) load (stand-ins: torch_npu)" in proc.stdout
+def imports(tmp_path, *own):
+    proc = subprocess.run([sys.executable, "-m", "trainbox.runtime.argcheck", "--json", "--imports", *own],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_imports_mode_follows_the_closure_and_runs_nothing(tmp_path):
+    """--imports: a module missing two packages deep fails, naming the module, the importing file and line, and
+    the chain from the entry; optional (try/except ImportError) imports are listed, not failed; device-only
+    modules are not required; nothing of the entry or its packages runs."""
+    pkg = tmp_path / "fw"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("open('RAN_INIT', 'w').write('ran')\nfrom .data import loader\n")
+    (pkg / "data" / "__init__.py").write_text("")
+    (pkg / "data" / "loader.py").write_text("import json\ntry:\n    import not_installed_optional\n"
+                                            "except ImportError:\n    pass\n\n\nimport addict\n")
+    entry = write(tmp_path, "entry.py", "import torch_npu\nimport fw\nopen('RAN', 'w').write('ran')\n")
+    rc, out = imports(tmp_path, "--script", str(entry))
+    assert rc == 1 and not (tmp_path / "RAN").exists() and not (tmp_path / "RAN_INIT").exists()
+    assert [m["module"] for m in out["missing"]] == ["addict"]
+    miss = out["missing"][0]
+    assert miss["imported_by"] == [f"{pkg / 'data' / 'loader.py'}:8"] and miss["distribution"] == "addict"
+    assert miss["chain"] == ["__main__", "fw", "fw.data.loader"]
+    assert [m["module"] for m in out["optional_missing"]] == ["not_installed_optional"]
+    assert out["device_only"] == ["torch_npu"] and out["modules"] == 4  # __main__, fw, fw.data, fw.data.loader
+    assert "first addict (distribution: addict), imported by" in out["error"]
+    (pkg / "data" / "loader.py").write_text("import json\n")
+    rc, out = imports(tmp_path, "--script", str(entry))
+    assert rc == 0 and out["ok"] and out["missing"] == []
+    proc = subprocess.run([sys.executable, "-m", "trainbox.runtime.argcheck", "--imports", "--module", "fw"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0 and "module(s) of its import closure resolve" in proc.stdout, proc.stderr

@@ -158,37 +158,35 @@ def test_npu_base_unreachable_fails_fast_with_hint(capsys, monkeypatch):
 def test_explicit_local_debian_base_is_bootstrapped_not_pulled(monkeypatch):
     """`--base local/debian:bookworm` (what the unreachable-base hint suggests) on an engine that lacks it:
     bootstrap it first, whatever a registry would answer for that name."""
-    from trainbox import image
     from trainbox.stack import load_stack
 
     asked = []
     monkeypatch.setattr(base, "base_available", lambda ref, client, **kw: asked.append(ref) or (True, "stand-in"))
     stack = load_stack("npu-910b", base="local/debian:bookworm")
     said = []
-    assert image.resolve_base(stack, StubClient(), said.append) == ("local/debian:bookworm", None, True, None)
+    assert base.resolve_base(stack, StubClient(), said.append) == ("local/debian:bookworm", None, True, None)
     assert asked == [] and "bootstrapping" in said[0]
     # present locally: used as it is
     present = StubClient({"local/debian:bookworm": "sha256:1"})
     monkeypatch.setattr(base, "base_available", lambda ref, client, **kw: (True, "present locally"))
-    assert image.resolve_base(stack, present, said.append) == ("local/debian:bookworm", None, False, "sha256:1")
+    assert base.resolve_base(stack, present, said.append) == ("local/debian:bookworm", None, False, "sha256:1")
     # present but made by an older trainbox without the system stage's packages: made again first
     old = StubClient({"local/debian:bookworm": "sha256:1"}, {"local/debian:bookworm": OLD})
-    assert image.resolve_base(stack, old, said.append) == ("local/debian:bookworm", None, True, None)
+    assert base.resolve_base(stack, old, said.append) == ("local/debian:bookworm", None, True, None)
 
 
 def test_outdated_substitute_is_made_again(monkeypatch):
     """The cpu stack's automatic substitute, when an older trainbox made it: bootstrapped again before the build
     (so the build's system stage runs no apt), while a current one is used as it is."""
-    from trainbox import image
     from trainbox.stack import load_stack
 
     monkeypatch.setattr(base, "base_available", lambda ref, client, **kw: (False, "stand-in: no registry"))
     stack = load_stack("cpu")
     sub = stack.base.substitute
     old = StubClient({sub: "sha256:1"}, {sub: OLD})
-    assert image.resolve_base(stack, old, lambda m: None) == (sub, sub, True, None)
+    assert base.resolve_base(stack, old, lambda m: None) == (sub, sub, True, None)
     current = StubClient({sub: "sha256:1"}, {sub: CURRENT})
-    assert image.resolve_base(stack, current, lambda m: None) == (sub, sub, False, "sha256:1")
+    assert base.resolve_base(stack, current, lambda m: None) == (sub, sub, False, "sha256:1")
 
 
 # -- for real --------------------------------------------------------------------------------------

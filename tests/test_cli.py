@@ -63,7 +63,7 @@ def test_help_of_every_subcommand(path, parser, capsys):
     assert not opts & {"--out", "--report", "--workdir"} or "-o" in opts
     for old in ("--out ", "--report ", "--workdir "):
         assert old not in out
-    if "--stack" in opts and path not in ("launch render", "run", "patches edit"):
+    if "--stack" in opts and path not in ("launch render", "run", "patches edit", "patches import"):
         assert "--stack" not in out, f"{path}: the stack is positional here (--stack is a hidden alias)"
 
 

@@ -84,6 +84,43 @@ def test_image_prune_keeps_the_newest(fake_builds, capsys):
     assert left == {middle, newest, f"trainbox/{stack}:latest"}
 
 
+def test_image_prune_removes_untagged_and_names_the_stacks_it_touches(fake_builds, capsys):
+    """An untagged image (its tag moved to a newer build) is listed by `image ls` and removed by prune; without
+    STACK on an engine with other stacks, prune names them before acting (here only as a dry run)."""
+    stack, make = fake_builds
+    client = docker_helpers.docker_client()
+    first = make("f" * 32)
+    old_id = client.image_id(first)
+    make("f" * 32)  # the same tag on a newer image: the first is now untagged
+    try:
+        main(["image", "ls", stack, "--json"])
+        rows = json.loads(capsys.readouterr().out)["images"]
+        assert [r["tags"] for r in rows] == [[first], []]
+        other = f"trainbox/{stack}-b:{'0' * 12}"  # a second stack on this engine
+        client.run("import", "--change", f"LABEL io.trainbox.stack={stack}-b", "--change", "LABEL trainbox.test=1",
+                   "-", other, input=_empty_tar())
+        assert main(["image", "prune", "--keep", "1000", "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        first_line = out.splitlines()[0]
+        assert "no STACK given: pruning every stack on this engine" in first_line
+        assert f"{stack}," in first_line and f"{stack}-b" in first_line
+        assert f"would remove untagged {stack} image ({rows[1]['id']}" in out
+        assert main(["image", "prune", stack, "--keep", "1000"]) == 0
+        out = capsys.readouterr().out
+        assert "no STACK given" not in out and f"removed untagged {stack} image" in out
+        assert client.image_info(old_id) is None
+    finally:
+        client.remove_image(old_id, force=True)
+        client.remove_image(f"trainbox/{stack}-b:{'0' * 12}", force=True)
+
+
+def _empty_tar() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.addfile(tarfile.TarInfo("marker"), io.BytesIO(b""))
+    return buf.getvalue()
+
+
 def test_image_build_json_is_the_report(capsys, tmp_path):
     """A real build (the cpu image, reused when its content hash exists) with --json: the report on stdout."""
     docker_helpers.docker_client()

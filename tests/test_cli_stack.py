@@ -190,8 +190,9 @@ def test_a_build_that_drops_an_unreachable_index_keeps_its_lock():
 
     s = load_stack("cpu")
     assert render.render_stack(s).manifest["deps_locked"]
-    s.dropped_indexes["pytorch-cpu"] = s.indexes.pop("pytorch-cpu")
+    s = s.without_indexes(["pytorch-cpu"])
     assert s.lock_staleness() == [] and render.render_stack(s).manifest["deps_locked"]
     gone = load_stack("cpu")
-    del gone.indexes["pytorch-cpu"]  # an index really removed from the stack still makes the lock stale
+    # an index really removed from the stack still makes the lock stale
+    gone = gone.model_copy(update={"indexes": {k: v for k, v in gone.indexes.items() if k != "pytorch-cpu"}})
     assert any("indexes.pytorch-cpu" in w for w in gone.lock_staleness())

@@ -41,6 +41,7 @@ def _torchrun(script: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=_env(), timeout=240)
 
 
+@pytest.mark.slow
 def test_init_registers_teardown_at_exit_and_a_forgotten_group_is_destroyed(tmp_path):
     # a job that never calls destroy_distributed: the exit hook destroys the group before finalisation
     code = textwrap.dedent("""
@@ -56,6 +57,7 @@ def test_init_registers_teardown_at_exit_and_a_forgotten_group_is_destroyed(tmp_
     assert "initialized at exit: False" in proc.stdout
 
 
+@pytest.mark.slow
 def test_destroy_meets_at_a_barrier_first(tmp_path):
     script = tmp_path / "barrier.py"
     script.write_text(textwrap.dedent("""

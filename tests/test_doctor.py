@@ -889,3 +889,23 @@ def test_cann_env_baked_names_what_the_image_env_lacks(make, root):
     assert plain.status == WARN and "lacks ATB_HOME_PATH" in plain.message and "command:" in plain.message
     assert run(make(env=record["env"], man=manifest("npu")), "cann.env_baked").status == PASS
     assert run(make(env=record["env"], man=manifest("cpu")), "cann.env_baked").status == SKIP
+
+
+def test_text_report_folds_skips_that_say_the_same():
+    """A CPU host: the NPU/CUDA checks that do not apply, and the NPU settings left unset, are a few lines, not 18;
+    every other line stays as it is and --json keeps each check."""
+    from trainbox.runtime.doctor.core import Result, _folded_lines
+
+    results = [Result(SKIP, "applies to npu only; device is cpu", id="cann.toolkit"),
+               Result(SKIP, "applies to npu only; device is cpu", id="npu.devices"),
+               Result(FAIL, "/dev/shm is 64 MiB", "run with --shm-size=16g", id="system.shm"),
+               Result(SKIP, "no HCCL port settings", id="hccl.ports"),
+               Result(SKIP, "TASK_QUEUE_ENABLE unset", id="npu.task_queue"),
+               Result(SKIP, "no accelerator", id="ray.visible_devices")]
+    assert _folded_lines(results, "cpu") == [
+        "SKIP cann.toolkit, npu.devices: applies to npu only; device is cpu",
+        "FAIL system.shm: /dev/shm is 64 MiB -> fix: run with --shm-size=16g",
+        "SKIP hccl.ports, npu.task_queue: NPU/HCCL settings unset (their defaults); they do not apply to a cpu device",
+        "SKIP ray.visible_devices: no accelerator"]
+    on_npu = _folded_lines(results, "npu")
+    assert "SKIP hccl.ports: no HCCL port settings" in on_npu and len(on_npu) == 5

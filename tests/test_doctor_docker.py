@@ -44,6 +44,23 @@ def image_manifest(image) -> dict:
     return json.loads(drun(image, "cat", "/etc/trainbox/stack.json").stdout)
 
 
+@pytest.mark.parametrize("fixture", ["cpu_image", "npu_image"])
+def test_image_ls_and_doctor_agree_on_the_substitute(fixture, request):
+    """One fact, read twice: `image ls` (the io.trainbox.base.substituted label, which `run` reads too) and the
+    doctor in the image (the manifest). The npu image is built with an explicit --base local/debian:bookworm."""
+    from trainbox.inventory import built_images
+
+    tag = request.getfixturevalue(fixture)
+    [img] = [i for i in built_images() if tag in i.tags]
+    _code, c, _rep = doctor(tag, opts=ROOMY)
+    substituted = c["manifest"]["data"]["substituted"]
+    assert img.substitute == bool(substituted), (img.labels, c["manifest"])
+    assert img.labels.get("io.trainbox.base.substituted") == substituted
+    assert ("built on substitute base" in c["manifest"]["message"]) == img.substitute
+    if fixture == "npu_image":
+        assert img.substitute  # Debian standing in for the CANN base
+
+
 # ----------------------------------------------------------------------------------------------- cpu image
 
 

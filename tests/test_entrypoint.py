@@ -115,6 +115,13 @@ def test_sources_cann_like_script(tmp_path):
     assert "SHLVL" not in env or env["SHLVL"] == os.environ.get("SHLVL")
 
 
+def test_cpu_on_purpose_skips_the_cann_scripts(tmp_path):
+    s = script(tmp_path, "set_env.sh", CANN_LIKE)
+    assert env_after(tmp_path, TRAINBOX_SET_ENV_SCRIPTS=str(s))["ASCEND_TOOLKIT_HOME"] == "/opt/fake-cann/latest"
+    env = env_after(tmp_path, TRAINBOX_SET_ENV_SCRIPTS=str(s), TRAINBOX_DEVICE="cpu")
+    assert "ASCEND_TOOLKIT_HOME" not in env and "TB_NEW" not in env
+
+
 def test_sourcing_empty_ld_library_path_leaves_no_empty_entry(tmp_path):
     s = script(tmp_path, "set_env.sh", CANN_LIKE)
     env = env_after(tmp_path, TRAINBOX_SET_ENV_SCRIPTS=str(s))

@@ -66,6 +66,7 @@ def test_only_https_ssh_and_file_transports(tmp_path, mirrors, monkeypatch):
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.slow
 def test_stage_puts_trees_without_git_and_records_tree_hashes(tmp_path, gitenv):
     stack = load_stack(stack_file(tmp_path))
     got = fetch_sources(stack, cache_dir=tmp_path / "cache")
@@ -76,9 +77,11 @@ def test_stage_puts_trees_without_git_and_records_tree_hashes(tmp_path, gitenv):
     meta = json.loads((tree / ".trainbox-source.json").read_text())
     assert meta["commit"] == MEGATRON[2] and len(meta["tree"]) == 40
     # the tree hash is git's, of exactly this commit
-    assert stack.components["megatron-lm"]._tree_id == meta["tree"]
+    assert got.stack.components["megatron-lm"]._tree_id == meta["tree"]
+    assert stack.components["megatron-lm"]._tree_id is None, "the stack given is left as it was"
 
 
+@pytest.mark.slow
 def test_a_patch_that_no_longer_applies_names_patch_file_and_hunk(tmp_path, gitenv):
     """The series made for core_r0.15.3's setup.py against core_r0.16.0's tree: fails before any build."""
     def edit(d):
@@ -113,6 +116,7 @@ def _unified(path: str, old: str, new: str) -> str:
     return f"diff --git a/{path} b/{path}\n{body}"
 
 
+@pytest.mark.slow
 def test_patches_import_turns_one_diff_into_series_entries(tmp_path, mirrors, gitenv):
     """A Relax-style single diff (plain `git diff`, two files, no message) against MindSpeed d0d5809."""
     from trainbox.patch_import import import_diff

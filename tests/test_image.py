@@ -413,6 +413,79 @@ def test_plan_is_pure(monkeypatch, tmp_path):
     assert d["schema"] == "trainbox.build-plan/1" and d["argv"][-1] == str(sub.context)
 
 
+def test_profile_gives_pins_wheelhouse_and_the_substitute_base(no_engine, tmp_path, capsys):
+    """`image build STACK --profile FILE`: the NPU template on a CPU host in one step (no engine here: the
+    stack's own base cannot be probed, so the plan is on its base.substitute); the command line wins."""
+    from trainbox.commands.image import _apply_profile
+    from trainbox.cli import build_parser
+    from trainbox.stack import parse_sets
+
+    prof = tmp_path / "p.yaml"
+    prof.write_text(f"set:\n  npu-910b: {{torch.version: 2.13.0+cpu, torch-npu.version: '2.13.0'}}\n"
+                    f"wheelhouse: {tmp_path}\n")
+    args = build_parser().parse_args(["image", "build", "npu-910b", "--profile", str(prof),
+                                      "--set", "torch-npu.version=2.12.0"])
+    _apply_profile(args)
+    assert args.base == "local/debian:bookworm" and args.wheelhouse == str(tmp_path)
+    assert parse_sets(args.sets) == {"torch.version": "2.13.0+cpu", "torch-npu.version": "2.12.0"}
+    assert "torch.version=2.13.0+cpu" in capsys.readouterr().err
+    mine = build_parser().parse_args(["image", "build", "npu-910b", "--profile", str(prof), "--base", "my/cann:1"])
+    _apply_profile(mine)
+    assert mine.base == "my/cann:1"
+    cpu = build_parser().parse_args(["image", "build", "cpu", "--profile", str(REPO_ROOT / "ci/smoke-offline.yaml")])
+    _apply_profile(cpu)
+    assert cpu.base is None and cpu.sets == []  # cpu substitutes by itself; the profile moves none of its pins
+
+
+def test_a_given_base_is_a_substitute_in_the_label_the_manifest_and_the_plan(tmp_path, monkeypatch):
+    """`--base local/debian:bookworm` on an NPU stack: `image ls` and `run` read the label, `doctor` the manifest;
+    both say substitute (the label used to be set only when the build fell back by itself)."""
+    from trainbox.stack import load_stack
+
+    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    stack = load_stack("npu-910b", base="local/debian:bookworm")
+    base = image.choose_base(stack, None, lambda _msg: None, dry_run=True)
+    plan = buildplan.make_plan(stack, base, buildplan.PlanInputs(platform="linux/amd64"))
+    manifest = json.loads(plan.files["build/generated/npu-910b/stack.json"])
+    assert manifest["base"]["substituted"] == "local/debian:bookworm"
+    assert plan.labels["io.trainbox.base.substituted"] == manifest["base"]["substituted"]
+    assert base.substituted == "local/debian:bookworm"
+    assert "(substitute for quay.io/ascend/cann:" in buildplan.format_plan(plan)
+    own = buildplan.make_plan(load_stack("npu-910b"), buildplan.Base("x", "x"), buildplan.PlanInputs("linux/amd64"))
+    assert "io.trainbox.base.substituted" not in own.labels
+
+
+def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheelhouse):
+    """image.plan resolves more on its way to make_plan (a pin --set moved, the build's one platform, an index
+    that does not answer dropped): each on a new stack, so the stack loading returned is read, never written."""
+    import copy
+
+    from trainbox import lock as lockmod
+
+    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(lockmod, "CACHE_DIR", tmp_path / "cache")  # no override lock remembered: resolved afresh
+    monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None:
+                        (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
+    _fake_wheel(wheelhouse, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    numpy_sha = _fake_wheel(wheelhouse, "numpy-2.3.4-cp311-cp311-manylinux_2_27_x86_64.whl", b"stand-in numpy")
+    opts = image.BuildOptions(stack="cpu", sets={"numpy.version": "2.3.4"}, wheelhouse=str(wheelhouse),
+                              platform="linux/amd64", dry_run=True, check_wheelhouse=False)
+    stack, inp = image._check_inputs(opts)
+
+    def snapshot(s):
+        return (s.model_dump(), copy.deepcopy(s.resolution),
+                {k: (copy.deepcopy(c.locked), c._tree_id) for k, c in s.components.items()})
+
+    before = snapshot(stack)
+    p = image.plan(opts, None, lambda msg: None, checked=(stack, inp))
+    assert snapshot(stack) == before
+    # the plan's stack did resolve more: the moved pin is pinned to the wheelhouse's file, the index dropped
+    assert stack.components["numpy"].sha256 == [] and p.stack.components["numpy"].sha256 == [numpy_sha]
+    assert "pytorch-cpu" in stack.indexes and "pytorch-cpu" not in p.stack.indexes
+    assert p.stack.dropped_indexes == {"pytorch-cpu": stack.indexes["pytorch-cpu"]}
+    assert p.stack.overrides == {"numpy.version": "2.3.4"} and p.stack.platforms == ["linux/amd64"]
+
+
 def test_dry_run_names_what_a_wheelhouse_lacks(tmp_path):
     from trainbox import wheelhouse
     from trainbox.stack import load_stack

@@ -154,6 +154,7 @@ def test_install_source_refuses_a_build_without_its_toolkit(tmp_path, monkeypatc
     assert not (tree / "RAN").exists()
 
 
+@pytest.mark.slow
 def test_install_source_build_runs_the_commands_with_the_venv_first_and_installs_the_wheels(tmp_path):
     """--mode build in a throwaway venv (the builder's /opt/venv stands here): the commands run in the tree with
     the venv's python3 first on PATH, the wheels they leave install, and a stand-in toolkit home satisfies

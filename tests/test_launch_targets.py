@@ -189,6 +189,7 @@ def test_recipe_env_beats_the_image_default_but_not_the_caller(tmp_path):
     assert timeout_with("3600") == "3600"  # the caller's
 
 
+@pytest.mark.slow
 def test_launch_check_lints_every_target():
     cli = [sys.executable, "-m", "trainbox.cli", "launch", "check"]
     ok = subprocess.run(cli + ["--target", "slurm", "--target", "slurm-pyxis", "--target", "ascendjob",

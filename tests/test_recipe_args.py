@@ -33,6 +33,7 @@ def rendered_args(recipe: str) -> tuple[str, list[str]]:
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.slow
 def test_recipe_command_parses_with_specforges_parser(specforge, recipe):
     script, args = rendered_args(recipe)
     assert script == "scripts/train_domino.py"

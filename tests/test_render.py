@@ -222,3 +222,11 @@ def test_a_substitute_built_image_does_not_claim_its_cann():
     stack = load_stack("npu-910b", base="local/debian:bookworm")
     text = render_stack(stack).dockerfile
     assert "io.trainbox.cann=" not in text and "io.trainbox.cann.declared=" in text
+
+
+def test_render_into_a_directory_says_where_its_paths_are(tmp_path, capsys):
+    """`render -o DIR` prints paths relative to DIR, and says so first."""
+    assert main(["render", "cpu", "-o", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"writing into {tmp_path}/ (the paths below are relative to it)"
+    assert "wrote build/generated/cpu/Dockerfile" in lines and (tmp_path / "build/generated/cpu/Dockerfile").is_file()

@@ -96,6 +96,53 @@ def test_unknown_key_is_rejected_with_path(tmp_path):
     assert str(p) in msg and "components.torch.verison" in msg and "unknown key" in msg
 
 
+@pytest.mark.parametrize("where,key", [
+    ("top", "lock"), ("top", "dropped_indexes"), ("top", "overrides"), ("top", "declared_base"),
+    ("top", "source_file"), ("component", "locked"), ("component", "key")])
+def test_build_state_keys_in_a_stack_file_are_refused(tmp_path, capsys, where, key):
+    """The file schema is what a user writes: trainbox's own build state (the lock, dropped indexes, a pin's
+    locked hashes, ...) set in a stack file is refused, naming the file, the key and what to do instead."""
+    def edit(d):
+        if where == "top":
+            d[key] = {"pytorch-cpu": "https://example.invalid/simple"} if key != "source_file" else "x.yaml"
+        else:
+            d["components"]["torch"][key] = {"linux/amd64": [SHA]} if key == "locked" else "torch"
+    data = yaml.safe_load(NPU.format(name="inner", sha=SHA, commit="b" * 40))
+    edit(data)
+    p = tmp_path / "inner.yaml"
+    p.write_text(yaml.safe_dump(data))
+    path = key if where == "top" else f"components.torch.{key}"
+    with pytest.raises(TrainboxError, match=rf"^{p}: {path}: trainbox's own build state, not a stack file key: "
+                                            r"remove it \(.+\)$") as ei:
+        load_stack(p)
+    assert ei.value.exit_code == 2
+    # validate reports it as the file's problem (1, as every schema error); the commands that use it stop (2)
+    for argv, rc in ((["stack", "validate", str(p)], 1), (["stack", "show", str(p)], 2),
+                     (["image", "build", str(p), "--dry-run"], 2)):
+        assert main(argv) == rc
+        err = capsys.readouterr().err
+        assert f"{p}: {path}: trainbox's own build state" in err, err
+
+
+def test_a_loaded_stack_is_frozen_and_resolving_more_makes_a_copy():
+    """What loading resolved is read-only; the steps that resolve more return a new stack."""
+    from pydantic import ValidationError
+
+    stack = load_stack("cpu")
+    with pytest.raises(ValidationError, match="frozen"):
+        stack.platforms = ["linux/arm64"]
+    with pytest.raises(ValidationError, match="frozen"):
+        stack.components["torch"].version = "0.0.1"
+    with pytest.raises(ValidationError, match="frozen"):
+        stack.lock = None
+    before = stack.model_dump()
+    other = stack.without_indexes(["pytorch-cpu"]).with_lock(None).narrowed("linux/arm64")
+    assert other.dropped_indexes == {"pytorch-cpu": stack.indexes["pytorch-cpu"]} and other.lock is None
+    assert not other.components["torch"].locked and other.platforms == ["linux/arm64"]
+    assert stack.model_dump() == before and stack.dropped_indexes == {} and stack.lock
+    assert stack.components["torch"].locked and stack.resolution.lock_origin == str(stack.lock_path)
+
+
 def test_malformed_yaml_names_line(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text("name: bad\ncomponents: [\n  oops: {\n")

@@ -1,9 +1,10 @@
-"""Base images that do not come from a registry: `trainbox base bootstrap` builds a minimal Debian
-root filesystem with debootstrap from Debian's archive and imports it as a one-layer image.
+"""The base image a build starts FROM: which one (the stack's own, its substitute, or one given with --base),
+and, for bases that do not come from a registry, `trainbox base bootstrap`, which builds a minimal Debian root
+filesystem with debootstrap from Debian's archive and imports it as a one-layer image.
 
 Host module. This is how the cpu stack gets a base where no registry is reachable (only Debian's
 archive and PyPI are, on the machines this project is developed on), and how air-gapped sites that
-mirror Debian make their own.
+mirror Debian make their own. `image build` and `smoke` choose through the same `own_or_substitute`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -76,6 +78,73 @@ def base_available(image: str, client: Client | None = None, timeout: float = 8.
         return True, "present locally"
     ok, detail = registry_reachable(image, timeout=timeout)
     return (True, f"registry answers ({detail})") if ok else (False, f"registry unreachable: {detail}")
+
+
+@dataclass
+class Choice:
+    """A base decided on: the image to build on, the substitute it is (None: the stack's own) and why."""
+
+    used: str
+    substituted: str | None
+    why: str
+    available: bool = True  # False: the own base cannot be had and no substitute may stand in
+
+
+def own_or_substitute(image: str, substitute: str | None, may_substitute: bool, client: Client | None = None,
+                      timeout: float = 8.0) -> Choice:
+    """The stack's own base when it can be had (present locally, or its registry answers), else its substitute
+    where one is declared and the caller's policy allows it. Decides in seconds (a probe, not a pull)."""
+    ok, why = base_available(image, client, timeout=timeout)
+    if ok:
+        return Choice(image, None, f"{image}: {why}")
+    if substitute and may_substitute:
+        return Choice(substitute, substitute, f"{image} cannot be pulled ({why})")
+    return Choice(image, None, f"{image} cannot be pulled ({why})", available=False)
+
+
+def pull_hint(image: str) -> str:
+    """What to do about a base that cannot be pulled."""
+    first, sep, rest = image.partition("/")
+    path = rest if sep and ("." in first or ":" in first or first == "localhost") else image
+    # no registry-mirrors advice: the availability check asks the image's own registry, so only a local copy
+    # or an explicit --base helps
+    return (f"pass --base IMAGE to build on another image that holds the same contents (a mirror, e.g. "
+            f"--base my-registry.example.com/{path}), or `docker pull`/`docker load` it first (a local image is "
+            f"used as it is)")
+
+
+def resolve_base(stack, client: Client, say: Callable[[str], None]) -> tuple[str, str | None, bool, str | None]:
+    """The base `image build` uses: (image to build FROM, the substitute used or None, whether it must be
+    bootstrapped first, its image id when it is present and used as it is). Only a stack that allows it
+    (base.auto_substitute: cpu) falls back to its substitute by itself. Decides in seconds; raises naming the
+    base and the ways out when it cannot be had."""
+    image = stack.base.image
+    explicit = "base.image" in (stack.overrides or {})
+    if explicit and image.startswith("local/debian:"):
+        # trainbox's own base namespace (`trainbox base bootstrap`): made here, never pulled
+        info = client.image_info(image)
+        if info is None or outdated(image, client, info):
+            say(f"base {image} is not present or outdated; bootstrapping it from Debian's archive first")
+            return image, None, True, None
+        return image, None, False, info.get("Id")
+    sub = stack.base.substitute
+    choice = own_or_substitute(image, sub, stack.base.auto_substitute and not explicit, client)
+    if not choice.substituted and choice.available:
+        return image, None, False, None
+    if choice.substituted:
+        say(f"base {choice.why}; building on {sub} instead (stack {stack.name} allows it)")
+        local = sub == DEFAULT_TAG or sub.startswith("local/debian:")
+        info = client.image_info(sub)
+        if info is not None and not (local and outdated(sub, client, info)):
+            return sub, sub, False, info.get("Id")
+        if local:
+            return sub, sub, True, None
+        raise TrainboxError(f"base {choice.why} and its substitute {sub} is not present either; "
+                            f"{pull_hint(image)}")
+    hint = pull_hint(image)
+    if sub:
+        hint += f"; for a smoke build without the real base: --base {sub}"
+    raise TrainboxError(f"stack {stack.name}: base image {choice.why}; {hint}")
 
 
 def outdated(image: str, client: Client, info: dict | None = None) -> str | None:

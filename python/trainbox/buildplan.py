@@ -175,10 +175,8 @@ def render_for(stack, base: Base):
 
     if not base.substituted or stack.declared_base:
         return render.render_stack(stack)
-    sub = stack.model_copy(deep=True)
-    sub.source_file, sub.overrides = stack.source_file, stack.overrides
-    sub.base.image, sub.declared_base = base.used, stack.base.image
-    return render.render_stack(sub)
+    sub = stack.model_copy(update={"base": stack.base.model_copy(update={"image": base.used})})
+    return render.render_stack(sub.resolved(declared_base=stack.base.image))
 
 
 def _args(inp: PlanInputs, dockerfile: Path, tags: list[str], labels: dict[str, str], mode: str) -> list[str]:
@@ -220,8 +218,10 @@ def make_plan(stack, base: Base, inp: PlanInputs, client=None) -> BuildPlan:
         tags.append(f"{repo}:latest")
     tags += [t for t in inp.tags if t not in tags]
     # build-time facts only the builder knows; the template's LABELs describe the stack itself
+    # the substitute label is the manifest's base.substituted (the doctor's): one fact, read by image ls and run
+    substituted = rendered.manifest["base"].get("substituted")
     labels = {"io.trainbox.content-hash": digest, "io.trainbox.base.used": base.used,
-              **({"io.trainbox.base.substituted": base.substituted} if base.substituted else {}),
+              **({"io.trainbox.base.substituted": substituted} if substituted else {}),
               # `image ls` flags images built with --set/--base: not what the stack file alone would give
               **({"io.trainbox.overrides": json.dumps(stack.overrides, sort_keys=True)} if stack.overrides else {}),
               **inp.labels}

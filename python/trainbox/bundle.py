@@ -17,13 +17,17 @@ of the content hash when every requirement is hash-locked).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,11 +107,13 @@ def _build_requirements(stack, ctx_sources: Path, dest: Path, plat: str, say) ->
 def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, platform: str | None = None,
                  say=print) -> dict:
     from .fetch import fetch_sources, stage
+    from .index import IndexUnreachable
     from .platforms import host_platform
     from .render import render_stack
     from .kinds import fetch
     from .stack import _raw, _stack_path, load_stack
 
+    _check_output(Path(out))
     stack = load_stack(stack_name)
     plat = platform or host_platform()
     if plat not in stack.platforms:
@@ -123,14 +129,21 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
         wh = root / "wheelhouse"
         wh.mkdir(parents=True)
         for pin in _pypi_pins(stack, plat):
-            got = fetch(pin, prefer=pin.sha256, cache_dir=cache)
+            try:
+                got = fetch(pin, prefer=pin.sha256, cache_dir=cache)
+            except IndexUnreachable as exc:  # the build's advice, for the bundle too
+                raise BundleError(f"{exc}; {pin.name}=={pin.version} is not in the cache: pass --wheelhouse DIR "
+                                  "holding the pinned wheels (`trainbox image wheelhouse` fills one where the index "
+                                  "answers)") from None
             shutil.copy2(got.path, wh / got.filename)
         srcs = fetch_sources(stack, cache_dir=cache, say=say)
+        stack = srcs.stack  # with the fetched commits' tree hashes, for the manifest
         staged = work / "staged"
         stage(staged, srcs)
         _build_requirements(stack, staged / "build" / "sources", wh, plat, say)
         if (cache / "sources" / "git").is_dir():
-            shutil.copytree(cache / "sources" / "git", root / "sources" / "git", symlinks=True)
+            shutil.copytree(cache / "sources" / "git", root / "sources" / "git", symlinks=True,
+                            ignore=shutil.ignore_patterns("hooks", ".*.lock"))  # nothing from a bundle runs
         for key, f in srcs.fetched.items():
             if not f.commit:
                 shutil.copytree(f.path.parent, root / "sources" / "sha256" / f.sha256)
@@ -154,6 +167,25 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
                 "size": out.stat().st_size}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _check_output(out: Path) -> None:
+    """The bundle replaces `out` when done: only a regular file (or nothing) may be there, never `/`, a directory,
+    a device (`/dev/full` was replaced by the tar) or a link."""
+    if out.name in ("", ".", "..") or (os.path.lexists(out) and not stat.S_ISREG(os.lstat(out).st_mode)):
+        raise BundleError(f"--bundle {out}: not a regular file; name a new or existing .tar file to write the "
+                          "bundle to")
+
+
+def _mismatch(meta: dict, stack) -> str:
+    """What a bundle made for something else differs in, each fact once."""
+    why = []
+    if meta.get("stack") != stack.name:
+        why.append(f"made for stack {meta.get('stack')}, not {stack.name}")
+    if meta.get("pins_digest") != stack.pins_digest():
+        why.append(f"its pins (digest {str(meta.get('pins_digest'))[:12]}) are not {stack.name}'s now "
+                   f"({stack.pins_digest()[:12]}): a pin moved since it was written")
+    return "; ".join(why)
 
 
 @dataclass
@@ -185,21 +217,138 @@ def use_bundle(opts, stack, say) -> None:
 
 
 def open_bundle(file: Path, stack, dest: Path) -> OpenBundle:
-    """Unpack into `dest` and check every file against SHA256SUMS, and that the bundle is for `stack`."""
-    if not Path(file).is_file():
-        raise BundleError(f"--bundle {file}: no such file; write one with `trainbox fetch STACK --bundle FILE`")
-    with tarfile.open(file) as tar:
-        tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    sums = dest / "SHA256SUMS"
-    if not sums.is_file():
-        raise BundleError(f"--bundle {file}: no SHA256SUMS; not a trainbox bundle")
-    for line in sums.read_text().splitlines():
-        want, _, rel = line.partition("  ")
-        p = dest / rel
-        if not p.is_file() or _sha256(p) != want:
-            raise BundleError(f"--bundle {file}: {rel} does not match its SHA256SUMS entry (damaged or tampered)")
-    meta = json.loads((dest / "bundle.json").read_text())
+    """Unpack into `dest` what SHA256SUMS lists, and nothing else, each file checked as it is written; then check
+    that the bundle is for `stack` and that its git objects are the pinned commits' own (see `_check_git`)."""
+    file = Path(file)
+    if not file.is_file():
+        raise BundleError(f"--bundle {file}: not a bundle file (no such file, or a directory or device); write one "
+                          "with `trainbox fetch STACK --bundle FILE`")
+    try:
+        with tarfile.open(file) as tar:
+            files = _sealed_members(tar, file)
+            sums = _read_sums(tar, files, file)
+            _extract_checked(tar, files, sums, dest, file)
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        reason = " ".join(str(exc).split())[:300]  # tarfile's own reasons span lines (one per compression)
+        raise BundleError(f"--bundle {file}: cannot be read as a tar ({reason}); write it again with "
+                          "`trainbox fetch STACK --bundle FILE`") from None
+    meta = _read_meta(dest / "bundle.json", file)
     if meta.get("stack") != stack.name or meta.get("pins_digest") != stack.pins_digest():
-        raise BundleError(f"--bundle {file}: made for stack {meta.get('stack')} (pins {meta.get('pins_digest')}), "
-                          f"not {stack.name} (pins {stack.pins_digest()}); write a new bundle for it")
+        raise BundleError(f"--bundle {file}: {_mismatch(meta, stack)}; write a new bundle for it")
+    _check_git(stack, dest, file)
     return OpenBundle(dest, meta)
+
+
+_SUM_LINE = re.compile(r"^([0-9a-f]{64})  ((?:wheelhouse|sources|stack)/[A-Za-z0-9_.+~=/-]+|bundle\.json)$")
+
+
+def _sealed_members(tar: tarfile.TarFile, file: Path) -> dict[str, tarfile.TarInfo]:
+    """{path: member} of the regular files; anything else but a directory, a path that leaves the bundle or
+    one given twice is refused."""
+    files: dict[str, tarfile.TarInfo] = {}
+    dirs: set[str] = set()
+    for m in tar.getmembers():
+        rel = m.name[2:] if m.name.startswith("./") else m.name
+        rel = rel.rstrip("/") if m.isdir() else rel
+        parts = rel.split("/")
+        if m.isdir() and rel in ("", "."):
+            continue
+        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise BundleError(f"--bundle {file}: member {m.name!r} would land outside the bundle; refusing it")
+        if not (m.isfile() or m.isdir()):
+            raise BundleError(f"--bundle {file}: member {m.name!r} is a link or device; a bundle holds only files")
+        if rel in files or rel in dirs:
+            raise BundleError(f"--bundle {file}: member {m.name!r} is given twice; refusing the bundle")
+        if m.isfile():
+            files[rel] = m
+        else:
+            dirs.add(rel)
+    return files
+
+
+def _read_sums(tar: tarfile.TarFile, files: dict[str, tarfile.TarInfo], file: Path) -> dict[str, str]:
+    """SHA256SUMS as {path: sha256}: every line `<64 hex>  <path>`, at least bundle.json, no path twice, and
+    exactly the bundle's other files (an extra wheel is not offered to pip, a missing file not skipped)."""
+    if "SHA256SUMS" not in files:
+        raise BundleError(f"--bundle {file}: no SHA256SUMS; not a trainbox bundle")
+    raw = tar.extractfile(files["SHA256SUMS"]).read(1 << 24)
+    try:
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise BundleError(f"--bundle {file}: SHA256SUMS is not UTF-8 text; the bundle is damaged") from None
+    sums: dict[str, str] = {}
+    for n, line in enumerate(lines, 1):
+        m = _SUM_LINE.match(line)
+        if not m or ".." in m.group(2).split("/"):
+            raise BundleError(f"--bundle {file}: SHA256SUMS line {n}: {line[:80]!r} is not `<sha256>  <path>` "
+                              "of a bundle file")
+        if m.group(2) in sums:
+            raise BundleError(f"--bundle {file}: SHA256SUMS names {m.group(2)} twice")
+        sums[m.group(2)] = m.group(1)
+    if "bundle.json" not in sums:
+        raise BundleError(f"--bundle {file}: SHA256SUMS is empty or lists no bundle.json; the bundle is damaged "
+                          "or tampered with")
+    extra = sorted(set(files) - set(sums) - {"SHA256SUMS"})
+    missing = sorted(set(sums) - set(files))
+    if extra or missing:
+        what = (f"{len(extra)} file(s) not in SHA256SUMS ({', '.join(extra[:3])})" if extra
+                else f"{len(missing)} file(s) SHA256SUMS lists are missing ({', '.join(missing[:3])})")
+        raise BundleError(f"--bundle {file}: {what}; a bundle holds exactly what its SHA256SUMS lists")
+    return sums
+
+
+def _extract_checked(tar: tarfile.TarFile, files: dict, sums: dict[str, str], dest: Path, file: Path) -> None:
+    """Write each listed file under `dest` (plain files, mode 0644, directories made here), hashing as it goes."""
+    for rel in sorted(sums):
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        h = hashlib.sha256()
+        src = tar.extractfile(files[rel])
+        with open(target, "xb") as out:
+            for chunk in iter(lambda: src.read(1 << 20), b""):
+                h.update(chunk)
+                out.write(chunk)
+        if h.hexdigest() != sums[rel]:
+            raise BundleError(f"--bundle {file}: {rel} does not match its SHA256SUMS entry (damaged or tampered)")
+
+
+def _read_meta(path: Path, file: Path) -> dict:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"--bundle {file}: bundle.json cannot be read ({exc}); the bundle is damaged") from None
+    if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
+        raise BundleError(f"--bundle {file}: bundle.json is not a {SCHEMA} object; write the bundle again")
+    return meta
+
+
+# what git reads besides objects and refs that could substitute an object or run a program
+_GIT_REFUSED = ("refs/replace", "info/grafts", "objects/info/alternates", "objects/info/http-alternates")
+
+
+def _check_git(stack, root: Path, file: Path) -> None:
+    """Each bundled repository: no replace ref, graft or alternate; its configuration replaced by a minimal one
+    and its hooks dropped (git must run nothing from a bundle); and each pinned commit's tree re-derived from the
+    objects, every object hashed against its name, before the build starts."""
+    from .gitobjects import ObjectError, verify_tree
+    from .sources import git_cache_repo
+
+    gitroot = root / "sources" / "git"
+    for repo in sorted(p for p in gitroot.iterdir() if p.is_dir()) if gitroot.is_dir() else []:
+        packed = repo / "packed-refs"
+        for bad in _GIT_REFUSED:
+            if (repo / bad).exists() or (packed.is_file() and f" {bad}/" in packed.read_text(errors="replace")):
+                raise BundleError(f"--bundle {file}: {repo.relative_to(root)}/{bad} would substitute git objects; "
+                                  "a bundle never holds one (tampered)")
+        shutil.rmtree(repo / "hooks", ignore_errors=True)
+        (repo / "config").write_text("[core]\n\trepositoryformatversion = 0\n\tbare = true\n")
+    for key, c in sorted(stack.installed_components.items()):
+        if not (c.kind.install_args(c) and c.commit):
+            continue
+        repo = git_cache_repo(c.git, root)
+        if not repo.is_dir():
+            raise BundleError(f"--bundle {file}: holds no repository for {key} ({c.git}); write the bundle again")
+        try:
+            verify_tree(repo, c.commit)
+        except ObjectError as exc:
+            raise BundleError(f"--bundle {file}: component {key}: {exc}") from None

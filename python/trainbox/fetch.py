@@ -18,7 +18,7 @@ from pathlib import Path
 from .paths import PATCHES_DIR
 from .platforms import host_platform
 from .runtime.errors import TrainboxError
-from .sources import Fetched, SourceError, tree_id, unpack
+from .sources import Fetched, SourceError, tree_id, unpack, verified_tree_id
 from .stack import list_stacks, load_stack
 
 SOURCES_DIR = "build/sources"
@@ -39,9 +39,11 @@ def staged_components(stack) -> dict:
 
 
 def fetch_sources(stack, *, offline: bool = False, cache_dir: Path | None = None, say=None) -> StackSources:
-    """Fetch (or find in the cache) and verify each staged component's source; record git tree hashes on the
-    components so that the manifest and the content hash name the exact files."""
+    """Fetch (or find in the cache) and verify each staged component's source. Its `stack` is a copy of the one
+    given with the git tree hashes recorded on the components, so that the manifest and the content hash name the
+    exact files (the stack given stays as it was)."""
     out: dict[str, Fetched] = {}
+    trees: dict[str, str] = {}
     for key, c in staged_components(stack).items():
         if say:
             say(f"fetching {key}: {c.pinned_ref}")
@@ -50,9 +52,9 @@ def fetch_sources(stack, *, offline: bool = False, cache_dir: Path | None = None
         except SourceError as exc:
             raise SourceError(f"component {exc}") from None
         if got.commit:
-            c._tree_id = tree_id(got)
+            trees[key] = tree_id(got)
         out[key] = got
-    return StackSources(stack, out)
+    return StackSources(stack.with_tree_ids(trees) if trees else stack, out)
 
 
 def fetch_stacks(names: list[str] | None = None, *, sources_only: bool = False, offline: bool = False,
@@ -71,8 +73,11 @@ def fetch_stacks(names: list[str] | None = None, *, sources_only: bool = False, 
                                    prefer=pin.sha256 if pin else ())
             except SourceError as exc:
                 raise SourceError(f"stack {stack.name}: component {exc}") from None
-            rows.append({"stack": stack.name, "component": key, "ref": c.pinned_ref,
-                         "cached": str(got.path), "sha256": got.sha256, "commit": got.commit})
+            row = {"stack": stack.name, "component": key, "ref": c.pinned_ref,
+                   "cached": str(got.path), "sha256": got.sha256, "commit": got.commit}
+            if got.commit:  # every object under the commit re-hashed, as staging does
+                row["tree"] = verified_tree_id(got)
+            rows.append(row)
     return rows
 
 

@@ -35,9 +35,12 @@ COMMAND_RE = re.compile(r"^(?:/?[A-Za-z0-9_.+-]+)+$")
 TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 # git ref (tag or branch): git check-ref-format, minus the exotic
 GIT_REF_RE = re.compile(r"^(?![-/.])(?!.*\.\.)(?!.*//)[A-Za-z0-9._/+-]+(?<![./])$")
-# characters a URL may hold here: RFC 3986 unreserved, reserved and %, without the ones a shell or a
-# Dockerfile treats specially (quotes, $, `, \, spaces, braces)
-_URL_CHARS_RE = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@!&()*+,;=%]+$")
+# characters a URL may hold here: RFC 3986 unreserved, reserved and %, without any a shell or a Dockerfile acts
+# on: no quotes, $, `, \, spaces or braces, and none of the sub-delimiters ; & ( ) ! * ' (an index URL
+# `https://pypi.org/simple;/path/to/script;` ran the script in the builder). Percent-encode them if a URL needs one.
+_URL_CHARS_RE = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@+,=%]+$")
+# a glob relative to a tree (install: build's `wheels:`): path characters and the glob's own * ? [ ]
+_GLOB_RE = re.compile(r"^[A-Za-z0-9_.+/*?\[\]-]+$")
 # scp-like git address: git@host:path
 _SCP_GIT_RE = re.compile(r"^[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+:[A-Za-z0-9_./~+-]+$")
 
@@ -132,10 +135,19 @@ def check_relpath(value: str, what: str) -> str:
     return value
 
 
+def check_glob(value: str, what: str) -> str:
+    """A file glob inside a tree (dist/*.whl): path characters and * ? [ ], no '..', not absolute."""
+    if value.startswith("/") or ".." in value.split("/"):
+        raise ValueError(f"{what} {value!r} must be a glob relative to the tree (no leading '/', no '..')")
+    _match(_GLOB_RE, value, what, "a glob relative to the tree of letters, digits, ._+-/ and * ? [ ]")
+    return value
+
+
 def check_url(value: str, schemes: tuple[str, ...], what: str = "url") -> str:
     """An absolute URL with one of `schemes`, without characters a shell or Dockerfile would act on."""
     if not isinstance(value, str) or not _URL_CHARS_RE.match(value) or len(value) > MAX_FIELD:
-        raise ValueError(f"{what} {value!r}: expected a URL without spaces, quotes, $, `, \\ or braces")
+        raise ValueError(f"{what} {value!r}: expected a URL without spaces, quotes, $, `, \\, braces or any of "
+                         ";&()!* (percent-encode such a character)")
     parts = urlsplit(value)
     if parts.scheme not in schemes or not (parts.netloc or parts.scheme == "file"):
         raise ValueError(f"{what} {value!r}: expected a {' or '.join(s + '://' for s in schemes)} URL")

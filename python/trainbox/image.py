@@ -1,16 +1,15 @@
 """`trainbox image build`: a stack's image, planned then built with BuildKit (host module).
 
 The flow, one direction: check the input (stack with --set / --base, platform, CA bundle, wheelhouse) in
-milliseconds; choose the base (the cpu stack falls back to a debootstrapped Debian); pin what --set moved;
-check the indexes against the wheelhouse; make the plan (trainbox.buildplan: rendered files, content hash,
-tags, argv, secrets, what is fetched from where); then either print it (--dry-run: no engine, no index
-needed) or run it (trainbox.buildrun: stage, skip when the tag exists, build, report).
+milliseconds; choose the base (trainbox.base: the cpu stack falls back to a debootstrapped Debian); pin what
+--set moved (trainbox.lock); check the indexes against the wheelhouse; make the plan (trainbox.buildplan:
+rendered files, content hash, tags, argv, secrets, what is fetched from where); then either print it
+(--dry-run: no engine, no index needed) or run it (trainbox.buildrun: stage, skip when the tag exists, build,
+report). Each step that resolves more returns a new stack: the one loaded is only read.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -23,13 +22,15 @@ from pathlib import Path
 from typing import Callable
 
 from . import buildrun
+from .base import bootstrap, resolve_base
 from .buildplan import (CONTEXT_ITEMS, WHEELHOUSE_DIR, Base, BuildPlan, PlanInputs,  # noqa: F401 - re-exported
                         content_hash, copy_inputs, format_plan, make_plan, stage, tree_files)
 from .buildrun import BuildFailed, BuildOutcome  # noqa: F401 - re-exported
 from .dists import canon, dist_key, norm_version
 from .engine import Client, EngineError, find_client
 from .index import ca_bundle, ssl_context
-from .paths import CACHE_DIR, REPO_ROOT
+from .lock import lock_overrides
+from .paths import REPO_ROOT
 from .platforms import host_platform
 from .runtime.errors import TrainboxError
 from .kinds import Pin
@@ -153,125 +154,28 @@ class BuildOptions:
     sources_cache: str | None = None  # where fetched sources live (default trainbox's cache; a bundle's own)
 
 
-def _pull_hint(image: str) -> str:
-    first, sep, rest = image.partition("/")
-    path = rest if sep and ("." in first or ":" in first or first == "localhost") else image
-    # no registry-mirrors advice: the availability check asks the image's own registry, so only a local copy
-    # or an explicit --base helps
-    return (f"pass --base IMAGE to build on another image that holds the same contents (a mirror, e.g. "
-            f"--base my-registry.example.com/{path}), or `docker pull`/`docker load` it first (a local image is "
-            f"used as it is)")
-
-
-def resolve_base(stack, client: Client, say: Callable[[str], None]) -> tuple[str, str | None, bool, str | None]:
-    """(image to build FROM, the substitute used or None, whether the substitute must be bootstrapped
-    first, its image id when it is present and used as it is). Decides in seconds; raises naming the base
-    and the ways out when it cannot be had."""
-    from .base import DEFAULT_TAG, base_available, outdated
-
-    image = stack.base.image
-    explicit = "base.image" in (stack.overrides or {})
-    if explicit and image.startswith("local/debian:"):
-        # trainbox's own base namespace (`trainbox base bootstrap`): made here, never pulled
-        info = client.image_info(image)
-        if info is None or outdated(image, client, info):
-            say(f"base {image} is not present or outdated; bootstrapping it from Debian's archive first")
-            return image, None, True, None
-        return image, None, False, info.get("Id")
-    ok, why = base_available(image, client)
-    if ok:
-        return image, None, False, None
-    sub = stack.base.substitute
-    if stack.base.auto_substitute and sub and not explicit:
-        say(f"base {image} cannot be pulled ({why}); building on {sub} instead (stack {stack.name} allows it)")
-        local = sub == DEFAULT_TAG or sub.startswith("local/debian:")
-        info = client.image_info(sub)
-        if info is not None and not (local and outdated(sub, client, info)):
-            return sub, sub, False, info.get("Id")
-        if local:
-            return sub, sub, True, None
-        raise TrainboxError(f"base {image} cannot be pulled ({why}) and its substitute {sub} is not "
-                            f"present either; {_pull_hint(image)}")
-    hint = _pull_hint(image)
-    if sub:
-        hint += f"; for a smoke build without the real base: --base {sub}"
-    raise TrainboxError(f"stack {stack.name}: base image {image} cannot be pulled ({why}); {hint}")
-
-
 def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False) -> Base:
     """The base as a plan records it. Without an engine (a dry run offline) the stack's base is taken as
     declared and the plan says what could not be checked; a dry run also plans on a base it cannot have."""
+    # `--base IMAGE` is a substitute as render.manifest records it (base.substituted), so the plan, the
+    # io.trainbox.base.substituted label (`image ls`, `run`) and the manifest (`doctor`) say one thing
+    given = stack.base.image if stack.declared_base else None
     if client is None:
-        sub = stack.base.substitute if stack.base.auto_substitute else None
+        sub = stack.base.substitute if stack.base.auto_substitute and not given else None
         note = "no engine answers, so it was not checked" + (
             f" (if it cannot be pulled the build uses the substitute {sub}, which changes the tag)" if sub else "")
-        return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, note=note)
+        return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
+                    note=note)
     try:
         used, substituted, boot, image_id = resolve_base(stack, client, say)
     except TrainboxError as exc:
         if not dry_run:
             raise
-        return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, note=str(exc))
-    return Base(requested=stack.declared_base or stack.base.image, used=used, substituted=substituted,
+        return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
+                    note=str(exc))
+    return Base(requested=stack.declared_base or stack.base.image, used=used, substituted=substituted or given,
                 bootstrap=boot, image_id=None if boot else (image_id or client.image_id(used)),
                 note="made by `trainbox base bootstrap` first" if boot else "")
-
-
-def _lock_overrides(stack, plat: str, wheels: list[WheelFile], wheelhouse: str | None,
-                    say: Callable[[str], None], dry_notes: list[str] | None = None) -> None:
-    """Hashes for pins that --set moved (the stack's own hashes and lock are for the old versions).
-
-    The build is for one platform, so the stack is narrowed to it. A moved pin whose wheel is in the
-    wheelhouse is pinned to that file (the wheelhouse is the trust root the user gave); the others
-    get the hashes their index publishes, and the dependency closure is resolved again, exactly as
-    `trainbox stack lock` does, so the build still installs everything in hash-checking mode."""
-    from .lock import lock_stack
-    from .stack import attach_lock
-
-    def missing() -> list:
-        return [c for c in stack.installed_components.values()
-                if c.kind.from_index and not c.pin_for(plat).sha256]
-
-    if not missing() and stack.lock_is_fresh():
-        return
-    stack.platforms = [plat]
-    for c in missing():
-        pin = c.pin_for(plat)
-        mine = [w for w in wheels if dist_key(w.name) == (canon(c.dist_name), norm_version(pin.version))]
-        if mine:
-            c.sha256 = sorted({w.sha256 for w in mine})
-            say(f"--set {c.key}: pinned {c.dist_name}=={pin.version} to the wheelhouse's "
-                f"{', '.join(w.name for w in mine)} (sha256 {c.sha256[0][:12]}...)")
-    # The same overrides resolve to the same lock: remember it, so an unchanged rebuild stays a matter
-    # of seconds (and the image does not drift with new releases of unpinned dependencies).
-    key = hashlib.sha256(json.dumps(
-        [stack.name, plat, stack.pins_digest(), sorted(stack.overrides.items()),
-         {k: c.pin_for(plat).sha256 for k, c in sorted(stack.components.items())},
-         sorted((w.name, w.sha256) for w in wheels)], sort_keys=True).encode()).hexdigest()[:24]
-    memo = CACHE_DIR / "override-locks" / f"{stack.name}-{key}.json"
-    try:
-        lock = json.loads(memo.read_text())
-    except (OSError, ValueError):
-        if dry_notes is not None:  # a dry run asks no index: say what the build will resolve
-            dry_notes.append("--set moved pins without a known sha256 (" + ", ".join(
-                f"{c.dist_name}=={c.pin_for(plat).version}" for c in missing()) + "); the build resolves their "
-                "hashes and dependencies from the index first")
-            return
-        say(f"resolving hashes and dependencies for the overridden pins of {stack.name} ({plat})")
-        rep = lock_stack(stack, wheelhouse=Path(wheelhouse) if wheelhouse else None, resolve_deps=True)
-        if rep.problems:
-            raise TrainboxError("the overridden stack cannot be pinned: " + "; ".join(rep.problems)
-                                + ". Check the versions given with --set, or put the wheels in --wheelhouse")
-        lock = rep.lock
-        with contextlib.suppress(OSError):
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            memo.write_text(json.dumps(lock, sort_keys=True))
-    attach_lock(stack, lock)
-    left = missing()
-    if left:
-        raise TrainboxError("no sha256 known for " + ", ".join(f"{c.dist_name}=={c.pin_for(plat).version}"
-                                                              for c in left)
-                            + ": their index does not answer and the wheelhouse does not hold them")
 
 
 def _client(dry_run: bool, say: Callable[[str], None]) -> Client | None:
@@ -319,10 +223,10 @@ def _indexes_to_check(stack, opts: BuildOptions) -> dict[str, str]:
 
 
 def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[str],
-                   answers: dict[str, Future]) -> None:
-    """Pins against the wheelhouse and the indexes (`answers`: their probes, under way). An index that does not
-    answer and whose pins the wheelhouse serves is dropped (pip would wait on it). A dry run records problems
-    instead of failing."""
+                   answers: dict[str, Future]):
+    """Pins against the wheelhouse and the indexes (`answers`: their probes, under way). Returns the stack
+    without the indexes that do not answer and whose pins the wheelhouse serves (pip would wait on them). A dry
+    run records problems instead of failing."""
     pins = pins_for(stack, inp.platform)
     if inp.wheels and opts.check_wheelhouse:
         served = check_wheelhouse(inp.wheels, pins, str(opts.wheelhouse))
@@ -335,16 +239,17 @@ def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[
         if not opts.dry_run:
             raise
         notes.append(f"the build would stop here: {exc}")
-        return
-    for name in sorted(down):
-        if name != "pypi":
-            say(f"index {name} ({stack.indexes[name]}) does not answer; its pins come from the wheelhouse")
-            stack.dropped_indexes[name] = stack.indexes.pop(name)
+        return stack
+    dropped = [name for name in sorted(down) if name != "pypi"]
+    for name in dropped:
+        say(f"index {name} ({stack.indexes[name]}) does not answer; its pins come from the wheelhouse")
+    return stack.without_indexes(dropped) if dropped else stack
 
 
-def _staged_sources(stack, opts: BuildOptions, say: Callable[[str], None]) -> dict[str, Path]:
+def _staged_sources(stack, opts: BuildOptions, say: Callable[[str], None]):
     """The stack's git trees and archives, fetched (or found in the cache) and verified, their patch series
-    checked, staged for the context as build/sources/<component>/... (bind-mounted by the builder)."""
+    checked, staged for the context as build/sources/<component>/... (bind-mounted by the builder). Returns
+    the staged files and the stack with the fetched commits' tree hashes recorded."""
     import atexit
 
     from .fetch import fetch_sources, stage as stage_sources
@@ -352,11 +257,11 @@ def _staged_sources(stack, opts: BuildOptions, say: Callable[[str], None]) -> di
     sources = fetch_sources(stack, offline=opts.offline, say=say,
                             cache_dir=Path(opts.sources_cache) if opts.sources_cache else None)
     if not sources.fetched:
-        return {}
+        return {}, stack
     root = Path(tempfile.mkdtemp(prefix=f"trainbox-sources-{stack.name}-"))
     atexit.register(shutil.rmtree, root, True)
     stage_sources(root, sources)
-    return tree_files(root, ["build"])
+    return tree_files(root, ["build"]), sources.stack
 
 
 def _check_cache_to(opts: BuildOptions, client: Client | None) -> None:
@@ -380,16 +285,15 @@ def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] =
         base = choose_base(stack, client, say, dry_run=opts.dry_run)
         notes: list[str] = [f"the build would stop here: {base.note}"] if base.note.startswith("base ") else []
         if stack.overrides:
-            _lock_overrides(stack, inp.platform, inp.wheels, opts.wheelhouse, say, notes if opts.dry_run else None)
-        _check_sources(stack, inp, opts, say, notes, answers)
+            stack = lock_overrides(stack, inp.platform, inp.wheels, opts.wheelhouse, say,
+                                   notes if opts.dry_run else None)
+        stack = _check_sources(stack, inp, opts, say, notes, answers)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     if make_base and base.bootstrap:
-        from .base import bootstrap
-
         bootstrap(tag=base.used, suite=base.used.rsplit(":", 1)[-1], client=client, say=say)
         base.image_id = client.image_id(base.used)
-    inp.sources = _staged_sources(stack, opts, say)
+    inp.sources, stack = _staged_sources(stack, opts, say)
     p = make_plan(stack, base, inp, client)
     p.notes[:0] = notes
     return p

@@ -97,7 +97,7 @@ def built_images(stacks: list[str] | None = None, client: Client | None = None) 
 @dataclass
 class PruneAction:
     stack: str
-    tag: str
+    tag: str  # "" for an untagged image, removed by its id
     image: str
     created: str
     removed: bool = False
@@ -105,10 +105,14 @@ class PruneAction:
 
 
 def prune_plan(images: list[BuiltImage], keep: int) -> list[PruneAction]:
-    """The hash tags of each stack's images older than its `keep` newest (images come newest first)."""
+    """The hash tags of each stack's images older than its `keep` newest (images come newest first), and every
+    untagged one (`<none>` in `image ls`: a build whose tags moved to a newer image), removed by id."""
     seen: dict[str, int] = {}
     plan = []
     for img in images:
+        if not img.tags:
+            plan.append(PruneAction(img.stack, "", img.id, img.created))  # not counted: nothing can run it by name
+            continue
         if not img.hash_tags:
             continue  # no tag prune may touch (only user tags): not counted, never removed
         n = seen[img.stack] = seen.get(img.stack, 0) + 1
@@ -121,7 +125,7 @@ def prune(plan: list[PruneAction], client: Client | None = None) -> None:
     """Remove each tag (the image goes with its last tag; one a container still uses stays, with the reason)."""
     client = client or find_client()
     for act in plan:
-        proc = client.run("rmi", act.tag, check=False, timeout=300)
+        proc = client.run("rmi", act.tag or act.image, check=False, timeout=300)
         if proc.returncode == 0:
             act.removed = True
         else:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Iterable
 
+from . import grammar
 from .dists import canon
 from .platforms import platform_marker
 from .runtime.apply_patches import GIT_REF_RE, PYPI_REF_RE, URL_REF_RE
@@ -242,12 +243,12 @@ class GitKind(Kind):
             return
         if not c.build:
             raise ValueError("install: build needs `build:`, the commands that compile it (run in the tree)")
-        for cmd in c.build:
-            if not cmd.strip() or "\n" in cmd or "\x00" in cmd:
-                raise ValueError(f"build: {cmd[:60]!r}: expected one command per line")
-        w = c.wheels or ""
-        if w and (w.startswith("/") or ".." in w.split("/")):
-            raise ValueError(f"wheels {w!r} must be a glob relative to the tree")
+        for cmd in c.build:  # one line each: a newline or other control would end the Dockerfile's RUN
+            if not cmd.strip() or grammar.controls(cmd):
+                raise ValueError(f"build: {cmd[:60]!r}: expected one command per line (no control characters)")
+            grammar.check_text(cmd, "build")
+        if c.wheels is not None:
+            grammar.check_glob(c.wheels, "wheels")
         if c.version or c.subdir:
             raise ValueError("`version` and `subdir` are for install: pip; install: build installs the wheels "
                              "its commands leave (`wheels:`)")

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .runtime.errors import TrainboxError
 from .paths import LAUNCHERS_DIR
 from .grammar import ENV_NAME_RE, MAX_DEVICES_PER_NODE, MAX_NODES, check_name, check_text
-from .stack import format_validation, named_file, read_yaml
+from .documents import format_validation, merge, named_file, read_yaml
 
 RECIPES_DIR = LAUNCHERS_DIR / "recipes"
 NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -154,12 +154,14 @@ MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 class Check(_Strict):
     """How `trainbox launch check --args` checks the command in the image, without starting the job."""
 
-    # modules replaced by inert stand-ins because they need a real device host (torch_npu without CANN)
+    # modules replaced by inert stand-ins in the args check because they need a real device host (torch_npu
+    # without CANN): only names of trainbox.runtime.deviceonly.DEVICE_ONLY; what the stack should hold is installed
     stub: list[str] = Field(default_factory=list)
     # parse: the rendered command goes through the framework's own parser; none: the entry takes no arguments
     args: Literal["parse", "none"] = "parse"
-    # entry: what the entry imports at its top level must load in the image; none: the entry is not in the image
-    # (the workload's source is mounted at run time and not pinned by the stack, e.g. Relax's CODE_DIR)
+    # entry: the entry's import closure must resolve in the image; none: the entry is not in the image (the
+    # workload's source is mounted at run time and not pinned by the stack, e.g. Relax's CODE_DIR): the recipe is
+    # then `not checked`, never ok, and `why` says why
     imports: Literal["entry", "none"] = "entry"
     # the entry whose parser reads the arguments, when the command's own first word is a console script that
     # hands them on (ms-swift's `megatron`): `-m MODULE` or a script path under workdir
@@ -173,9 +175,15 @@ class Check(_Strict):
     @field_validator("stub")
     @classmethod
     def _stub(cls, v: list[str]) -> list[str]:
+        from .runtime.deviceonly import DEVICE_ONLY, device_only
+
         for mod in v:
             if not MODULE_RE.match(mod):
                 raise ValueError(f"{mod!r}: expected a module name such as torch_npu")
+            if not device_only(mod):
+                raise ValueError(f"{mod!r} is not a device-only module: a stand-in may replace only what needs the "
+                                 f"device to load ({', '.join(DEVICE_ONLY)}, trainbox.runtime.deviceonly); a "
+                                 "module the image lacks must be added to the recipe's stack, not stood in for")
         return v
 
     @field_validator("entry", "replaces", "why")
@@ -503,8 +511,6 @@ def _drop_nulls(merged: dict, child: dict) -> None:
 def _raw_recipe(path: Path, recipes_dir: Path | None, seen: tuple[Path, ...] = ()) -> dict:
     """The recipe's mapping with `extends: PARENT` applied like stacks do: mappings (inputs, env, parallel,
     ...) merge key by key, anything else (command, source, preflight, upstream) is replaced whole."""
-    from .stack import _merge
-
     if path.resolve() in seen:
         chain = " -> ".join(p.name for p in seen + (path.resolve(),))
         raise RecipeError(f"{path}: `extends` loops: {chain}")
@@ -518,7 +524,7 @@ def _raw_recipe(path: Path, recipes_dir: Path | None, seen: tuple[Path, ...] = (
     base = _raw_recipe(sibling if sibling.is_file() else recipe_path(parent, recipes_dir), recipes_dir,
                        seen + (path.resolve(),))
     base.pop("name", None)
-    merged = _merge(base, data)
+    merged = merge(base, data)
     _drop_nulls(merged, data)
     return merged
 

@@ -8,6 +8,7 @@ committed, and drift-checked with `trainbox render --check`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -114,25 +115,51 @@ def manifest(stack: Stack, patches: dict[str, list[dict]]) -> dict:
     }
 
 
-def _sourced(stack: Stack) -> dict[str, str]:
-    """{component: install_source.py arguments} for the components whose source the build context stages."""
+def _sourced(stack: Stack) -> dict[str, list[str]]:
+    """{component: install_source.py arguments} for the components whose source the build context stages (the
+    template quotes each one as a shell word)."""
     out = {}
     for key, c in sorted(stack.installed_components.items()):
         args = c.kind.install_args(c)
         if args:
-            out[key] = " ".join(shlex.quote(a) for a in args)
+            out[key] = list(args)
     return out
 
 
+class _Lines(str):
+    """Text a filter joined from checked one-line items with the template's own line continuations: the only
+    value `_finalize` lets carry a newline."""
+
+
+def _joined(items, sep: str) -> _Lines:
+    return _Lines(sep.join(_one_line(i) for i in items))
+
+
+def _finalize(value):
+    """Every `{{ ... }}` in a build template goes through here: whatever field it prints, a newline (a new
+    Dockerfile instruction) or another control character is refused, even where a filter was forgotten."""
+    if isinstance(value, _Lines) or value is None:
+        return value
+    return _one_line(value)
+
+
 def _env() -> jinja2.Environment:
-    # Quoting by context, the second line of defence behind the stack schema (trainbox.grammar)
-    return make_env(TEMPLATES_DIR, {
+    return _env_for(str(TEMPLATES_DIR))  # read at each call: tests point TEMPLATES_DIR elsewhere
+
+
+@functools.lru_cache(maxsize=4)
+def _env_for(templates_dir: str) -> jinja2.Environment:
+    # One environment per directory, so that each template is compiled once per process, not once per stack
+    # (jinja2's auto_reload still picks up an edited file). Quoting by context, the second line of defence
+    # behind the stack schema (trainbox.grammar)
+    return make_env(templates_dir, {
         "tojson_compact": lambda v: json.dumps(v, sort_keys=True),
         "sh": lambda v: shlex.quote(_one_line(v)),  # a word in a RUN shell command
         "dq": dockerfile_string,  # a double-quoted ENV / LABEL / ARG value
         "line": _one_line,  # text in a comment or an instruction argument
         "image": _image_ref,  # FROM / ARG BASE_IMAGE
-    })
+        "lines": _joined,  # checked one-line items joined with a line continuation
+    }, finalize=_finalize)
 
 
 def _one_line(value) -> str:
@@ -207,6 +234,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2") -> RenderedStack
             dep_names=names,
             patched=patched,
             sourced=sourced,
+            compiled=sorted(k for k, c in stack.installed_components.items() if c.install == "build"),
             system_pkgs=system_pkgs,
             build_pkgs=build_pkgs,
             # a builder stage only where build-only work happens: otherwise the venv is made in the final stage

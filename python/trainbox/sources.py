@@ -276,9 +276,30 @@ def fetch_git(pin: Any, offline: bool, cache_dir: Path | None) -> Fetched:
                 os.rename(tmp / "r.git", repo)  # a concurrent fetch may have made it first
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    # the URL after `--`, so that a URL starting with "-" can never be read as an option
-    proc = run_git("--git-dir", str(repo), "fetch", "--quiet", "--no-tags", "--depth", "1", "--", pin.git,
-                pin.commit, check=False)
+    with _repo_lock(repo):
+        if _has_commit(repo, pin.commit):  # a concurrent fetch brought it while this one waited
+            return Fetched(pin, repo, repo.name, commit=pin.commit)
+        # the URL after `--`, so that a URL starting with "-" can never be read as an option
+        proc = run_git("--git-dir", str(repo), "fetch", "--quiet", "--no-tags", "--depth", "1", "--", pin.git,
+                       pin.commit, check=False)
+        return _fetched_commit(pin, repo, proc, what)
+
+
+@contextlib.contextmanager
+def _repo_lock(repo: Path):
+    """One fetch into a cached repository at a time, on a lock of our own: flock, which the kernel releases when
+    its holder dies. Held, it also proves that git's own lock files there are left by a killed fetch (git
+    refused every later fetch with `shallow.lock: File exists`): they are removed."""
+    import fcntl
+
+    with open(repo.parent / f".{repo.name}.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        for stale in ("shallow.lock", "packed-refs.lock", "FETCH_HEAD.lock", "config.lock"):
+            (repo / stale).unlink(missing_ok=True)
+        yield
+
+
+def _fetched_commit(pin: Any, repo: Path, proc: subprocess.CompletedProcess, what: str) -> Fetched:
     if proc.returncode != 0:
         err = _git_reason(proc.stderr or proc.stdout)
         if "not our ref" in err or "couldn't find remote ref" in err or "no such remote ref" in err:
@@ -293,8 +314,26 @@ def fetch_git(pin: Any, offline: bool, cache_dir: Path | None) -> Fetched:
 
 
 def tree_id(fetched: Fetched) -> str:
-    """git's tree hash of the fetched commit: names the exact file contents, recorded in the manifest."""
-    return run_git("--git-dir", str(fetched.path), "rev-parse", f"{fetched.commit}^{{tree}}").stdout.strip()
+    """git's tree hash of the fetched commit: names the exact file contents, recorded in the manifest. Read from
+    the commit object after re-hashing it (replace refs and grafts ignored): it is the pinned commit's own tree."""
+    from .gitobjects import ObjectError, tree_of
+
+    try:
+        return tree_of(fetched.path, fetched.commit)
+    except ObjectError as exc:
+        raise SourceError(f"{fetched.pin.key} ({fetched.pin.git}@{fetched.commit}): {exc}") from None
+
+
+def verified_tree_id(fetched: Fetched) -> str:
+    """The tree id, after checking every object under the commit against its name (the cache re-verified on use:
+    a rewritten object or a replace ref in the cached repository is refused, never reported fine)."""
+    from .gitobjects import ObjectError, verify_tree
+
+    try:
+        return verify_tree(fetched.path, fetched.commit)
+    except ObjectError as exc:
+        raise SourceError(f"{fetched.pin.key} ({fetched.pin.git}@{fetched.commit}): {exc}; remove {fetched.path} "
+                          "and fetch again") from None
 
 
 def fetch_url(pin: Any, offline: bool, cache_dir: Path | None) -> Fetched:
@@ -347,11 +386,7 @@ def unpack(fetched: Fetched, dest: Path) -> Path:
     part.mkdir()
     try:
         if fetched.commit:
-            with tempfile.TemporaryFile() as tf:
-                run_git("--git-dir", str(fetched.path), "archive", "--format=tar", fetched.commit, stdout=tf)
-                tf.seek(0)
-                with tarfile.open(fileobj=tf) as tar:
-                    _extract_tar(tar, part, fetched.filename)
+            _unpack_commit(fetched, part)
         elif fetched.filename.endswith((".whl", ".zip")):
             with zipfile.ZipFile(fetched.path) as zf:
                 _safe_members(zf.namelist(), fetched.filename)
@@ -369,6 +404,18 @@ def unpack(fetched: Fetched, dest: Path) -> Path:
         shutil.rmtree(part, ignore_errors=True)
         raise
     return dest
+
+
+def _unpack_commit(fetched: Fetched, dest: Path) -> None:
+    """The pinned commit's tree, written from objects each checked against its name (trainbox.gitobjects):
+    a replace ref, a graft or a rewritten object in the repository is refused, never staged."""
+    from .gitobjects import ObjectError, verify_tree
+
+    try:
+        verify_tree(fetched.path, fetched.commit, dest)
+    except ObjectError as exc:
+        raise SourceError(f"{fetched.pin.key} ({fetched.pin.git}@{fetched.commit}): {exc}; remove {fetched.path} "
+                          "and fetch again") from None
 
 
 def _extract_tar(tar: tarfile.TarFile, dest: Path, archive: str) -> None:

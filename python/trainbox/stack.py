@@ -2,13 +2,20 @@
 
 A stack is one YAML file in build/stacks/. Every error names the file, the key path, what was expected and
 how to fix it; unknown keys are rejected so that a typo cannot silently drop a pin.
+
+The models' fields are exactly what a stack file may say. What loading and a build work out for it (the file it
+came from, --set/--base overrides, the lock and the hashes it gives each pin, indexes a build dropped) is a
+`Resolution` beside the fields: a stack file cannot set it, and a resolved stack is frozen, so each step that
+resolves more returns a new stack instead of changing the one it was given.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +29,8 @@ from .paths import STACKS_DIR
 from .platforms import PLATFORM_RE
 from .runtime.install_source import TOOLKITS
 from .yamlfile import load_yaml_file
+from . import documents
+from .documents import format_validation, merge, named_file
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -32,6 +41,34 @@ class StackError(TrainboxError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+#: Keys that name trainbox's own build state, never written in a stack file: why, and what to do instead.
+INTERNAL_KEYS = {
+    "source_file": "the stack's file is the one being read",
+    "overrides": "give them on the command line: --set COMPONENT.FIELD=VALUE or --base IMAGE",
+    "declared_base": "the stack's own base is base.image; a build on another one takes --base IMAGE",
+    "lock": "the lock is the machine-written NAME.lock beside the stack file: run `trainbox stack lock NAME`",
+    "dropped_indexes": "a build drops an index that does not answer by itself; remove an index from `indexes`",
+    "key": "a component's key is its name under `components`",
+    "locked": "a pin's hashes go in sha256: (or come from the lock, `trainbox stack lock NAME`)",
+}
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What trainbox resolved for a stack, apart from what its file says (and where each part came from)."""
+
+    source_file: Path | None = None  # the stack file (its `extends` parents merged in)
+    overrides: dict[str, str] = field(default_factory=dict)  # --set COMPONENT.FIELD / base.image (--base), as given
+    # the stack file's own base when --base substituted another one (recorded in the manifest)
+    declared_base: str | None = None
+    # the lock in force: the stack's NAME.lock, or one resolved for the pins --set moved (`lock_origin` says which)
+    lock: dict | None = None
+    lock_origin: str | None = None
+    # indexes a build dropped because they did not answer (the wheelhouse serves their pins): the lock was
+    # computed against them, so they still count when its freshness is judged
+    dropped_indexes: dict[str, str] = field(default_factory=dict)
 
 
 class Base(_Strict):
@@ -87,7 +124,8 @@ ToolkitName = Literal[tuple(sorted(TOOLKITS))]  # type: ignore[valid-type]
 
 
 class Component(_Strict):
-    key: str = ""  # filled from the mapping key
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     source: str  # a kind in trainbox.kinds.KINDS
     name: str | None = None  # distribution name (pypi), defaults to the key
     version: str | None = None  # pypi: the pin; git with install: pip: the version the built wheel must have
@@ -192,10 +230,20 @@ class Component(_Strict):
     def dist_name(self) -> str:
         return self.name or self.key
 
-    # hashes the lock file recorded for this pin, per platform (filled by load_stack)
-    locked: dict[str, list[str]] = Field(default_factory=dict, exclude=True)
-    # git's tree hash of the fetched commit (filled by the image build once fetched; recorded in the manifest)
+    # not fields, so a stack file cannot set them: the mapping key (set by Stack), the hashes the lock recorded for
+    # this pin per platform (set by Stack.with_lock), git's tree hash of the fetched commit (set once fetched;
+    # recorded in the manifest)
+    _key: str = PrivateAttr("")
+    _locked: dict[str, list[str]] = PrivateAttr(default_factory=dict)
     _tree_id: str | None = PrivateAttr(None)
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def locked(self) -> dict[str, list[str]]:
+        return self._locked
 
     def pin_for(self, platform: str) -> PlatformPin:
         """The version / index / hashes in force on one platform (stack file first, then the lock)."""
@@ -217,6 +265,10 @@ class Component(_Strict):
 
 
 class Stack(_Strict):
+    """A stack: its fields are what the file says (with --set/--base applied); the rest is `Resolution`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     name: str
     extends: str | None = None
     description: str = ""
@@ -229,15 +281,7 @@ class Stack(_Strict):
     indexes: dict[str, str] = Field(default_factory=lambda: {"pypi": "https://pypi.org/simple"})
     components: dict[str, Component] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
-    source_file: Path | None = None
-    overrides: dict[str, str] = Field(default_factory=dict)
-    # The machine-written lock (build/stacks/<name>.lock): per-platform hashes and the resolved dependencies.
-    lock: dict | None = None
-    # the stack file's own base when --base substituted another one (recorded in the manifest)
-    declared_base: str | None = None
-    # indexes a build dropped because they did not answer (the wheelhouse serves their pins): the lock was
-    # computed against them, so they still count when its freshness is judged
-    dropped_indexes: dict[str, str] = Field(default_factory=dict)
+    _resolved: Resolution = PrivateAttr(default_factory=Resolution)
 
     @field_validator("platforms")
     @classmethod
@@ -308,12 +352,70 @@ class Stack(_Strict):
     @model_validator(mode="after")
     def _cross(self) -> "Stack":
         for key, comp in self.components.items():
-            comp.key = key
+            comp._key = key
             if comp.kind.from_index:
                 for plat in [comp.index] + [p.index for p in comp.platforms.values() if p.index]:
                     if plat not in self.indexes:
                         raise ValueError(f"components.{key}.index {plat!r} is not defined under `indexes`")
         return self
+
+    # -- what was resolved: read here, changed only by the methods below, each returning a new stack --
+
+    # read-only views of the resolution (properties, not fields: a stack file cannot set them)
+    resolution = property(lambda self: self._resolved)
+    source_file = property(lambda self: self._resolved.source_file)
+    overrides = property(lambda self: self._resolved.overrides)
+    declared_base = property(lambda self: self._resolved.declared_base)
+    lock = property(lambda self: self._resolved.lock)
+    dropped_indexes = property(lambda self: self._resolved.dropped_indexes)
+
+    def resolved(self, **changes: Any) -> "Stack":
+        """A copy with these `Resolution` parts replaced (this stack stays as it is)."""
+        new = self.model_copy()
+        new._resolved = dataclasses.replace(self._resolved, **changes)
+        return new
+
+    def with_lock(self, lock: dict | None, origin: str | None = None) -> "Stack":
+        """A copy that uses `lock`'s hashes for the pins it matches (an entry for another version or index is
+        stale, so not used); `origin` says where the lock came from."""
+        comps = {key: comp.model_copy() for key, comp in self.components.items()}
+        for comp in comps.values():
+            comp._locked = {}
+        for plat, entry in ((lock or {}).get("platforms") or {}).items():
+            for key, rec in ((entry or {}).get("components") or {}).items():
+                comp = comps.get(key)
+                if comp is None or not comp.kind.from_index:
+                    continue
+                pin = comp.pin_for(plat)
+                if rec.get("version") == pin.version and rec.get("index") == pin.index:
+                    comp._locked[plat] = list(rec.get("sha256") or [])
+        new = self.model_copy(update={"components": comps})
+        return new.resolved(lock=lock, lock_origin=origin if lock else None)
+
+    def with_hashes(self, hashes: dict[str, list[str]]) -> "Stack":
+        """A copy whose components named in `hashes` are pinned to those sha256s (e.g. a wheelhouse's files)."""
+        comps = {key: comp.model_copy(update={"sha256": list(hashes[key])}) if key in hashes else comp
+                 for key, comp in self.components.items()}
+        return self.model_copy(update={"components": comps})
+
+    def with_tree_ids(self, trees: dict[str, str]) -> "Stack":
+        """A copy that records git's tree hash of each fetched commit on its component (for the manifest)."""
+        comps = dict(self.components)
+        for key, tree in trees.items():
+            comps[key] = comps[key].model_copy()
+            comps[key]._tree_id = tree
+        return self.model_copy(update={"components": comps})
+
+    def narrowed(self, platform: str) -> "Stack":
+        """A copy for one platform (a build is for one)."""
+        return self.model_copy(update={"platforms": [platform]})
+
+    def without_indexes(self, names: list[str]) -> "Stack":
+        """A copy whose build leaves these indexes out (they do not answer; the wheelhouse serves their pins).
+        The lock was computed against them, so they are kept as dropped_indexes for judging its freshness."""
+        kept = {k: v for k, v in self.indexes.items() if k not in names}
+        dropped = {**self.dropped_indexes, **{k: v for k, v in self.indexes.items() if k in names}}
+        return self.model_copy(update={"indexes": kept}).resolved(dropped_indexes=dropped)
 
     def component(self, key: str) -> Component:
         try:
@@ -440,52 +542,12 @@ def stack_path(name_or_path: str | Path, stacks_dir: Path | None = None) -> Path
     return _stack_path(name_or_path, stacks_dir)
 
 
-def named_file(name_or_path: str | Path, directory: Path, what: str, error: type[TrainboxError] | None = None,
-               hint: str = "") -> Path:
-    """A NAME in `directory` (NAME.yaml) or a path to a YAML file; `what` (stack, recipe) names it in errors.
-    Shared by stacks and recipes so both look things up, and fail, the same way."""
-    error = error or StackError
-    p = Path(name_or_path)
-    try:
-        p.is_file()
-    except OSError as exc:  # a name too long for the file system, ...
-        raise error(f"{str(p)[:80]}...: not a usable {what} name or path ({exc.strerror or exc})") from None
-    if p.suffix in (".yaml", ".yml") or "/" in str(name_or_path) or p.is_file():
-        if p.is_dir():
-            raise error(f"{p}: is a directory, expected a {what} file")
-        if not p.is_file():
-            raise error(f"{p}: no such {what} file")
-        return p
-    path = directory / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(q.stem for q in directory.glob("*.yaml"))) or "none"
-        raise error(f"unknown {what} {str(name_or_path)!r}: no {path} (known {what}s: {known}{hint})")
-    return path
-
-
 def _stack_path(name_or_path: str | Path, stacks_dir: Path | None) -> Path:
-    return named_file(name_or_path, stacks_dir or STACKS_DIR, "stack")
+    return named_file(name_or_path, stacks_dir or STACKS_DIR, "stack", StackError)
 
 
-def read_yaml(path: Path, error: type[TrainboxError] | None = None, what: str = "stack") -> dict:
-    """A YAML file whose top level is a mapping, read by trainbox.yamlfile (duplicate keys, size, encoding
-    refused); errors name the file, line and column."""
-    error = error or StackError
-    data = load_yaml_file(path, what, error)
-    if not isinstance(data, dict):
-        raise error(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
-
-
-def _merge(parent: dict, child: dict) -> dict:
-    """Child keys win; mappings merge recursively (so a child can change one pin's version only)."""
-    out = copy.deepcopy(parent)
-    for k, v in child.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
+def read_yaml(path: Path) -> dict:
+    return documents.read_yaml(path, StackError, "stack")
 
 
 def _raw(path: Path, stacks_dir: Path | None, seen: tuple[Path, ...] = ()) -> dict:
@@ -504,23 +566,8 @@ def _raw(path: Path, stacks_dir: Path | None, seen: tuple[Path, ...] = ()) -> di
         base = _raw(ppath, stacks_dir, seen + (path,))
         base.pop("name", None)
         base.pop("extends", None)
-        data = _merge(base, data)
+        data = merge(base, data)
     return data
-
-
-def format_validation(path: Path, exc: ValidationError,
-                      unknown: str = "unknown keys are rejected so a typo cannot drop a pin") -> str:
-    """One line per pydantic error: file, dotted key path, what was expected (shared with recipes)."""
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown key (check the spelling; {unknown})"
-        elif err["type"] == "missing":
-            msg = "required key is missing"
-        lines.append(f"{path}: {loc}: {msg.removeprefix('Value error, ')}")
-    return "\n".join(lines)
 
 
 def apply_sets(data: dict, sets: dict[str, str], path: Path) -> dict:
@@ -583,18 +630,30 @@ def load_stack(
     try:
         stack = Stack.model_validate(data)
     except ValidationError as exc:
-        raise StackError(format_validation(path, exc)) from None
-    stack.source_file = path
-    stack.overrides = overrides
-    stack.declared_base = declared_base if "base.image" in overrides else None
-    _attach_lock(stack)
-    return stack
+        raise StackError(_format_stack_errors(path, exc)) from None
+    stack._resolved = Resolution(source_file=path, overrides=overrides,
+                                 declared_base=declared_base if "base.image" in overrides else None)
+    return _attach_lock(stack)
 
 
-def _attach_lock(stack: Stack) -> None:
+def _format_stack_errors(path: Path, exc: ValidationError) -> str:
+    """format_validation, with a key that names trainbox's own build state said to be that (and what to do)."""
+    lines = []
+    unknown = "unknown keys are rejected so a typo cannot drop a pin"
+    for err, line in zip(exc.errors(), format_validation(path, exc, unknown).splitlines()):
+        key = str(err["loc"][-1]) if err["loc"] else ""
+        if err["type"] == "extra_forbidden" and key in INTERNAL_KEYS:
+            loc = ".".join(str(x) for x in err["loc"])
+            line = (f"{path}: {loc}: trainbox's own build state, not a stack file key: remove it "
+                    f"({INTERNAL_KEYS[key]})")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _attach_lock(stack: Stack) -> Stack:
     lock_path = stack.lock_path
     if not lock_path or not lock_path.exists():
-        return
+        return stack
     try:
         lock = load_yaml_file(lock_path, "lock", StackError) or {}
     except StackError as exc:
@@ -602,22 +661,7 @@ def _attach_lock(stack: Stack) -> None:
     if not isinstance(lock, dict):
         raise StackError(f"{lock_path}: expected a mapping at the top level; regenerate it with "
                          f"`trainbox stack lock {stack.name}`")
-    attach_lock(stack, lock)
-
-
-def attach_lock(stack: Stack, lock: dict) -> None:
-    """Use a lock's hashes for the pins it matches (an entry for another version or index is stale)."""
-    stack.lock = lock
-    for comp in stack.components.values():
-        comp.locked = {}
-    for plat, entry in (lock.get("platforms") or {}).items():
-        for key, rec in ((entry or {}).get("components") or {}).items():
-            comp = stack.components.get(key)
-            if comp is None or not comp.kind.from_index:
-                continue
-            pin = comp.pin_for(plat)
-            if rec.get("version") == pin.version and rec.get("index") == pin.index:
-                comp.locked[plat] = list(rec.get("sha256") or [])
+    return stack.with_lock(lock, str(lock_path))
 
 
 def parse_sets(items: list[str] | None) -> dict[str, str]:
@@ -630,46 +674,4 @@ def parse_sets(items: list[str] | None) -> dict[str, str]:
         if "." not in key or not value.strip():
             raise StackError(f"--set {item}: expected COMPONENT.FIELD=VALUE, e.g. --set torch.version=2.13.0+cpu")
         out[key.strip()] = value.strip()
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------
-# comparing
-
-
-def _diff_view(stack: Stack) -> dict:
-    """Everything a build of the stack depends on, as plain JSON data (what `stack diff` compares)."""
-    comps = {}
-    for key, c in stack.components.items():
-        view = c.model_dump(exclude={"key", "platforms", "sha256", "note", "locked"}, exclude_none=True)
-        if c.source == "pypi":  # the pin and hashes in force per platform (stack file, per-platform pins, lock)
-            view.pop("version"), view.pop("index")
-            view["pins"] = {p: c.pin_for(p).model_dump() for p in stack.platforms}
-        elif c.sha256:
-            view["sha256"] = c.sha256
-        comps[key] = view
-    return {
-        "device": stack.device, "python": stack.python, "platforms": stack.platforms,
-        "base": stack.base.model_dump(exclude_none=True), "indexes": stack.indexes,
-        "system_packages": stack.system_packages, "build_packages": stack.build_packages,
-        "components": comps, "env": stack.env,
-        "lock": {"state": "none" if not stack.lock else "fresh" if stack.lock_is_fresh() else "stale"},
-    }
-
-
-def diff_stacks(a: Stack, b: Stack) -> list[dict]:
-    """[{key, a, b, change}] for every dotted key whose value differs; a side that lacks it has None."""
-    out: list[dict] = []
-    missing = object()
-
-    def walk(x: Any, y: Any, path: str) -> None:
-        if isinstance(x, dict) and isinstance(y, dict):
-            for k in sorted(set(x) | set(y)):
-                walk(x.get(k, missing), y.get(k, missing), f"{path}.{k}" if path else str(k))
-        elif x != y:
-            change = "added" if x is missing else "removed" if y is missing else "changed"
-            out.append({"key": path, "a": None if x is missing else x, "b": None if y is missing else y,
-                        "change": change})
-
-    walk(_diff_view(a), _diff_view(b), "")
     return out

@@ -8,6 +8,7 @@ of the line a comment), each as one TrainboxError line instead of a traceback.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -18,10 +19,14 @@ from .runtime.errors import TrainboxError
 # The largest stack in the tree is a few KiB and a lock some tens; 1 MiB leaves room without letting a stray
 # 50 MB file through to pydantic.
 MAX_YAML_BYTES = 1 << 20
+# A stack or recipe nests a few levels; deeper is a hostile or broken file (libyaml parses 20,000 levels happily,
+# and the schema would then print one error per level).
+MAX_YAML_DEPTH = 64
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a mapping key given twice."""
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """SafeLoader that refuses a mapping key given twice. libyaml's parser where PyYAML has it: the pure-Python
+    one takes ~10x as long, and a lock file is tens of KiB read on every stack load."""
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
@@ -41,7 +46,7 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
                 None, None, f"duplicate key {key!r} (first given on line {first}); a repeated key would "
                 "silently win, so remove one of them", key_node.start_mark)
         seen[key] = key_node.start_mark.line + 1
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+    return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
@@ -71,16 +76,37 @@ def _cut_values(text: str, where: str, error: type[TrainboxError]) -> None:
                         "as '# text'")
 
 
+def _too_deep(data) -> bool:
+    """Nesting past MAX_YAML_DEPTH, measured without recursion (the data may be 20,000 levels deep)."""
+    todo = [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if depth > MAX_YAML_DEPTH:
+            return True
+        if isinstance(value, dict):
+            todo.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            todo.extend((v, depth + 1) for v in value)
+    return False
+
+
 def parse_yaml(text: str, where: str, error: type[TrainboxError] = TrainboxError):
     """Parse YAML text (duplicate keys and cut-short values refused); errors name `where` (a path) and the line."""
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
         if _SUSPECT.search(text):
             _cut_values(text, where, error)
+        if _too_deep(data):
+            raise RecursionError
         return data
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc)
         raise error(f"{where}{_location(exc)}: malformed YAML: {problem}") from None
+    except RecursionError:  # the pure-Python parser recurses per level; libyaml's result is measured above
+        raise error(f"{where}: malformed YAML: nested more than {MAX_YAML_DEPTH} levels deep; a stack or recipe "
+                    "needs a few levels") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits (Python's int limit)
+        raise error(f"{where}: malformed YAML: {' '.join(str(exc).split())[:200]}") from None
 
 
 def read_text_file(path: Path, what: str, error: type[TrainboxError] = TrainboxError,
@@ -88,6 +114,10 @@ def read_text_file(path: Path, what: str, error: type[TrainboxError] = TrainboxE
     """A user-written text file as str, or one clear error: missing, a directory, too big, not UTF-8."""
     path = Path(path)
     try:
+        if path.is_symlink() and Path(os.path.realpath(path)).suffix != path.suffix:
+            # a link to /etc/shadow must not be parsed and its lines echoed back in "unknown key" errors
+            raise error(f"{path}: a link to {os.path.realpath(path)}, which is not a {path.suffix or what} file; "
+                        "nothing was read from it")
         if path.is_dir():
             raise error(f"{path}: is a directory, expected a {what} file")
         size = path.stat().st_size

@@ -16,7 +16,52 @@ ENGINE_2 = "usage or invalid input, or no Docker engine answers"
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("image", help="build, list and prune stack images")
     isub = p.add_subparsers(dest="image_command", metavar="SUBCOMMAND")
+    _register_build(isub)
 
+    w = isub.add_parser(
+        "wheelhouse",
+        help="fill a directory with every pinned artifact a stack's build installs (hash-verified)",
+        description="Download (or take from trainbox's source cache) each pinned artifact the image build of "
+        "STACK installs on PLATFORM: its pypi components and, when locked, their dependency closure. Every file "
+        "is checked against the stack's sha256 before it is added; files already there are kept. Use the "
+        "directory with `image build --wheelhouse DIR` on a machine without index access.",
+    )
+    add_stack(w)
+    w.add_argument("--platform", metavar="P", help="target platform, e.g. linux/arm64 (default: this machine's)")
+    w.add_argument("-o", "--output", metavar="DIR", required=True, help="the wheelhouse directory to fill")
+    w.add_argument("--set", action="append", default=[], metavar="COMPONENT.FIELD=VALUE", dest="sets",
+                   help="override a pin, as for image build (the moved pin needs a sha256 in the stack or lock)")
+    add_json(w, "what was added and kept (schema trainbox.wheelhouse/1)")
+    exits(w, None, **{"2": "usage or invalid input, or a pinned artifact cannot be fetched or verified"})
+    w.set_defaults(func=_wheelhouse)
+
+    ls = isub.add_parser("ls", help="built images: stack, content hash, base, substitute/override flags, size, age",
+                         description="trainbox's images in the engine (those labelled io.trainbox.stack), newest "
+                         "first, from their labels. SUBST: built on a base other than the stack's own (its base.substitute, or "
+                         "--base IMAGE), as the image's manifest and doctor say; "
+                         "OVERRIDES: built with --set or --base; PUSHED: the REG/repo@sha256:... of each `image push`.")
+    add_stacks(ls, help="only the images of these stacks (default: all)")
+    add_json(ls, "the images")
+    exits(ls, None, **{"2": ENGINE_2})
+    ls.set_defaults(func=_ls)
+
+    pr = isub.add_parser("prune", help="remove older content-hash tags of each stack, keeping the newest N",
+                         description="For each stack, keep the --keep newest images and remove the "
+                         "trainbox/<stack>:<hash> tags of the older ones (the image goes with its last tag; :latest "
+                         "and your own tags are never removed), and the untagged images `image ls` lists. Without "
+                         "STACK on an engine holding several stacks, it names them first.")
+    exits(pr, "a tag could not be removed (e.g. a container still uses the image)", **{"2": ENGINE_2})
+    add_stacks(pr, help="only these stacks (default: all)")
+    pr.add_argument("--keep", type=int, default=3, metavar="N", help="newest images to keep per stack (default 3)")
+    pr.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    add_json(pr, "what was (or would be) removed")
+    pr.set_defaults(func=_prune)
+    _register_push(isub)
+
+    p.set_defaults(func=group_help(p))
+
+
+def _register_build(isub) -> None:
     b = isub.add_parser(
         "build",
         help="build a stack's image with BuildKit (skipped when its content-hash tag exists)",
@@ -32,6 +77,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override a pin of the stack, e.g. --set torch.version=2.13.0+cpu (repeatable; recorded in "
                    "the image manifest and its io.trainbox.overrides label)")
     b.add_argument("--wheelhouse", metavar="DIR", help="directory of wheels pip may install from inside the build")
+    b.add_argument("--profile", metavar="FILE",
+                   help="take the pins, wheelhouse and base choice for STACK from a smoke profile, as `trainbox "
+                   "smoke --profile` does: e.g. ci/smoke-offline.yaml builds an NPU/CUDA stack on a CPU host (its "
+                   "base.substitute when its own base cannot be pulled, with pins PyPI serves); the command line "
+                   "wins")
     b.add_argument("--pip-index-url", metavar="URL", help="PyPI mirror (may hold credentials: passed as a secret)")
     b.add_argument("--ca-bundle", metavar="FILE",
                    help="CA certificates for pip inside the build (default: pip's configured cert, else "
@@ -55,52 +105,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("-v", "--verbose", action="store_true", help="stream every line of the build's output")
     b.set_defaults(func=_build)
 
-    w = isub.add_parser(
-        "wheelhouse",
-        help="fill a directory with every pinned artifact a stack's build installs (hash-verified)",
-        description="Download (or take from trainbox's source cache) each pinned artifact the image build of "
-        "STACK installs on PLATFORM: its pypi components and, when locked, their dependency closure. Every file "
-        "is checked against the stack's sha256 before it is added; files already there are kept. Use the "
-        "directory with `image build --wheelhouse DIR` on a machine without index access.",
-    )
-    add_stack(w)
-    w.add_argument("--platform", metavar="P", help="target platform, e.g. linux/arm64 (default: this machine's)")
-    w.add_argument("-o", "--output", metavar="DIR", required=True, help="the wheelhouse directory to fill")
-    w.add_argument("--set", action="append", default=[], metavar="COMPONENT.FIELD=VALUE", dest="sets",
-                   help="override a pin, as for image build (the moved pin needs a sha256 in the stack or lock)")
-    add_json(w, "what was added and kept (schema trainbox.wheelhouse/1)")
-    exits(w, None, **{"2": "usage or invalid input, or a pinned artifact cannot be fetched or verified"})
-    w.set_defaults(func=_wheelhouse)
-
-    _register_inventory(isub)
-    _register_push(isub)
-
-    p.set_defaults(func=group_help(p))
-
-
-def _register_inventory(isub) -> None:
-    ls = isub.add_parser("ls", help="built images: stack, content hash, base, substitute/override flags, size, age",
-                         description="trainbox's images in the engine (those labelled io.trainbox.stack), newest "
-                         "first, from their labels. SUBST: built on a substitute base (no CANN / CUDA of its own); "
-                         "OVERRIDES: built with --set or --base; PUSHED: the "
-                         "REG/repo@sha256:... of each `image push`.")
-    add_stacks(ls, help="only the images of these stacks (default: all)")
-    add_json(ls, "the images")
-    exits(ls, None, **{"2": ENGINE_2})
-    ls.set_defaults(func=_ls)
-
-    pr = isub.add_parser("prune", help="remove older content-hash tags of each stack, keeping the newest N",
-                         description="For each stack, keep the --keep newest images and remove the "
-                         "trainbox/<stack>:<hash> tags of the older ones (the image goes with its last tag; :latest "
-                         "and your own tags are never removed).")
-    exits(pr, "a tag could not be removed (e.g. a container still uses the image)", **{"2": ENGINE_2})
-    add_stacks(pr, help="only these stacks (default: all)")
-    pr.add_argument("--keep", type=int, default=3, metavar="N", help="newest images to keep per stack (default 3)")
-    pr.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
-    add_json(pr, "what was (or would be) removed")
-    pr.set_defaults(func=_prune)
-
-
 def _register_push(isub) -> None:
     pu = isub.add_parser(
         "push", help="push a stack's content-hash tag to a registry and record the digest it got",
@@ -122,6 +126,8 @@ def _build(args: argparse.Namespace) -> int:
 
     from trainbox import image
     from trainbox.stack import parse_sets
+    if args.profile:
+        _apply_profile(args)
     opts = image.BuildOptions(
         stack=args.stack, tags=args.tag, base=args.base, sets=parse_sets(args.sets),
         wheelhouse=args.wheelhouse, pip_index_url=args.pip_index_url, ca_bundle=args.ca_bundle,
@@ -140,6 +146,37 @@ def _build(args: argparse.Namespace) -> int:
     emit_json({**report, "dry_run": bool(args.dry_run), "command": list(outcome.argv or []),
                "report_file": str(outcome.report_path) if outcome.report_path else None})
     return 0
+
+
+def _apply_profile(args: argparse.Namespace) -> None:
+    """`--profile FILE`: the profile's pins for the stack (under the command line's --set), its wheelhouse, and
+    its base choice (substitute_base: auto, never or an image) decided as `trainbox smoke` decides it."""
+    from trainbox.base import Choice, own_or_substitute
+    from trainbox.runtime.errors import TrainboxError
+    from trainbox.smoke.profile import load_profile
+    from trainbox.stack import load_stack
+
+    prof = load_profile(args.profile)
+    stack = load_stack(args.stack)
+    pins = dict((prof.get("set") or {}).get(stack.name) or {})
+    args.sets = [f"{k}={v}" for k, v in pins.items()] + list(args.sets)  # later wins: the command line
+    args.wheelhouse = args.wheelhouse or prof.get("wheelhouse")
+    mode = prof.get("substitute_base") or "auto"
+    own, sub = stack.base.image, stack.base.substitute
+    note = f"--profile {args.profile}: " + (", ".join(f"{k}={v}" for k, v in pins.items()) or "no pins")
+    if args.base or mode == "never" or stack.base.auto_substitute:
+        pass  # the command line's --base, the stack's own base, or a stack that substitutes by itself (cpu)
+    elif mode != "auto":
+        args.base = mode
+    elif sub:  # smoke's policy (trainbox.base.own_or_substitute): the substitute when the own base cannot be had
+        try:
+            choice = own_or_substitute(own, sub, may_substitute=True)
+        except TrainboxError as exc:  # no engine (a dry run): plan on the substitute, as the build would
+            choice = Choice(sub, sub, f"{own}: not probed ({exc})")
+        if choice.substituted:
+            args.base = sub
+            note += f"; base {sub}, the stack's base.substitute ({choice.why})"
+    print(note, file=sys.stderr)
 
 
 def _wheelhouse(args: argparse.Namespace) -> int:
@@ -195,18 +232,25 @@ def _prune(args: argparse.Namespace) -> int:
 
     if args.keep < 1:
         args._cmd_parser.error(f"--keep {args.keep}: keep at least 1 image per stack")
-    plan = prune_plan(built_images(args.stacks or None), args.keep)
+    images = built_images(args.stacks or None)
+    plan = prune_plan(images, args.keep)
+    note = sys.stderr if args.json else sys.stdout
+    stacks = sorted({i.stack for i in images})
+    if not args.stacks and len(stacks) > 1:
+        # a shared engine: say whose images this touches before touching them
+        print(f"no STACK given: pruning every stack on this engine ({', '.join(stacks)}); name STACKs to limit it",
+              file=note)
     if not args.dry_run:
         prune(plan)
-    note = sys.stderr if args.json else sys.stdout
     for act in plan:
         state = "would remove" if args.dry_run else "removed" if act.removed else f"kept ({act.error})"
-        print(f"{state} {act.tag} ({act.image}, built {act.created})", file=note)
+        what = act.tag or f"untagged {act.stack} image"
+        print(f"{state} {what} ({act.image}, built {act.created})", file=note)
     if not plan:
         print(f"nothing to prune (at most {args.keep} image(s) per stack)", file=note)
     failed = [a for a in plan if not args.dry_run and not a.removed]
     if args.json:
-        emit_json({"dry_run": args.dry_run, "keep": args.keep, "ok": not failed,
+        emit_json({"dry_run": args.dry_run, "keep": args.keep, "ok": not failed, "stacks": stacks,
                    "tags": [{"stack": a.stack, "tag": a.tag, "image": a.image, "created": a.created,
                              "removed": a.removed, "error": a.error} for a in plan]})
     return EXIT_PROBLEMS if failed else 0

@@ -40,7 +40,9 @@ def register(sub) -> None:
                         "manifests a YAML parse (their schema checks need the CRDs: tests/test_k8s_manifests.py)")
     c.add_argument("--args", action="store_true",
                    help="also run each recipe's command through its framework's own argument parser, in the image "
-                        "(the entry's top-level imports must load; nothing trains, no device or network is used)")
+                        "(the entry's import closure must resolve in the image; nothing trains, no device or "
+                        "network is used). A recipe that cannot be checked (its entry is not in the image) is "
+                        "reported `not checked` with the reason, never ok; it does not change the exit status")
     c.add_argument("--image", help="with --args: the image to check in (default: trainbox/STACK:latest)")
     c.add_argument("--code", metavar="DIR", help="with --args: check against this checkout of the workload on this "
                    "host instead of an image (the recipe's code input)")
@@ -195,26 +197,30 @@ def cmd_check(args) -> int:
         row = {"recipe": name, "ok": not problems, "problems": problems}
         if args.args and not problems:
             row["args"] = _check_args(name, args)
-            if not row["args"]["ok"]:
+            if row["args"].get("status") != "not checked" and not row["args"]["ok"]:
                 problems.append(row["args"]["summary"])
-        row["ok"] = not problems
+        row["status"] = "fail" if problems else row.get("args", {}).get("status", "ok")
+        row["ok"] = row["status"] == "ok"
         results.append(row)
         if problems:
             failed += 1
             print(f"FAIL {name}", file=sys.stderr)
             for p in problems:
                 print(f"  {p}", file=sys.stderr)
+        elif row["status"] == "not checked":  # never `ok`: the summary says why (e.g. the entry is not in the image)
+            print(f"not checked  {row['args']['summary'].replace(': not checked: ', ': ', 1)}", file=out)
         else:
             print(f"ok   {row['args']['summary'] if 'args' in row else name}", file=out)  # the summary names it
     if args.json:
-        emit_json({"ok": not failed, "shellcheck": bool(shellcheck), "recipes": results})
+        emit_json({"ok": not failed, "shellcheck": bool(shellcheck), "recipes": results,
+                   "not_checked": [r["recipe"] for r in results if r["status"] == "not checked"]})
     return EXIT_PROBLEMS if failed else 0
 
 
 def _check_args(name: str, args) -> dict:
-    """The recipe's command through its framework's parser (trainbox.launch.argscheck)."""
+    """The recipe's command through its framework's parser (trainbox.launch.recipecheck)."""
     from ..launch import parse_sets
-    from ..launch.argscheck import plan, run_in_image, run_on_host, summary
+    from ..launch.recipecheck import plan, run_in_image, run_on_host, summary
     from ..launch.images import choose_image
     from ..launch.job import resolve
     from ..runtime.errors import TrainboxError
@@ -228,7 +234,7 @@ def _check_args(name: str, args) -> dict:
             image = choose_image(job, args.image, dry_run=True)[0]
             result = run_in_image(check, image)
     except TrainboxError as exc:
-        result = {"recipe": name, "ok": False, "imports": {}, "args": {}, "error": str(exc)}
+        result = {"recipe": name, "ok": False, "status": "fail", "imports": {}, "args": {}, "error": str(exc)}
         result["summary"] = f"{name}: {exc}"
         return result
     result["summary"] = summary(result)

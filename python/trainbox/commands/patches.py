@@ -74,6 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "nothing under patches/ changes)"})
     i.add_argument("diff", type=Path, metavar="DIFF", help="the diff file")
     i.add_argument("--component", required=True, metavar="COMPONENT", help="component key whose series receives it")
+    i.add_argument("--stack", metavar="STACK", help="take the pin from this stack (needed when stacks disagree)")
     i.add_argument("--status", default="Pending", help="Upstream-Status for the entries (default: Pending)")
     i.add_argument("--why", help="the explanation each entry's message carries")
     i.add_argument("--offline", action="store_true", help="use the cache only")
@@ -85,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _import(args: argparse.Namespace) -> int:
     from trainbox.patch_import import import_diff
 
-    names = import_diff(args.diff, args.component, status=args.status, why=args.why,
+    names = import_diff(args.diff, args.component, stack=args.stack, status=args.status, why=args.why,
                         offline=args.offline)
     print(f"{args.component}: series now {len(names)} patch(es): {', '.join(names)}")
     return 0

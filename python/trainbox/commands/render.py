@@ -43,6 +43,8 @@ def cmd_render(args) -> int:
         if args.json:
             emit_json({"root": str(root), "check": True, "ok": not bad, "files": sorted(outputs), "drift": bad})
         return EXIT_PROBLEMS if bad else 0
+    if args.output:
+        print(f"writing into {root}/ (the paths below are relative to it)", file=note)
     for rel in write_set(outputs, root):  # all or nothing
         print(f"wrote {rel}", file=note)
     if not args.stacks:

@@ -171,7 +171,8 @@ def cmd_show(args) -> int:
 def cmd_diff(args) -> int:
     import json
 
-    from ..stack import diff_stacks, load_stack
+    from ..stack import load_stack
+    from ..stackdiff import diff_stacks
 
     a, b = load_stack(args.a), load_stack(args.b)
     changes = diff_stacks(a, b)

@@ -8,7 +8,9 @@ In generated scripts the caller's environment wins over the stack's and recipe's
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from dataclasses import dataclass, field
 
 from .. import grammar
@@ -64,6 +66,9 @@ def split_sets(recipe: Recipe, stack: StackInfo, sets: dict[str, str]) -> Values
                 raise TrainboxError(f"--set {key}: {problem} (recipe {recipe.name}: {inputs[key].description})")
             vals.inputs[key] = value
         elif key in recipe.env or key in stack.env:
+            problem = check_value("string", value)  # a NUL: bash would drop it, the job would get another value
+            if problem:
+                raise TrainboxError(f"--set {key}: {problem} (recipe {recipe.name}: an environment variable)")
             vals.env[key] = value
         else:
             raise TrainboxError(
@@ -165,6 +170,11 @@ def _mounts(recipe: Recipe, vals: Values, sets: dict[str, str], check_paths: boo
         if target in _PROTECTED_TARGETS or target.startswith(("/proc/", "/sys/", "/dev/", "/opt/trainbox/")):
             raise TrainboxError(f"--set {n}={value}: refusing to mount over {target} inside the container; "
                                 "use a directory of its own")
+        control = _host_control(target)
+        if control:
+            raise TrainboxError(f"--set {n}={value}: {control} is a host control path (an engine socket or runtime "
+                                "state); mounted into a job it hands over the host, read-only or not. Use a "
+                                "directory of your own")
         sets[n] = target
         mounts[target] = mounts.get(target, True) and spec.mount == "ro"
         if spec.create:
@@ -172,6 +182,21 @@ def _mounts(recipe: Recipe, vals: Values, sets: dict[str, str], check_paths: boo
         elif check_paths and not os.path.exists(target):
             raise TrainboxError(f"--set {n}={value}: no such file or directory on this host ({spec.description})")
     return mounts, create
+
+
+# Where the host's engines and runtimes keep their sockets and state (/var/run/docker.sock, containerd, ...)
+_HOST_CONTROL = ("/run/", "/var/run/", "/var/lib/docker/", "/var/lib/containerd/", "/proc/", "/sys/", "/dev/")
+
+
+def _host_control(target: str) -> str | None:
+    """`target` or what it resolves to when it is a socket or under a host control directory, else None."""
+    for p in dict.fromkeys((target, os.path.realpath(target))):
+        if p in ("/run", "/var/run", "/var/lib/docker", "/var/lib/containerd") or p.startswith(_HOST_CONTROL):
+            return p
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.stat(p).st_mode):
+                return p
+    return None
 
 
 def _require_inputs(recipe: Recipe, vals: Values, provided: tuple[str, ...]) -> None:

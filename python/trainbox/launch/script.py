@@ -7,6 +7,7 @@ variables say which node it is (Slurm's, an operator's, Volcano's); it maps them
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import subprocess
@@ -30,7 +31,7 @@ from ..recipe import (
 from ..runtime import npu
 from ..runtime.errors import TrainboxError
 from ..templating import make_env
-from .argscheck import entry_words
+from .recipecheck import entry_words
 from .job import StackInfo, Values, split_sets
 
 TEMPLATES_DIR = LAUNCHERS_DIR / "templates"
@@ -59,9 +60,15 @@ def quote(value) -> str:
 
 
 def jinja() -> jinja2.Environment:
+    return _jinja_for(str(TEMPLATES_DIR))
+
+
+@functools.lru_cache(maxsize=4)
+def _jinja_for(templates_dir: str) -> jinja2.Environment:
+    # one environment per directory: each template compiled once per process (auto_reload sees edits)
     # bash's ${#array[@]} would open a Jinja comment
     # ident: a variable name (stack env keys) is refused unless it is one
-    return make_env(TEMPLATES_DIR, {"q": quote, "comment": _comment, "oneline": oneline, "ident": shell_identifier,
+    return make_env(templates_dir, {"q": quote, "comment": _comment, "oneline": oneline, "ident": shell_identifier,
                                     "tojson": lambda v: json.dumps(v)},
                     comment_start_string="{##", comment_end_string="##}")
 

@@ -8,26 +8,31 @@ start it, until it first asks argparse to parse them: that call is the framework
 framework's own code. trainbox lets argparse parse, records the outcome, and stops the program there, before
 any training, device or network code runs. Flags the parser does not define fail with argparse's own message.
 
-Some frameworks import packages at module level that cannot load here (torch_npu without CANN, sglang's NPU
-kernels): `--stub MOD` replaces such a module (and its submodules) with an inert stand-in, and
-`--stub-missing` does the same for every module that is not installed. The report names every stand-in, since
-a parser option whose `choices` or `type` come from a stubbed module is accepted unchecked.
+Some frameworks import, at module level, what cannot load without the device (torch_npu without CANN):
+`--stub MOD` replaces such a module (and its submodules) with an inert stand-in, and only a module of the one
+device-only list (trainbox.runtime.deviceonly) may be named. `--stub-missing` stands in for every module that
+is not installed: for a host without the image's packages (`launch check --code`), whose report then says the
+imports were not checked. The report names every stand-in, since a parser option whose `choices` or `type`
+come from a stubbed module is accepted unchecked.
 
-`--imports` runs nothing of the entry: it imports what the entry imports at its top level (with the same
-stand-ins) and names each import that fails; for entries that take no arguments, and to find what an image lacks.
+`--imports` runs nothing of the entry and imports nothing: it follows the entry's import closure
+(trainbox.runtime.importclosure: every module reached through imports that run at load, through the
+framework's tree and the packages it imports) and names each module that is missing, the file that imports it
+and the distribution that provides it; the device-only modules are neither required nor followed.
 
 A framework that parses with `parse_known_args` may use the leftovers (Megatron's extra args) or reject them
 itself after the parse (ms-swift: `ValueError: remaining_argv`); `--strict` makes leftovers fail here too.
 
-Exit status: 0 the arguments parse (or the imports load); 1 the parser rejects them (or the program ended before parsing);
-2 usage error. `--json` prints one object, schema 1: {"schema", "ok", "parser", "error", "unknown",
-"stubbed", "namespace"}; with --imports {"schema", "ok", "target", "imports", "missing", "stubbed", "error"}.
+Exit status: 0 the arguments parse (or the import closure resolves); 1 the parser rejects them (or the program
+ended before parsing, or a module of the closure is missing); 2 usage error. `--json` prints one object, schema 1: {"schema", "ok", "parser", "error", "unknown",
+"stubbed", "namespace"}; with --imports, schema 2: {"schema", "ok", "target", "modules" (how many reached),
+"missing" [{"module", "imported_by", "chain", "distribution", "error"}], "optional_missing", "device_only",
+"unreadable", "error"}.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib.abc
 import importlib.machinery
 import io
@@ -36,6 +41,8 @@ import os
 import runpy
 import sys
 import types
+
+from .deviceonly import DEVICE_ONLY, device_only
 
 
 class _Parsed(BaseException):
@@ -242,58 +249,29 @@ def check(argv: list[str], script: str | None = None, module: str | None = None,
     return out
 
 
-def _top_level_imports(tree: ast.Module, package: str | None) -> list[tuple[str, str | None]]:
-    """(module, name or None) for each import statement at the top level of a module. Imports inside `try`,
-    `if` or a function are optional or late by the author's choice, and are left alone."""
-    out = []
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            out += [(a.name, None) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = (package or "").split(".")
-                parent = ".".join(parts[: len(parts) - node.level + 1]) if package else ""
-                base = ".".join(x for x in (parent, base) if x)
-            out += [(base, a.name) for a in node.names if a.name != "*" and base]
-    return out
+def check_imports(script: str | None = None, module: str | None = None, paths: list[str] = ()) -> dict:
+    """The entry's import closure resolves in this image, without running or importing any of it
+    (trainbox.runtime.importclosure); modules in the device-only list are the only ones let pass unseen."""
+    from .importclosure import walk
 
-
-def check_imports(script: str | None = None, module: str | None = None, stubs: list[str] = (),
-                  paths: list[str] = ()) -> dict:
-    """Import what the entry imports at its top level (with the stand-ins), without running the entry itself:
-    the check for entry points that take no arguments, and for a package an image lacks."""
-    import importlib.util
-
-    finder = _stand_ins(script, stubs, False, paths)
-    out = {"schema": 1, "ok": False, "target": script or module, "imports": [], "missing": [],
-           "stubbed": finder.used, "error": None}
-    try:
-        if script:
-            source, package = script, None
-        else:
-            spec = importlib.util.find_spec(module)
-            if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-                raise ImportError(f"no Python source for module {module}")
-            source, package = spec.origin, module if spec.submodule_search_locations else module.rpartition(".")[0]
-        with open(source, encoding="utf-8") as fh:
-            tree = ast.parse(fh.read(), source)
-    except BaseException as exc:  # noqa: BLE001 - reported, not raised
-        out["error"] = f"cannot read the entry: {type(exc).__name__}: {exc}"
+    _stand_ins(script, [], False, paths)
+    sys.meta_path.remove(sys.meta_path[0])  # sys.path as the entry sees it; no stand-in finder
+    out = {"schema": 2, "ok": False, "target": script or module, "modules": 0, "missing": [],
+           "optional_missing": [], "device_only": [], "unreadable": [], "error": None}
+    if script and not os.path.isfile(script):
+        out["error"] = f"cannot read the entry: {script}: no such file"
         return out
-    for mod, name in _top_level_imports(tree, package):
-        what = f"{mod}.{name}" if name else mod
-        out["imports"].append(what)
-        try:
-            imported = importlib.import_module(mod)
-            if name and not hasattr(imported, name):
-                importlib.import_module(what)  # a submodule (`from pkg import sub`)
-        except BaseException as exc:  # noqa: BLE001 - a failing import is the finding
-            out["missing"].append({"import": what, "error": f"{type(exc).__name__}: {exc}"})
-    out["ok"] = not out["missing"]
-    if out["missing"]:
-        first = out["missing"][0]
-        out["error"] = f"{len(out['missing'])} import(s) fail, first {first['import']}: {first['error']}"
+    closure = walk(script, module)
+    out.update(modules=len(closure.modules), missing=closure.missing, optional_missing=closure.optional_missing,
+               device_only=closure.device_only, unreadable=closure.unreadable, ok=closure.ok)
+    if closure.missing:
+        first = closure.missing[0]
+        dist = f" (distribution: {first['distribution']})" if first.get("distribution") else ""
+        out["error"] = (f"{len(closure.missing)} module(s) missing, first {first['module']}{dist}, imported by "
+                        f"{first['imported_by'][0]} (via {' -> '.join(first['chain'])})")
+    elif closure.unreadable:
+        bad = closure.unreadable[0]
+        out["error"] = f"{bad['file']} cannot be read: {bad['error']}"
     return out
 
 
@@ -308,23 +286,29 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--script", help="the entry script, as the launcher runs it")
     what.add_argument("--module", help="the entry module (python -m MODULE)")
     p.add_argument("--stub", action="append", default=[], metavar="MOD",
-                   help="stand in for this module and its submodules (e.g. torch_npu); repeatable")
+                   help="stand in for this device-only module and its submodules (e.g. torch_npu; only "
+                        "trainbox.runtime.deviceonly's list); repeatable")
     p.add_argument("--stub-missing", action="store_true", help="stand in for every module that is not installed")
     p.add_argument("--path", action="append", default=[], metavar="DIR", help="prepend to sys.path; repeatable")
     p.add_argument("--imports", action="store_true",
-                   help="do not run the entry: import what it imports at its top level (with the stand-ins)")
+                   help="do not run the entry: check that its import closure resolves in this Python")
     p.add_argument("--strict", action="store_true",
                    help="arguments a parse_known_args call leaves over fail too (for frameworks that reject "
                         "them after parsing, e.g. ms-swift)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (schema 1)")
     args = p.parse_args(own)
+    outside = [m for m in args.stub if not device_only(m)]
+    if outside:
+        p.error(f"--stub {outside[0]}: not a device-only module; stand-ins come only from "
+                f"trainbox.runtime.deviceonly.DEVICE_ONLY ({', '.join(DEVICE_ONLY)}): a module the image lacks "
+                "must be installed, not stood in for")
     if args.script and not args.imports and not os.path.isfile(args.script):
         p.error(f"--script {args.script}: no such file")
     real_stdout = sys.stdout
     sys.stdout = io.StringIO()  # what the framework prints while importing is not our report
     try:
         if args.imports:
-            result = check_imports(args.script, args.module, args.stub, args.path)
+            result = check_imports(args.script, args.module, args.path)
         else:
             result = check(rest, args.script, args.module, args.stub, args.stub_missing, args.path, args.strict)
     finally:
@@ -332,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     elif result["ok"] and args.imports:
-        print(f"ok: {result['target']}: {len(result['imports'])} top-level import(s) load"
-              + (f" (stand-ins: {', '.join(result['stubbed'])})" if result["stubbed"] else ""))
+        print(f"ok: {result['target']}: {result['modules']} module(s) of its import closure resolve"
+              + (f" (device-only, not followed: {', '.join(result['device_only'])})" if result["device_only"] else ""))
     elif result["ok"]:
         print(f"ok: {result['target']}: {len(rest)} argument(s) parse"
               + (f" (stand-ins: {', '.join(result['stubbed'])})" if result["stubbed"] else ""))

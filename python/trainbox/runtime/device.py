@@ -6,7 +6,8 @@ the launcher has set the environment. Every call reads the environment again.
 
 Environment overrides:
   TRAINBOX_DEVICE        force the device type (npu, cuda, cpu, ...); TRAINBOX_DEVICE=cpu is the
-                         deliberate way to run on the CPU in an image whose torch_npu cannot load
+                         deliberate way to run on the CPU in an image whose torch_npu cannot load (in a
+                         trainbox image every Python process then finds no torch_npu: trainbox.runtime.cpu_mode)
   TRAINBOX_DIST_BACKEND  force the torch.distributed backend (hccl, nccl, gloo, "cpu:gloo,npu:hccl")
 """
 

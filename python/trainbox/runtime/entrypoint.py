@@ -14,7 +14,8 @@ In order, it:
    a no-op there; what the ENV lacked is named in $TRAINBOX_CANN_ENV_APPLIED for the doctor); otherwise the
    scripts that exist (list: $TRAINBOX_SET_ENV_SCRIPTS, colon separated, each `PATH [ARG...]`, empty to skip)
    are sourced in one `bash` with `set +u` (the scripts read unset variables). Either way a variable that was
-   already set keeps its value unless the scripts only extended it (PATH-like prepends, then de-duplicated);
+   already set keeps its value unless the scripts only extended it (PATH-like prepends, then de-duplicated).
+   Skipped with TRAINBOX_DEVICE=cpu (the venv's cpu_mode hook then hides torch_npu from every Python process);
 4. with TRAINBOX_CHECK=1 prints the quick doctor checks' problems to stderr and goes on; with
    TRAINBOX_CHECK=strict refuses to start (exit 78) when one FAILs;
 5. replaces itself with the command (os.execvpe: no Python process stays behind, so signals from tini
@@ -56,8 +57,9 @@ Without COMMAND it starts an interactive shell (bash, else sh).
 environment:
   TRAINBOX_CHECK=0|1|strict   1: print problems found by the quick checks; strict: refuse to start
                               (exit {EXIT_CHECK_FAILED}) when a check fails. Full report: trainbox doctor
-  TRAINBOX_DEVICE=cpu         run without an accelerator on purpose (also sets
-                              TORCH_DEVICE_BACKEND_AUTOLOAD=0 unless it is set)
+  TRAINBOX_DEVICE=cpu         run without an accelerator on purpose, as in a CPU image: no CANN
+                              set_env, TORCH_DEVICE_BACKEND_AUTOLOAD=0, and every Python process
+                              finds no torch_npu (trainbox.runtime.cpu_mode)
   TRAINBOX_MANIFEST=PATH      stack manifest to read (default /etc/trainbox/stack.json)
   TRAINBOX_SET_ENV_SCRIPTS=A:B  scripts to source instead of the CANN/NNAL defaults ('' for none);
                               each entry is `PATH [ARG...]`
@@ -227,6 +229,23 @@ def recorded_cann_env(env: dict) -> dict | None:
         return None
 
 
+def apply_cann_env(env: dict) -> tuple[dict, list[str], list[str]]:
+    """Step 2: the CANN environment, from the build's record or by sourcing the scripts (returns env, the
+    record or scripts used, the names changed). None with TRAINBOX_DEVICE=cpu: the command runs as in a CPU
+    image, and torch_npu is hidden from it anyway (trainbox.runtime.cpu_mode)."""
+    if env.get("TRAINBOX_DEVICE", "").strip().lower() == "cpu":
+        return env, [], []
+    recorded = recorded_cann_env(env)
+    if recorded is not None:
+        env, changed = merge_env(env, recorded)
+        if changed:  # the image's ENV lacked them: `trainbox doctor` (cann.env_baked) says so
+            env[CANN_ENV_APPLIED_VAR] = ",".join(sorted(changed))
+        return env, [env.get("TRAINBOX_CANN_ENV_FILE") or CANN_ENV_FILE], changed
+    scripts = set_env_scripts(env)
+    env, changed = source_scripts(env, scripts)
+    return env, scripts, changed
+
+
 def _check_mode(env: dict) -> str:
     raw = (env.get("TRAINBOX_CHECK") or "0").strip().lower()
     if raw in ("0", "", "false", "no", "off"):
@@ -309,15 +328,7 @@ def prepare(env: dict, debug: bool) -> tuple[dict, bool]:
     if skipped and _check_mode(env) == "strict":
         _say("refusing to start: the stack manifest holds invalid env entries and TRAINBOX_CHECK=strict")
         return env, False
-    recorded = recorded_cann_env(env)
-    if recorded is not None:
-        scripts = [env.get("TRAINBOX_CANN_ENV_FILE") or CANN_ENV_FILE]
-        env, changed = merge_env(env, recorded)
-        if changed:  # the image's ENV lacked them: `trainbox doctor` (cann.env_baked) says so
-            env[CANN_ENV_APPLIED_VAR] = ",".join(sorted(changed))
-    else:
-        scripts = set_env_scripts(env)
-        env, changed = source_scripts(env, scripts)
+    env, scripts, changed = apply_cann_env(env)
     if debug:
         _say(f"defaults applied: {', '.join(applied) or 'none'}; sourced: {', '.join(scripts) or 'none'}; "
              f"set by the scripts: {', '.join(sorted(changed)) or 'none'}")

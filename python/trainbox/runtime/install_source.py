@@ -198,13 +198,27 @@ def _install_archive(args: argparse.Namespace, tmp: Path) -> None:
             zf.extractall(unpacked)
     else:
         with tarfile.open(files[0]) as tar:
-            tar.extractall(unpacked, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            tar.extractall(unpacked, members=_plain_members(tar, files[0].name),
+                           **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     wheels = sorted(str(p) for p in unpacked.rglob("*.whl"))
     if not wheels:
         raise SourceFailed(f"{files[0].name} holds no wheels")
     _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
           *wheels], f"installing the wheels of {files[0].name}")
     print(f"{args.component}: installed {len(wheels)} wheel(s) from {files[0].name} (sha256 {got[:12]})")
+
+
+def _plain_members(tar: tarfile.TarFile, archive: str) -> list[tarfile.TarInfo]:
+    """Our own member check, whatever the builder's Python (Debian's 3.11.2 has no extraction filter): an
+    archive of wheels needs only files and directories, each inside the target."""
+    members = tar.getmembers()
+    for m in members:
+        parts = m.name.replace("\\", "/").split("/")
+        if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
+            raise SourceFailed(f"{archive}: member {m.name!r} is a link, a device or lands outside the tree; "
+                               "refusing to unpack it")
+        m.mode &= 0o755  # no setuid/setgid/sticky bits, nothing group- or world-writable
+    return members
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,8 +15,10 @@ a step whose command is missing or broken fails instead of passing. Steps, in or
             substitute base) must produce are marked expected, not failures
   recipes   every recipe on the stack: `trainbox launch render`, shellcheck, `trainbox run --dry-run`
   args      every recipe on the stack, in the built image: `trainbox launch check RECIPE --args` (the entry's
-            top-level imports load, with the recipe's named stand-ins; its command parses with the framework's
-            own parser)
+            import closure resolves, device-only modules aside; its command parses with the framework's own
+            parser, device-only stand-ins named). Judged against the profile: expect_fail (recipe -> why) makes a
+            failure an XFAIL and a pass an XPASS (a failure); `not checked` fails unless accept_not_checked names
+            the recipe
 
 Step status: "pass", "fail", or "skipped" with the reason (a skipped step never counts as a pass: a stack is
 ok only when no step failed, and steps that depend on a failed one are skipped, naming it).
@@ -34,9 +36,11 @@ a schema number::
       "steps": ["validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes", "args"],
       "options": {"stacks": [...], "keep_going": bool, "substitute_base": "auto" | "never" | IMAGE,
                   "wheelhouse": str | null, "profile": str | null, "skip": [...], "workdir": str,
-                  "build_cache": str | null},
+                  "build_cache": str | null, "expect_fail": {RECIPE: why}, "accept_not_checked": [RECIPE]},
       "summary": {"pass": 10, "fail": 1, "skipped": 5,
-                  "failed": ["npu-910b/patches"]},           # STACK/STEP of every failed step
+                  "failed": ["npu-910b/patches"],            # STACK/STEP of every failed step
+                  "xfail": [RECIPE], "xpass": [RECIPE],      # args step: failures the profile expects / that passed
+                  "not_checked": [RECIPE]},                  # args step: not checked, accepted by the profile
       "stacks": [
         {"stack": "npu-910b",
          "device": "npu" | "cuda" | "cpu" | null,            # null when the stack does not load
@@ -64,8 +68,10 @@ Step details: any step may carry "note", a caveat of a pass (e.g. an index that 
 {"rows": [patch rows of `patches verify --json`]}; build {"report": path of the image build report, "tag",
 "up_to_date", "wall_s"}; doctor {"summary": doctor's summary, "expected": [finding],
 "unexpected": [finding], "warnings": [finding]} where a finding is {"id", "status", "message", "why"} ("why":
-the reason it is expected); recipes {"recipes": [{"name", "render", "shellcheck", "dry_run", "message"}]}; args {"recipes": [{"name", "ok",
-"summary", "stubs", "missing"}]}.
+the reason it is expected); recipes {"recipes": [{"name", "render", "shellcheck", "dry_run", "message"}]}; args {"recipes": [{"name", "result" ("pass" | "fail" | "xfail" | "xpass" |
+"not checked"), "ok", "status" (launch check's: "ok" | "fail" | "not checked"), "summary", "why", "stubs",
+"missing"}]}. A recipe's `not checked` fails the step unless the profile's accept_not_checked names it; a recipe in
+the profile's expect_fail that passes (XPASS) fails it too.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ import shutil
 import time
 from pathlib import Path
 
+from .. import base
 from ..runtime.errors import TrainboxError
 from .findings import classify_doctor
-from .model import _PLACEHOLDER, FAIL, PASS, SKIPPED, StackResult, StepResult
+from .model import _PLACEHOLDER, FAIL, NOT_CHECKED, PASS, SKIPPED, XFAIL, XPASS, StackResult, StepResult
 from .proc import _json, cli_argv, failure_message
 
 
@@ -22,8 +23,8 @@ class ImageSteps:
     def _choose_base(self, sr: StackResult, info: dict) -> str | None:
         """Decide the base before the build and record why (the report must say what was built on).
         Returns the image to pass as `image build --base`, or None for the stack's own."""
-        base = info.get("base") or {}
-        own, sub = base.get("image"), base.get("substitute")
+        declared = info.get("base") or {}
+        own, sub = declared.get("image"), declared.get("substitute")
         sr.base["image"] = own
         mode = self.opts.substitute_base
         if mode == "never":
@@ -33,22 +34,20 @@ class ImageSteps:
             sr.base.update(decision="explicit", used=mode, substituted=mode if mode != own else None,
                            reason=f"--substitute-base {mode}")
             return mode
+        # Smoke's policy beside image build's: any stack with a base.substitute is built on it when its own
+        # base cannot be had (image build substitutes by itself only where the stack allows it: cpu).
         try:
-            from ..base import base_available
-
-            ok, why = base_available(own, timeout=self.opts.pull_timeout)
+            choice = base.own_or_substitute(own, sub, may_substitute=True, timeout=self.opts.pull_timeout)
         except TrainboxError as exc:  # no engine: the build step says so
-            ok, why = True, f"not probed ({exc})"
-        if ok:
-            sr.base.update(decision="own", reason=f"{own}: {why}")
-            return None
-        if not sub:
-            sr.base.update(decision="own", reason=f"{own} cannot be pulled ({why}) and the stack declares no "
-                                                  "base.substitute; the build says how to provide one")
+            choice = base.Choice(own, None, f"{own}: not probed ({exc})")
+        if not choice.substituted:
+            sr.base.update(decision="own", reason=choice.why if choice.available else
+                           f"{choice.why} and the stack declares no base.substitute; the build says how to "
+                           "provide one")
             return None
         sr.base.update(decision="substitute", used=sub, substituted=sub,
-                       reason=f"{own} cannot be pulled ({why}); built on the stack's base.substitute {sub}")
-        if base.get("auto_substitute"):
+                       reason=f"{choice.why}; built on the stack's base.substitute {sub}")
+        if declared.get("auto_substitute"):
             # The stack substitutes by itself (cpu): no --base, so the image is the very one `trainbox image
             # build` makes for everyone (same content hash, a cache hit when it exists).
             return None
@@ -247,9 +246,30 @@ class ImageSteps:
             res.reason = f"{len(rows)} recipe(s) rendered, shellchecked and dry-run: " + ", ".join(mine)
         return res
 
+    def _judge(self, name: str, status: str | None, summary: str) -> tuple[str, str | None]:
+        """A recipe's args result against the profile: (PASS | FAIL | XFAIL | XPASS | NOT_CHECKED, why it is not
+        a plain pass). `not checked` fails unless the recipe declared why and the profile accepts it by name."""
+        expected = self.opts.expect_fail.get(name)
+        if expected is not None:
+            if status == "fail":
+                return XFAIL, expected
+            if status == "ok":
+                return XPASS, (f"passes, but the profile expects it to fail ({expected}): remove it from "
+                               "expect_fail")
+            return FAIL, f"the profile expects it to fail ({expected}), but it was not checked: {summary}"
+        if status == "ok":
+            return PASS, None
+        if status == "not checked":
+            if name in self.opts.accept_not_checked:
+                return NOT_CHECKED, "accepted by the profile (accept_not_checked)"
+            return FAIL, ("not checked, and the profile does not accept that (accept_not_checked lists the recipes "
+                          "whose check.why it accepts)")
+        return FAIL, None
+
     def step_args(self, sr: StackResult) -> StepResult:
-        """Each recipe on the stack, in the image just built: its entry's imports load and its rendered command
-        parses with the framework's own parser (`trainbox launch check --args`)."""
+        """Each recipe on the stack, in the image just built: its entry's import closure resolves and its rendered
+        command parses with the framework's own parser (`trainbox launch check --args`), judged against the
+        profile's expect_fail and accept_not_checked."""
         log = self._log(sr.stack, "args")
         t0 = time.monotonic()
         recipes, problem, argv = self._recipe_list(log)
@@ -257,7 +277,7 @@ class ImageSteps:
         if problem:
             res.status, res.reason = FAIL, problem
             return res
-        rows, bad = [], []
+        rows = []
         for name in [r["name"] for r in recipes if r.get("stack") == sr.stack]:
             p = self.run(cli_argv("launch", "check", name, "--args", "--image", sr.image, "--json"),
                          self.opts.timeouts["args"], log=log)
@@ -267,16 +287,21 @@ class ImageSteps:
             check = row.get("args") or {}
             line = check.get("summary") or "; ".join(row.get("problems") or []) or \
                 failure_message(p, "trainbox launch check --args")
-            rows.append({"name": name, "ok": p.ok, "summary": line, "stubs": check.get("stubs", []),
+            status = row.get("status") if p.ok or row.get("status") == "fail" else "fail"
+            result, why = self._judge(name, status, line)
+            rows.append({"name": name, "result": result, "ok": result in (PASS, XFAIL, NOT_CHECKED),
+                         "status": status, "summary": line, "why": why, "stubs": check.get("stubs", []),
                          "missing": (check.get("imports") or {}).get("missing", [])})
-            if not p.ok:
-                bad.append(line)
         res.duration_s = time.monotonic() - t0
         res.details = {"recipes": rows}
+        bad = [r for r in rows if not r["ok"]]
         if bad:
-            res.status, res.reason = FAIL, "; ".join(bad)
+            res.status = FAIL
+            res.reason = "; ".join(f"{r['result'].upper()} {r['summary']}" + (f" [{r['why']}]" if r["why"] else "")
+                                   for r in bad)
         elif not rows:
             res.status, res.reason = SKIPPED, "no recipe runs on this stack (launchers/recipes/*.yaml: stack)"
         else:
-            res.reason = "; ".join(r["summary"] for r in rows)
+            res.reason = "; ".join(r["summary"] if r["result"] == PASS else f"{r['result'].upper()} {r['summary']}"
+                                   for r in rows)
         return res

@@ -9,6 +9,9 @@ from ..paths import REPO_ROOT
 
 STEPS = ("validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes", "args")
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
+# a recipe's result in the args step: besides PASS and FAIL, a failure the profile expects (XFAIL), an expected
+# failure that passed (XPASS: a failure, so the list cannot go stale), and a recipe that could not be checked
+XFAIL, XPASS, NOT_CHECKED = "xfail", "xpass", "not checked"
 SCHEMA = 1
 
 # Doctor findings a smoke container must produce, by device type, so they are reported as expected rather than
@@ -106,6 +109,8 @@ class Options:
     build_cache: Path | None = None  # BuildKit cache directory kept between CI runs
     verbose: bool = False
     timeouts: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TIMEOUTS))
+    expect_fail: dict[str, str] = field(default_factory=dict)  # recipe -> why its args step fails (profile)
+    accept_not_checked: list[str] = field(default_factory=list)  # recipes whose `not checked` is accepted
 
     def sets_for(self, stack: str) -> dict[str, str]:
         return {**self.sets.get("*", {}), **self.sets.get(stack, {})}

@@ -38,8 +38,12 @@ def load_profile(path: str | Path) -> dict:
         wheelhouse: str | None = None
         skip: list[str] = Field(default_factory=list)
         set: dict[str, dict[str, str]] = Field(default_factory=dict)
+        # recipe -> why its args step is known to fail (XFAIL; one that passes is an XPASS and fails the smoke)
+        expect_fail: dict[str, str] = Field(default_factory=dict)
+        # recipes whose `not checked` (declared in the recipe's check.why) this runner accepts
+        accept_not_checked: list[str] = Field(default_factory=list)
 
-    from ..stack import format_validation, read_yaml
+    from ..documents import format_validation, read_yaml
 
     p = Path(path)
     if not p.is_file():
@@ -57,15 +61,35 @@ def load_profile(path: str | Path) -> dict:
         prof = Profile.model_validate(data)
     except ValidationError as exc:
         raise TrainboxError(format_validation(p, exc, unknown="profile keys: description, stacks, keep_going, "
-                                              "substitute_base, wheelhouse, skip, set")) from None
+                                              "substitute_base, wheelhouse, skip, set, expect_fail, "
+                                              "accept_not_checked")) from None
     for stack, sets in prof.set.items():
         for k in sets:
             if "." not in k:
                 raise TrainboxError(f"--profile {p}: set.{stack}.{k}: expected COMPONENT.FIELD, e.g. torch.version")
+    _check_recipe_names(p, prof.expect_fail, prof.accept_not_checked)
     out = prof.model_dump()
     if out.get("wheelhouse") and not os.path.isabs(out["wheelhouse"]):
         out["wheelhouse"] = str((REPO_ROOT / out["wheelhouse"]).resolve())
     return out
+
+
+def _check_recipe_names(p: Path, expect_fail: dict[str, str], accept: list[str]) -> None:
+    """expect_fail and accept_not_checked name real recipes, each with a reason, and not both at once."""
+    from ..recipe import list_recipes
+
+    known = set(list_recipes())
+    for key, names in (("expect_fail", list(expect_fail)), ("accept_not_checked", accept)):
+        for name in names:
+            if name not in known:
+                raise TrainboxError(f"--profile {p}: {key}: {name}: no such recipe (launchers/recipes/*.yaml; "
+                                    "`trainbox launch list`)")
+    for name, why in expect_fail.items():
+        if not str(why).strip():
+            raise TrainboxError(f"--profile {p}: expect_fail.{name}: say in one line why it fails (and where "
+                                "the fix is tracked)")
+        if name in accept:
+            raise TrainboxError(f"--profile {p}: {name} is in both expect_fail and accept_not_checked: choose one")
 
 
 def build_options(stacks: list[str] | None, sets: list[str] | None, profile: str | None, wheelhouse: str | None,
@@ -107,6 +131,8 @@ def build_options(stacks: list[str] | None, sets: list[str] | None, profile: str
                    workdir=Path(workdir).resolve() if workdir else REPO_ROOT / "build" / "reports" / "smoke",
                    profile=str(profile) if profile else None,
                    pull_timeout=pull_timeout if pull_timeout is not None else 20.0, verbose=verbose,
-                   build_cache=Path(build_cache).resolve() if build_cache else None, timeouts=timeouts)
+                   build_cache=Path(build_cache).resolve() if build_cache else None, timeouts=timeouts,
+                   expect_fail=dict(prof.get("expect_fail") or {}),
+                   accept_not_checked=list(prof.get("accept_not_checked") or []))
 
 

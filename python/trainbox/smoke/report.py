@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from ..paths import REPO_ROOT
-from .model import FAIL, PASS, SKIPPED
+from .model import FAIL, NOT_CHECKED, PASS, SKIPPED, XFAIL, XPASS
 from .proc import _tail
 
 
@@ -42,6 +42,7 @@ def format_matrix(report: dict) -> str:
             reason = (st["reason"] or "").replace("\n", "\n        ")
             lines.append(f"{mark}  {s['stack']}/{st['step']}: {reason}" + (f"  [log {st['log']}]"
                                                                          if st["status"] == FAIL and st["log"] else ""))
+        lines += _recipe_lines(s)
         if s["steps"] and (d := next((st for st in s["steps"] if st["step"] == "doctor"), None)):
             for f in (d.get("details") or {}).get("expected", []):
                 lines.append(f"expected  {s['stack']}/doctor {f['id']} {f['status']}: {f['why']}")
@@ -50,16 +51,58 @@ def format_matrix(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _args_rows(stack: dict) -> list[dict]:
+    st = next((st for st in stack["steps"] if st["step"] == "args"), None)
+    return list(((st or {}).get("details") or {}).get("recipes") or [])
+
+
+def _recipe_lines(stack: dict) -> list[str]:
+    """The args step's recipes that are neither a plain pass nor already in its failure reason: XFAIL (a gap the
+    profile names) and an accepted `not checked`, each with why."""
+    out = []
+    for r in _args_rows(stack):
+        if r.get("result") == XFAIL:
+            out.append(f"XFAIL {stack['stack']}/args {r['name']}: {r.get('why')} (saw: {r.get('summary')})")
+        elif r.get("result") == NOT_CHECKED:
+            out.append(f"not checked  {stack['stack']}/args {r['summary']} ({r.get('why')})")
+    return out
+
+
+def _recipe_cases(suite: ET.Element, stack: dict) -> None:
+    """One testcase per recipe of the args step: XFAIL and an accepted `not checked` as skipped (with why), XPASS
+    and FAIL as failures."""
+    for r in _args_rows(stack):
+        case = ET.SubElement(suite, "testcase", classname=f"trainbox.smoke.{stack['stack']}.args", name=r["name"],
+                             time="0")
+        result, why, summary = r.get("result"), r.get("why"), r.get("summary") or ""
+        if result == XFAIL:
+            ET.SubElement(case, "skipped", type="xfail", message=f"XFAIL: {why}"[:500]).text = summary
+        elif result == NOT_CHECKED:
+            ET.SubElement(case, "skipped", type="not checked", message=f"not checked: {summary}"[:500])
+        elif result in (XPASS, FAIL):
+            label = "XPASS" if result == XPASS else "FAIL"
+            ET.SubElement(case, "failure", type=label, message=f"{label}: {summary}"[:500]).text = \
+                "\n".join(x for x in (summary, why) if x)
+        else:
+            ET.SubElement(case, "system-out").text = summary
+
+
 def junit_xml(report: dict) -> bytes:
     """JUnit XML: one testsuite per stack, one testcase per step; failures carry the reason and the log tail."""
-    root = ET.Element("testsuites", name="trainbox smoke", tests=str(len(report["stacks"]) * len(report["steps"])),
-                      failures=str(report["summary"]["fail"]), skipped=str(report["summary"]["skipped"]),
+    rows = [r for s in report["stacks"] for r in _args_rows(s)]
+    root = ET.Element("testsuites", name="trainbox smoke",
+                      tests=str(len(report["stacks"]) * len(report["steps"]) + len(rows)),
+                      failures=str(report["summary"]["fail"] + sum(r.get("result") in (FAIL, XPASS) for r in rows)),
+                      skipped=str(report["summary"]["skipped"] + sum(r.get("result") in (XFAIL, NOT_CHECKED)
+                                                                    for r in rows)),
                       errors="0", time=f"{report['duration_s']:.2f}")
     for s in report["stacks"]:
-        steps = s["steps"]
-        suite = ET.SubElement(root, "testsuite", name=s["stack"], tests=str(len(steps)),
-                              failures=str(sum(st["status"] == FAIL for st in steps)),
-                              skipped=str(sum(st["status"] == SKIPPED for st in steps)), errors="0",
+        steps, mine = s["steps"], _args_rows(s)
+        suite = ET.SubElement(root, "testsuite", name=s["stack"], tests=str(len(steps) + len(mine)),
+                              failures=str(sum(st["status"] == FAIL for st in steps)
+                                           + sum(r.get("result") in (FAIL, XPASS) for r in mine)),
+                              skipped=str(sum(st["status"] == SKIPPED for st in steps)
+                                          + sum(r.get("result") in (XFAIL, NOT_CHECKED) for r in mine)), errors="0",
                               time=f"{sum(st['duration_s'] for st in steps):.2f}",
                               timestamp=report["started_at"])
         props = ET.SubElement(suite, "properties")
@@ -86,6 +129,7 @@ def junit_xml(report: dict) -> bytes:
                 ET.SubElement(case, "skipped", message=(st["reason"] or "skipped")[:500])
             elif st["reason"]:
                 ET.SubElement(case, "system-out").text = st["reason"]
+        _recipe_cases(suite, s)
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
 

@@ -16,6 +16,7 @@ from .checks import CheckSteps
 from .imagesteps import ImageSteps
 from .model import (
     FAIL,
+    NOT_CHECKED,
     PASS,
     SCHEMA,
     SKIPPED,
@@ -24,6 +25,8 @@ from .model import (
     Proc,
     StackResult,
     StepResult,
+    XFAIL,
+    XPASS,
 )
 from .proc import _json, cli_argv, run_process
 from .report import format_matrix, junit_xml
@@ -119,11 +122,16 @@ class Smoke(CheckSteps, ImageSteps):
             "options": {"stacks": self.opts.stacks, "keep_going": self.opts.keep_going,
                         "substitute_base": self.opts.substitute_base, "wheelhouse": self.opts.wheelhouse,
                         "profile": self.opts.profile, "skip": self.opts.skip, "workdir": str(self.opts.workdir),
-                        "build_cache": str(self.opts.build_cache) if self.opts.build_cache else None},
+                        "build_cache": str(self.opts.build_cache) if self.opts.build_cache else None,
+                        "expect_fail": self.opts.expect_fail, "accept_not_checked": self.opts.accept_not_checked},
             "summary": {"pass": sum(s.status == PASS for s in all_steps),
                         "fail": sum(s.status == FAIL for s in all_steps),
                         "skipped": sum(s.status == SKIPPED for s in all_steps),
-                        "failed": [f"{r.stack}/{s.step}" for r in results for s in r.steps if s.status == FAIL]},
+                        "failed": [f"{r.stack}/{s.step}" for r in results for s in r.steps if s.status == FAIL],
+                        # recipes of the args step by result: known gaps (XFAIL), stale ones (XPASS), not checked
+                        **{key: [row["name"] for r in results for s in r.steps if s.step == "args"
+                                 for row in (s.details or {}).get("recipes", []) if row.get("result") == result]
+                           for key, result in (("xfail", XFAIL), ("xpass", XPASS), ("not_checked", NOT_CHECKED))}},
             "stacks": [r.as_dict() for r in results],
         }
 

@@ -203,12 +203,35 @@ def format_text(ctx: Context, results: list[Result], strict: bool = False) -> st
     head = f"trainbox doctor {__version__}: "
     head += f"stack {stack}" if stack else "no stack manifest"
     head += f", device {ctx.device} ({_source(ctx)}), python {sys.version.split()[0]}"
-    lines = [head]
-    lines += [r.line() for r in results]
+    lines = [head] + _folded_lines(results, ctx.device)
     s = summarize(results, strict)
     lines.append(f"summary: {s['status']} ({s['pass']} pass, {s['warn']} warn, {s['fail']} fail, "
                  f"{s['skip']} skip)")
     return "\n".join(lines)
+
+
+def _folded_lines(results: list[Result], device: str) -> list[str]:
+    """One line per result, except SKIPs that say the same thing (e.g. "applies to npu only; device is cpu", or
+    NPU settings left unset off an NPU): one line naming them all, where the first stood. --json keeps each."""
+    def key(r: Result) -> str | None:
+        if r.status != SKIP or r.fix:
+            return None
+        if device != "npu" and r.id.startswith(("npu.", "hccl.")) and "applies to" not in r.message:
+            return f"NPU/HCCL settings unset (their defaults); they do not apply to a {device} device"
+        return r.message
+
+    groups: dict[str, list[Result]] = {}
+    for r in results:
+        if key(r) is not None:
+            groups.setdefault(key(r), []).append(r)
+    lines = []
+    for r in results:
+        same = groups.get(key(r)) if key(r) is not None else None
+        if not same or len(same) == 1:
+            lines.append(r.line())
+        elif same[0] is r:
+            lines.append(f"{SKIP} {', '.join(x.id for x in same)}: {key(r)}")
+    return lines
 
 
 def main(manifest: str | None = None, as_json: bool = False, strict: bool = False, quick: bool = False,

@@ -47,7 +47,8 @@ def check_manifest(ctx: Context) -> Result:
     if base.get("substituted"):
         msg += f"; built on substitute base {base['substituted']} instead of {base.get('image')}"
     left_out = m.get("left_out") or {}
-    data = {"stack": m.get("stack"), "trainbox_version": m.get("trainbox_version"), "left_out": left_out}
+    data = {"stack": m.get("stack"), "trainbox_version": m.get("trainbox_version"), "left_out": left_out,
+            "substituted": base.get("substituted")}  # what `image ls` shows as SUBST (the same fact, as a label)
     if left_out:  # compiled components a substitute base cannot build: this image lacks them, by design
         msg += "; left out: " + "; ".join(f"{k} ({why})" for k, why in sorted(left_out.items()))
         return Result(WARN, msg, "build the image on the stack's own base to include them", data=data)

@@ -2,10 +2,13 @@
 own argument parser, in the recipe's image (or against a checkout on this host), without starting the job
 (host module). The parse itself is trainbox.runtime.argcheck, which ships in every image.
 
-Two checks per recipe, both with the recipe's `check.stub` stand-ins (modules that need a real device host):
-  imports  every module the entry imports at its top level loads (an image that lacks a package fails here,
-           naming it)
-  args     the rendered arguments parse with the framework's parser (recipes with `check.args: none` take none)
+Two checks per recipe:
+  imports  the entry's import closure resolves in the image (trainbox.runtime.importclosure): a package the image
+           lacks fails here, naming the module, the file that imports it and its distribution
+  args     the rendered arguments parse with the framework's parser, with the recipe's `check.stub` stand-ins
+           (only device-only modules: trainbox.runtime.deviceonly); recipes with `check.args: none` take none
+Each recipe ends `ok`, `fail`, or `not checked` (the entry is not in the image, `check.imports: none`, or the
+host lacks the image's packages): a recipe that was not checked is never reported ok.
 """
 
 from __future__ import annotations
@@ -133,18 +136,29 @@ def _result(proc_out: str, proc_err: str, rc: int, what: str) -> dict:
         return {"ok": False, "error": f"{what} did not report (exit {rc}): {tail}"}
 
 
+OK, FAIL, NOT_CHECKED = "ok", "fail", "not checked"
+
+
 def _run_checks(check: ArgsCheck, run_one, skip_imports: str | None = None) -> dict:
-    """The imports check, then the parse, each through run_one(imports) -> result; a check the recipe (or
-    `skip_imports`) rules out is reported as skipped with the reason."""
+    """The imports check, then the parse, each through run_one(imports) -> result. A check the recipe (or
+    `skip_imports`) rules out is reported skipped with the reason, and the recipe is then `not checked`, never ok;
+    an entry that takes no arguments has nothing to parse (checked: its imports ran)."""
     out = {"recipe": check.recipe, "stubs": check.stubs}
     for name, imports in (("imports", True), ("args", False)):
-        if (name == "args" and not check.parse) or (name == "imports" and not check.imports):
-            out[name] = {"ok": True, "skipped": True, "why": check.why}
+        if name == "args" and not check.parse:
+            out[name] = {"ok": True, "skipped": True, "why": check.why, "nothing_to_parse": True}
+        elif name == "imports" and not check.imports:
+            out[name] = {"ok": False, "skipped": True, "why": check.why}
         elif name == "imports" and skip_imports:
-            out[name] = {"ok": True, "skipped": True, "why": skip_imports}
+            out[name] = {"ok": False, "skipped": True, "why": skip_imports}
         else:
             out[name] = run_one(imports)
-    out["ok"] = out["imports"].get("ok", False) and out["args"].get("ok", False)
+    failed = [n for n in ("imports", "args") if not out[n].get("ok") and not out[n].get("skipped")]
+    unchecked = out["imports"].get("skipped")
+    out["status"] = FAIL if failed else NOT_CHECKED if unchecked else OK
+    out["ok"] = out["status"] == OK
+    if out["status"] == NOT_CHECKED:
+        out["why"] = out["imports"].get("why") or "not checked"
     return out
 
 
@@ -188,20 +202,26 @@ def run_on_host(check: ArgsCheck, stub_missing: bool = False, timeout: float = 3
 
 
 def summary(result: dict) -> str:
-    """One line: what passed, or the first failure with the recipe named."""
+    """One line: what passed, the first failure, or why the recipe was not checked; with the recipe named."""
     name = result["recipe"]
     for step in ("imports", "args"):
         r = result.get(step) or {}
-        if not r.get("ok"):
+        if not r.get("ok") and not r.get("skipped"):
             return f"{name}: {step}: {r.get('error') or 'failed'}"
     stubs = f" (stand-ins: {', '.join(result['stubs'])})" if result.get("stubs") else ""
     imports, args = result.get("imports") or {}, result["args"]
-    if imports.get("skipped") and args.get("skipped"):
-        return f"{name}: not checked: {imports.get('why')}"
-    how = "no arguments to parse" if args.get("skipped") else "the arguments parse"
-    if imports.get("skipped"):  # e.g. --stub-missing on a host without the image's packages: the parse still ran
-        return f"{name}: {how}{stubs}; imports not checked: {imports.get('why')}"
-    return f"{name}: imports load, {how}{stubs}"
+    how = "no arguments to parse" if args.get("skipped") else f"the arguments parse{stubs}"
+    if imports.get("skipped"):
+        if args.get("skipped"):
+            return f"{name}: not checked: {imports.get('why')}"
+        # e.g. --stub-missing on a host without the image's packages: the parse ran, the imports did not
+        return f"{name}: not checked: imports not checked ({imports.get('why')}); {how}"
+    closure = f"{imports['modules']} modules of the entry's import closure resolve" if "modules" in imports \
+        else "imports load"
+    device = f" (device-only, not followed: {', '.join(imports['device_only'])})" if imports.get("device_only") \
+        else ""
+    return f"{name}: {closure}{device}, {how}"
 
 
-__all__ = ["ArgsCheck", "CHECK_LABEL", "entry_words", "expand", "plan", "run_in_image", "run_on_host", "summary"]
+__all__ = ["ArgsCheck", "CHECK_LABEL", "FAIL", "NOT_CHECKED", "OK", "entry_words", "expand", "plan", "run_in_image",
+           "run_on_host", "summary"]

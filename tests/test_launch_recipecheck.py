@@ -15,7 +15,7 @@ import yaml
 from upstream_helpers import checkout, find_shared_upstream
 
 from trainbox.kinds import TREE_ROOT
-from trainbox.launch.argscheck import plan
+from trainbox.launch.recipecheck import plan
 from trainbox.launch.job import resolve
 from trainbox.recipe import RecipeError, list_recipes, load_recipe
 from trainbox.runtime.errors import TrainboxError
@@ -40,6 +40,8 @@ def recipe_file(tmp_path: Path, name: str, data: dict) -> Path:
 @pytest.mark.parametrize("extra, needle", [
     ({"check": {"args": "none"}}, "why: say in one line"),
     ({"check": {"stub": ["torch npu"]}}, "expected a module name"),
+    # a stand-in only for what needs the device: a package the stack lacks is installed, not stood in for
+    ({"check": {"stub": ["torch_npu", "sglang"]}}, "'sglang' is not a device-only module"),
     ({"check": {"entry": "-m 1bad"}}, "expected `-m MODULE`"),
     ({"check": {"argz": "parse"}}, "argz"),
     ({"check": {"imports": "none", "why": "mounted"}}, "imports: none means the entry is not in the image"),
@@ -110,15 +112,30 @@ def test_plan_takes_python_dash_m_and_a_console_script_needs_an_entry(tmp_path):
 def test_a_mounted_workload_plans_from_its_entry_alone_and_says_why_nothing_ran():
     """Relax is a mounted checkout (check: args none, imports none): the plan needs only the entry (the command's
     ${MODEL_ARGS[@]} comes from a script in that checkout), and the result names the reason instead of passing."""
-    from trainbox.launch.argscheck import run_on_host, summary
+    from trainbox.launch.recipecheck import run_on_host, summary
 
     check = plan(resolve("relax-qwen3-4b-4npu-colocate", require_inputs=False, host_paths=False))
     assert check.entry == ["--module", "relax.entrypoints.train"] and check.args == []
     assert not check.parse and not check.imports
     out = run_on_host(check)
     assert out["imports"]["skipped"] and out["args"]["skipped"]
+    assert out["status"] == "not checked" and out["ok"] is False
     assert summary(out) == ("relax-qwen3-4b-4npu-colocate: not checked: Relax's source is not pinned here (a mounted "
                             "CODE_DIR checkout, not in the image)")
+
+
+def test_not_checked_is_never_printed_as_ok():
+    """The CLI line and --json of a recipe that could not be checked say `not checked` with the reason; the exit
+    status stays 0 (nothing failed), and the smoke decides whether that is accepted."""
+    name = "relax-qwen3-4b-4npu-colocate"
+    p = cli("launch", "check", name, "--args")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"not checked  {name}: Relax's source is not pinned here"), p.stdout
+    assert not any(line.startswith("ok") for line in (p.stdout + p.stderr).splitlines())
+    p = cli("launch", "check", name, "--args", "--json")
+    out = json.loads(p.stdout)
+    assert out["recipes"][0]["status"] == "not checked" and out["recipes"][0]["ok"] is False
+    assert out["not_checked"] == [name] and "ok " not in p.stderr
 
 
 # -- host runs against the pinned SpecForge checkout ---------------------------------------------------------
@@ -141,22 +158,25 @@ def _with_code(tmp_path: Path, edit=None) -> Path:
 
 
 @needs_upstream
+@pytest.mark.slow
 def test_the_recipe_parses_with_specforges_parser(specforge, tmp_path):
     p = cli("launch", "check", str(_with_code(tmp_path)), "--args", "--code", str(specforge), "--stub-missing",
             "--json")
     out = json.loads(p.stdout)
     assert p.returncode == 0, p.stderr
     row = out["recipes"][0]
-    assert row["ok"] and row["args"]["args"]["parser"] == "train_domino.py"
+    assert row["args"]["args"]["ok"] and row["args"]["args"]["parser"] == "train_domino.py"
     assert row["args"]["stubs"] == ["torch_npu"] and "accelerate" in row["args"]["args"]["stubbed"]
-    # the line says the parse ran and the imports did not (this host lacks the image's packages)
-    assert row["args"]["summary"] == ("specforge-check: the arguments parse (stand-ins: torch_npu); imports not "
-                                      "checked: --stub-missing: this host lacks the image's packages")
+    # the parse ran, the imports did not (this host lacks the image's packages): not checked, never ok
+    assert row["status"] == "not checked" and not row["ok"]
+    assert row["args"]["summary"] == ("specforge-check: not checked: imports not checked (--stub-missing: this host "
+                                      "lacks the image's packages); the arguments parse (stand-ins: torch_npu)")
     p = cli("launch", "check", str(_with_code(tmp_path)), "--args", "--code", str(specforge), "--stub-missing")
-    assert p.returncode == 0 and p.stdout.startswith("ok   specforge-check: the arguments parse"), p.stdout
+    assert p.returncode == 0 and p.stdout.startswith("not checked  specforge-check: imports not checked"), p.stdout
 
 
 @needs_upstream
+@pytest.mark.slow
 def test_a_bogus_flag_fails_naming_the_flag_and_the_recipe(specforge, tmp_path):
     def bogus(data):
         data["command"] = [*data["command"], "--num-anchorz 16"]
@@ -174,8 +194,9 @@ def test_in_the_image_imports_and_args_are_checked_and_a_bogus_flag_fails(cpu_im
     p = cli("launch", "check", "cpu-ddp", "--args", "--image", cpu_image, "--json")
     assert p.returncode == 0, p.stderr
     row = json.loads(p.stdout)["recipes"][0]
-    assert row["args"]["imports"]["ok"] and "torch.distributed" in row["args"]["imports"]["imports"]
-    assert row["args"]["args"]["parser"] == "cpu_ddp.py"
+    imports = row["args"]["imports"]
+    assert imports["ok"] and imports["missing"] == [] and imports["modules"] > 300  # torch's closure, not one line
+    assert row["args"]["args"]["parser"] == "cpu_ddp.py" and row["status"] == "ok"
 
     bogus = recipe_file(tmp_path, "ddp-bogus", {"extends": "cpu-ddp", "command": [
         "${TRAINBOX_LAUNCHERS}/jobs/cpu_ddp.py --steps ${STEPS} --output-dir ${OUTPUT_DIR} --stepz 3"]})
@@ -186,6 +207,39 @@ def test_in_the_image_imports_and_args_are_checked_and_a_bogus_flag_fails(cpu_im
                                                     "command": ["${TRAINBOX_LAUNCHERS}/jobs/nope.py"]})
     p = cli("launch", "check", str(missing), "--args", "--image", cpu_image)
     assert p.returncode == 1 and "ddp-missing: imports: cannot read the entry" in p.stderr
+
+
+@pytest.mark.docker
+def test_an_image_without_one_of_its_packages_fails_naming_the_module_and_its_importer(cpu_image, tmp_path):
+    """The cpu stack's image less one package its entry's closure needs (typing_extensions: torch imports it at
+    load, cpu_ddp.py imports torch): the check fails naming the module and the file of torch that imports it,
+    though cpu_ddp.py itself never names it."""
+    import os
+
+    from docker_helpers import TEST_LABEL, docker_client
+
+    client = docker_client()
+    tag = f"trainbox-test/cpu-less-one:{os.getpid()}"
+    (tmp_path / "Dockerfile").write_text(f"FROM {cpu_image}\nRUN python3 -m pip uninstall -y typing_extensions\n")
+    proc = subprocess.run([client.docker, "build", "--network", "none", "--label", TEST_LABEL, "-t", tag,
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    try:
+        p = cli("launch", "check", "cpu-ddp", "--args", "--image", tag, "--json")
+        assert p.returncode == 1
+        row = json.loads(p.stdout)["recipes"][0]
+        assert row["status"] == "fail" and not row["ok"]
+        imports = row["args"]["imports"]
+        assert [m["module"] for m in imports["missing"]] == ["typing_extensions"]
+        importer = imports["missing"][0]["imported_by"][0]
+        assert "/site-packages/torch/" in importer and importer.split(":")[-1].isdigit()
+        assert imports["missing"][0]["chain"][:2] == ["__main__", "torch"]
+        assert "cpu-ddp: imports: 1 module(s) missing, first typing_extensions" in row["args"]["summary"]
+        text = cli("launch", "check", "cpu-ddp", "--args", "--image", tag)
+        assert text.returncode == 1 and "FAIL cpu-ddp" in text.stderr and "typing_extensions" in text.stderr
+        assert not text.stdout.startswith("ok")
+    finally:
+        client.run("rmi", "-f", tag, check=False)
 
 
 def test_the_job_script_preflight_imports_the_entry_and_explains_a_failure(tmp_path):

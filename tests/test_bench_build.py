@@ -1,0 +1,55 @@
+"""bench/build.py's workload figure: which pins and base it builds the workload stack with, and its verdict.
+(The benchmark itself takes many minutes and an engine: `make bench-build`, not a test.)"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainbox.runtime.errors import TrainboxError
+from trainbox.smoke.profile import load_profile
+from trainbox.stack import load_stack
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import build as bench  # noqa: E402
+
+PROFILE = str(Path(__file__).resolve().parents[1] / "ci" / "smoke-offline.yaml")
+
+
+@pytest.mark.parametrize("stack", ["twinkle", "swift"])
+def test_workload_is_built_as_smoke_builds_it(stack):
+    sets, base = bench.workload_inputs(PROFILE, stack)
+    assert sets == load_profile(PROFILE)["set"][stack] and sets["torch.version"] == "2.13.0+cpu"
+    assert base == load_stack(stack, sets=sets).base.substitute
+    assert base != load_stack(stack, sets=sets).base.image  # not the NPU base this machine cannot have
+
+
+def test_a_stack_the_profile_does_not_pin_is_refused(tmp_path):
+    profile = tmp_path / "p.yaml"
+    profile.write_text("stacks: [twinkle]\nset: {}\n")
+    with pytest.raises(TrainboxError, match=r"no set.twinkle entry"):
+        bench.workload_inputs(str(profile), "twinkle")
+
+
+def test_verdict_against_the_goal():
+    assert bench.verdict(130.0, 100.0, 1.3) == "1.30 x (goal <= 1.30 x: within)"
+    assert bench.verdict(131.0, 100.0, 1.3) == "1.31 x (goal <= 1.30 x: OVER)"
+    assert bench.WORKLOAD_GOAL == 1.3
+
+
+def test_the_workload_limit_installs_the_pins_the_build_gets(monkeypatch):
+    # the limit is computed from the stack as moved by the profile's pins, not from its NPU pins
+    seen = {}
+
+    def fake_load(name, sets=None):
+        seen["args"] = (name, sets)
+        raise TrainboxError("stop here")
+
+    import trainbox.stack
+
+    monkeypatch.setattr(trainbox.stack, "load_stack", fake_load)
+    with pytest.raises(TrainboxError, match="stop here"):
+        bench.plain_pip_install("twinkle", None, {"torch.version": "2.13.0+cpu"})
+    assert seen["args"] == ("twinkle", {"torch.version": "2.13.0+cpu"})
