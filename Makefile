@@ -12,7 +12,7 @@ WHEELHOUSE ?= $(if $(PIP_LINKS_DIR),$(if $(wildcard $(PIP_LINKS_DIR)/torch-*+cpu
 WHEELHOUSE_ARG = $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE),)
 PYTEST ?= $(PYTHON) -m pytest
 
-.PHONY: slurm-up slurm-down
+.PHONY: slurm-up slurm-down registry
 .PHONY: help docs install ensure-installed engine render render-check lint test test-fast smoke image-cpu image-npu image-cuda demo bench bench-build bench-import
 
 help:
@@ -33,7 +33,7 @@ install:
 
 # install on first use, so that a fresh clone needs only `make demo` / `make test`
 ensure-installed:
-	@$(PYTHON) -c 'import trainbox, jinja2, pydantic, yaml, rich, pytest, xdist, torch, jsonschema, kubernetes_validate' 2>/dev/null || $(MAKE) install
+	@$(PYTHON) -c 'import trainbox, jinja2, pydantic, yaml, rich, docker, pytest, xdist, torch, jsonschema, kubernetes_validate' 2>/dev/null || $(MAKE) install
 
 engine:
 	bash ci/ensure-docker.sh
@@ -64,6 +64,11 @@ slurm-up:
 
 slurm-down:
 	bash ci/slurm/down.sh
+
+# A registry on 127.0.0.1 (Debian's docker-registry) for `trainbox image push`, until Ctrl-C; the push tests
+# start their own.
+registry:
+	$(PYTHON) tests/registry_helpers.py
 
 # The inner loop: what needs no engine, no PyPI and no multi-second torch jobs (`make test` runs those), on
 # every core (pytest-xdist): these tests share no fixed port, image or cache directory.

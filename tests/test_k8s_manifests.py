@@ -17,7 +17,7 @@ import yaml
 
 from k8s_schema import crd_dir, manifest_errors
 from trainbox.launch.k8s import ACCELERATOR_TYPE, NPU_RESOURCE, SCRIPT_DIR
-from trainbox.launch.targets import render_target, resolve_for
+from trainbox.launch.targets import RenderOptions, render_target, resolve_for
 from trainbox.recipe import all_inputs, list_recipes, load_recipe
 from trainbox.launch.job import load_stack_info
 
@@ -62,7 +62,8 @@ def test_every_kind_of_recipe_is_covered():
 @pytest.mark.parametrize("name,target", CASES)
 def test_manifest_is_valid_against_the_upstream_crd(name, target, nodes):
     job = resolve_for(target, name, sets=_inputs(name), nodes=nodes, image="registry.example/trainbox/x:1")
-    text = render_target(job, target)
+    opts = _node_type(job)
+    text = render_target(job, target, opts)
     assert manifest_errors(text) == []
     cm, obj = yaml.safe_load_all(text)
     assert cm["kind"] == "ConfigMap" and cm["data"]["job.sh"].startswith("#!/usr/bin/env bash")
@@ -77,7 +78,7 @@ def test_manifest_is_valid_against_the_upstream_crd(name, target, nodes):
             assert c["resources"]["limits"][NPU_RESOURCE] == job.per_node
         assert {"path": "/usr/local/Ascend/driver/lib64"} in [v.get("hostPath") for v in vols]
     if target == "ascendjob":
-        _check_ascendjob(obj, job)
+        _check_ascendjob(obj, job, opts.accelerator_type or ACCELERATOR_TYPE[job.stack.chip])
     if target == "rayjob":
         _check_rayjob(obj, job)
 
@@ -97,17 +98,25 @@ def _templates(obj):
     return pod_templates(obj)
 
 
-def _check_ascendjob(obj, job):
+def _node_type(job) -> RenderOptions:
+    """The default node type, except where MindCluster would refuse it: a multi-node A3 job of fewer than 16
+    cards a pod cannot run on super-pod nodes (test_launch_npu_cluster holds that), so it asks for A3 servers."""
+    if job.device == "npu" and job.stack.chip == "a3" and job.nodes > 1 and job.per_node != 16:
+        return RenderOptions(accelerator_type="module-a3-16")
+    return RenderOptions()
+
+
+def _check_ascendjob(obj, job, accelerator):
     assert obj["metadata"]["labels"]["ring-controller.atlas"] == "ascend-910b"
     assert obj["metadata"]["labels"]["framework"] == "pytorch"
     assert obj["spec"]["schedulerName"] == "volcano"
     for t in _templates(obj):
         assert t["metadata"]["labels"]["ring-controller.atlas"] == "ascend-910b"
-        assert t["spec"]["nodeSelector"] == {"accelerator-type": ACCELERATOR_TYPE[job.stack.chip]}
+        assert t["spec"]["nodeSelector"] == {"accelerator-type": accelerator}
         (c,) = t["spec"]["containers"]
         assert c["name"] == "ascend" and c["ports"][0]["name"] == "ascendjob-port"
         assert {"name": "TRAINBOX_SCHEDULER", "value": "operator"} in c["env"]
-    assert ("sp-block" in obj["metadata"]["annotations"]) == (job.stack.chip == "a3")
+    assert ("sp-block" in obj["metadata"]["annotations"]) == accelerator.endswith("-super-pod")
     assert sum(r["replicas"] for r in obj["spec"]["replicaSpecs"].values()) == job.nodes
 
 
@@ -185,7 +194,7 @@ def test_hostile_recipe_input_stays_a_value(target, tmp_path):
     assert manifest_errors(text) == []
     script = docs[0]["data"]["job.sh"]
     assert "NOTE=" + __import__("shlex").quote(HOSTILE) in script  # the value arrives whole, quoted for bash
-    env = {e["name"]: e["value"] for c in _containers(docs[1]) for e in c["env"]}
+    env = {e["name"]: e.get("value") for c in _containers(docs[1]) for e in c["env"]}
     assert env["TRAINBOX_NOTE"] == HOSTILE.replace("\n", " ")
     assert docs[1]["metadata"]["annotations"]["trainbox.io/description"] == " ".join(HOSTILE.split())
 
@@ -232,7 +241,7 @@ def test_pods_train_with_only_the_operator_variables(operator, cpu_image, tmp_pa
     try:
         for rank, role in enumerate(("Master", "Worker")):
             (c,) = obj["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"]["containers"]
-            env = {e["name"]: e["value"] for e in c["env"]} | OPERATOR_VARS[operator](rank, port)
+            env = {e["name"]: e["value"] for e in c["env"] if "value" in e} | OPERATOR_VARS[operator](rank, port)
             argv = ["docker", "run", "-d", "--label", label, "--network", "host", "--shm-size", "1g",
                     "--mount", f"type=bind,source={job_dir},target={SCRIPT_DIR},readonly"]
             for k, v in env.items():

@@ -37,7 +37,7 @@ def test_sbatch_maps_slurm_variables_and_derives_ports():
     text = render_target(job, "slurm")
     assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text and "NodeAddr=" in text
-    assert "export MASTER_PORT=${MASTER_PORT:-$(( 29500 + port_slot * 10 ))}" in text
+    assert "export MASTER_PORT=${MASTER_PORT:-$(( 13400 + port_slot * 10 ))}" in text
     assert "port_slot=$(( SLURM_JOB_ID % 300 ))" in text
     assert "export NODE_RANK=$SLURM_NODEID" in text and "-e TRAINBOX_SCHEDULER" in text
     assert 'docker stop --time 20 "$name"' in text and "label=trainbox.slurm.job=$SLURM_JOB_ID" in text

@@ -29,6 +29,7 @@ class BuiltImage:
     size: int
     created: str
     age_s: int
+    digests: list[str] = field(default_factory=list)  # REG/repo@sha256:... of each push (or pull) of this image
     labels: dict[str, str] = field(default_factory=dict, repr=False)
 
     def as_dict(self) -> dict:
@@ -87,7 +88,8 @@ def built_images(stacks: list[str] | None = None, client: Client | None = None) 
             base=labels.get("io.trainbox.base.used") or labels.get("org.opencontainers.image.base.name"),
             substitute=bool(labels.get("io.trainbox.base.substituted")), overrides=_overrides(labels),
             size=int(info.get("Size") or 0), created=created.isoformat(timespec="seconds"),
-            age_s=max(0, int((now - created).total_seconds())), labels=labels))
+            age_s=max(0, int((now - created).total_seconds())), digests=sorted(info.get("RepoDigests") or []),
+            labels=labels))
     out.sort(key=lambda i: (i.created, i.id), reverse=True)
     return out
 

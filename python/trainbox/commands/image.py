@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ._args import EXIT_PROBLEMS, add_json, add_output, add_stack, add_stacks, exits, group_help
@@ -38,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          description="trainbox's images in the engine (those labelled io.trainbox.stack), newest "
                          "first, from their labels. SUBST: built on a base other than the stack's own (its base.substitute, or "
                          "--base IMAGE), as the image's manifest and doctor say; "
-                         "OVERRIDES: built with --set or --base.")
+                         "OVERRIDES: built with --set or --base; PUSHED: the REG/repo@sha256:... of each `image push`.")
     add_stacks(ls, help="only the images of these stacks (default: all)")
     add_json(ls, "the images")
     exits(ls, None, **{"2": ENGINE_2})
@@ -55,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
     add_json(pr, "what was (or would be) removed")
     pr.set_defaults(func=_prune)
+    _register_push(isub)
 
     p.set_defaults(func=group_help(p))
 
@@ -102,6 +104,20 @@ def _register_build(isub) -> None:
     add_json(b, "the build report (with --dry-run: the plan, schema trainbox.build-plan/1)")
     b.add_argument("-v", "--verbose", action="store_true", help="stream every line of the build's output")
     b.set_defaults(func=_build)
+
+def _register_push(isub) -> None:
+    pu = isub.add_parser(
+        "push", help="push a stack's content-hash tag to a registry and record the digest it got",
+        description="Tag trainbox/STACK:<content hash> as REG/trainbox/STACK:<hash> and push it. The digest the "
+        "registry stored is recorded in the build report and shown by `image ls`; the cluster targets of `launch "
+        "render` then name REG/trainbox/STACK@sha256:..., which every node can pull.")
+    add_stack(pu)
+    pu.add_argument("--registry", metavar="REG", default=os.environ.get("TRAINBOX_REGISTRY"),
+                    help="registry host[:port][/path] (default: $TRAINBOX_REGISTRY); a registry on 127.0.0.1 is "
+                    "plain HTTP to the engine, any other needs TLS or the engine's insecure-registries")
+    add_json(pu, "the pushed image: tag, digest, ref")
+    exits(pu, "the push failed (the registry's message is shown)", **{"2": ENGINE_2})
+    pu.set_defaults(func=_push)
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -192,8 +208,22 @@ def _ls(args: argparse.Namespace) -> int:
         return 0
     rows = [[(i.hash_tags or i.tags or ["<none>"])[0], i.stack, i.hash, i.base, i.substitute,
              ",".join(f"{k}={v}" for k, v in sorted(i.overrides.items())), human_size(i.size), human_age(i.age_s),
-             i.id] for i in images]
-    print_table(["IMAGE", "STACK", "HASH", "BASE", "SUBST", "OVERRIDES", "SIZE", "AGE", "ID"], rows)
+             i.id, " ".join(i.digests) or "-"] for i in images]
+    print_table(["IMAGE", "STACK", "HASH", "BASE", "SUBST", "OVERRIDES", "SIZE", "AGE", "ID", "PUSHED"], rows)
+    return 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    from trainbox.push import push
+
+    if not args.registry:
+        args._cmd_parser.error("--registry REG is required (or set TRAINBOX_REGISTRY)")
+    say = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    pushed = push(args.stack, args.registry, say=say)
+    if args.json:
+        emit_json(pushed.as_dict())
+    else:
+        print(f"pushed {pushed.ref}\n  cluster targets now name it: trainbox launch render RECIPE --target slurm")
     return 0
 
 

@@ -28,6 +28,7 @@ def register(sub) -> None:
     r.add_argument("--devices", metavar="LIST", help="host cards, e.g. 4-7: ports derive from them so jobs on "
                    "0-3 and 4-7 do not collide")
     r.add_argument("-o", "--output", metavar="FILE", help="write the script here (mode 0755) instead of stdout")
+    _cluster_args(r)
     exits(r)
     r.set_defaults(func=cmd_render)
 
@@ -91,6 +92,20 @@ def register(sub) -> None:
     run.set_defaults(func=cmd_run)
 
 
+def _cluster_args(r) -> None:
+    r.add_argument("--accelerator-type", metavar="TYPE",
+                   help="Kubernetes NPU targets: the MindCluster node type to schedule on (accelerator-type node "
+                   "label): module-910b-8 (default for 910B), module-910b-16, card-910b-2, module-a3-16-super-pod "
+                   "(default for A3; adds sp-block), module-a3-16, module-a3-8-super-pod")
+    r.add_argument("--name", help="Kubernetes targets: the job's name (its ConfigMap is NAME-launcher; default: the "
+                   "recipe's name and a random suffix, so a second submission does not collide)")
+    r.add_argument("--namespace", help="Kubernetes targets: metadata.namespace of the job and its ConfigMap")
+    r.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="--OPTION=VALUE",
+                   help="slurm targets: an extra #SBATCH line, e.g. --sbatch-arg=--partition=train (repeatable)")
+    r.add_argument("--strict", action="store_true", help="fail (exit 2) where a warning would do: a cluster render "
+                   "whose image no node but this one can pull (a local tag without a registry)")
+
+
 def _scale_args(p) -> None:
     p.add_argument("--nodes", type=int, help="run on this many nodes instead of the recipe's (dp scales)")
     p.add_argument("--nproc-per-node", type=int, metavar="N", help="devices (CPU: processes) per node instead of "
@@ -99,12 +114,14 @@ def _scale_args(p) -> None:
 
 def cmd_render(args) -> int:
     from ..launch import node_commands, parse_sets
-    from ..launch.targets import render_target, resolve_for
+    from ..launch.targets import RenderOptions, render_target, resolve_for
 
     job = resolve_for(args.target, args.recipe, sets=parse_sets(args.sets), image=args.image,
                       stack_name=args.stack, nodes=args.nodes, nproc_per_node=args.nproc_per_node,
                       devices=args.devices)
-    recipe, script = job.recipe, render_target(job, args.target)
+    recipe, script = job.recipe, render_target(job, args.target, RenderOptions(
+        args.accelerator_type, args.name, args.namespace, tuple(args.sbatch_args)))
+    _image_reachable(job, args.target, args.strict)
     if args.output:
         from ..runtime.errors import TrainboxError
 
@@ -124,6 +141,17 @@ def cmd_render(args) -> int:
     else:
         sys.stdout.write(script)
     return 0
+
+
+def _image_reachable(job, target: str, strict: bool) -> None:
+    from ..launch.targets import unpullable
+    from ..runtime.errors import TrainboxError
+
+    problem = unpullable(job, target)
+    if problem and strict:
+        raise TrainboxError(f"--strict: {problem}")
+    if problem:
+        print(f"warning: {problem}", file=sys.stderr)
 
 
 def cmd_check(args) -> int:

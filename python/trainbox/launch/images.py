@@ -46,17 +46,57 @@ def choose_image(job: Job, image: str | None, *, allow_substitute: bool = False,
     return latest, f"image {latest} (the stack's default tag, built without pin overrides{how})"
 
 
+def _repo(ref: str) -> str:
+    """An image reference without its tag or digest (a registry port's colon stays)."""
+    name = ref.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return (head + "/" if head else "") + last.split(":", 1)[0]
+
+
 def pinned(image: str) -> tuple[str, str | None]:
     """(the reference a cluster should pull, the local image id). A pushed image is named by its registry
-    digest (repo@sha256:...), so every node runs the same bytes; a local-only image keeps its tag."""
+    digest (REG/repo@sha256:...), so every node runs the same bytes: the digest of this very repository, else
+    that of a pushed copy (`trainbox image push` puts trainbox/STACK at REG/trainbox/STACK); when it went to
+    several registries, the last one pushed. A local-only image keeps its tag."""
+    if "@sha256:" in image:
+        return image, None
     try:
         from ..engine import find_client
 
         data = find_client().inspect(image)
     except Exception:  # noqa: BLE001 - not here, or no engine: the tag as given
         return image, None
-    repo = image.split("@")[0].rsplit(":", 1)[0] if "/" in image.split(":")[0] or ":" in image else image
-    for digest in data.get("RepoDigests") or []:
-        if digest.split("@")[0] == repo:
-            return digest, data.get("Id")
-    return image, data.get("Id")
+    repo, digests = _repo(image), data.get("RepoDigests") or []
+    same = [d for d in digests if _repo(d) == repo]
+    copies = [d for d in digests if _repo(d).endswith("/" + repo)]
+    chosen = same or _last_pushed(copies) or copies
+    return (chosen[0] if chosen else image), data.get("Id")
+
+
+def _last_pushed(refs: list[str]) -> list[str]:
+    """Those of `refs` in the order of the build reports' push records, newest first."""
+    import json
+
+    from ..image import REPORTS_DIR
+
+    pushed = []
+    for path in REPORTS_DIR.glob("*.json"):
+        try:
+            pushed += json.loads(path.read_text()).get("pushed") or []
+        except (OSError, ValueError, AttributeError):
+            continue
+    order = [p.get("ref") for p in sorted(pushed, key=lambda p: p.get("pushed_at") or "", reverse=True)]
+    return [r for r in order if r in refs]
+
+
+def pull_problem(image: str) -> str | None:
+    """Why other machines cannot pull `image`, or None. A reference without a registry host (trainbox/cpu:latest)
+    resolves to Docker Hub on every other node, where trainbox's images are not; enroot's REG#IMAGE names one."""
+    if "#" in image or image.startswith("/"):
+        return None  # enroot's registry form, or a squashfs path the site provides
+    from ..engine import registry_of
+
+    if registry_of(image) != "registry-1.docker.io":
+        return None
+    return (f"image {image} is a local tag without a registry: other nodes would look for it on Docker Hub. "
+            "Push it (trainbox image push STACK --registry REG) and render again, or pass --image REG/NAME@sha256:...")

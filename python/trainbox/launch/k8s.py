@@ -6,8 +6,9 @@ so tini and the trainbox entrypoint stay PID 1). Everything a recipe or user sup
 
 Facts (shared/k8s-crds/README.md, MindCluster v26.1.0): AscendJob labels `ring-controller.atlas: ascend-910b`
 and `framework: pytorch`, container `ascend` with port `ascendjob-port`, cards requested as
-`huawei.com/Ascend910` (910B and A3 alike, told apart by the `accelerator-type` node selector), A3 jobs
-annotated `sp-block`; the operator injects MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_WORLD_SIZE and
+`huawei.com/Ascend910` (910B and A3 alike, told apart by the `accelerator-type` node selector, --accelerator-type),
+super-pod jobs annotated `sp-block`; NPU pods of every kind but RayJob labelled `ring-controller.atlas` and given
+ASCEND_VISIBLE_DEVICES from Volcano's `huawei.com/Ascend910` pod annotation; the operator injects MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_WORLD_SIZE and
 mounts the rank table. KubeRay <= 1.7.0 does not map huawei.com/Ascend* to Ray's `NPU`: rayStartParams say it.
 """
 
@@ -26,18 +27,50 @@ from .script import oneline, render_script
 SCRIPT_DIR = "/opt/trainbox/job"
 NPU_RESOURCE = "huawei.com/Ascend910"
 GPU_RESOURCE = "nvidia.com/gpu"
+# MindCluster's accelerator-type node label: value -> (chip, cards per node). Values from ascend-for-volcano
+# common/util/constants.go (Module910bx8AcceleratorType ... Module910A3x8SuperPodAcceleratorType) and the full-NPU
+# scheduling guide (card-910b-2: a server with Atlas 300T A2 cards); the first of each chip is its default.
+ACCELERATOR_TYPES = {"module-910b-8": ("910b", 8), "module-910b-16": ("910b", 16), "card-910b-2": ("910b", 2),
+                     "module-a3-16-super-pod": ("a3", 16), "module-a3-16": ("a3", 16),
+                     "module-a3-8-super-pod": ("a3", 8)}
 ACCELERATOR_TYPE = {"910b": "module-910b-8", "a3": "module-a3-16-super-pod"}
-RING_CONTROLLER = "ascend-910b"
+RING_CONTROLLER = "ascend-910b"  # ring-controller.atlas: "ascend-{xxx}b", xxx = 910 on A2 and A3 alike
+# The device plugin finds the cards Volcano chose from this env (ascend-device-plugin GetRealAllocateDevicesFromEnv;
+# the fieldPath must be exactly this string), and Ascend Docker Runtime mounts them.
+VISIBLE_FROM_ANNOTATION = {"name": "ASCEND_VISIBLE_DEVICES",
+                           "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{NPU_RESOURCE}']"}}}
 SHM = {"cpu": "8Gi", "cuda": "64Gi", "npu": "64Gi"}  # a memory-backed /dev/shm (the runtime's default is 64 MiB)
 ASCEND_PORT, PYTORCH_PORT = 2222, 23456
 KINDS = {"ascendjob": ("npu", ("torchrun", "exec")), "volcano": (None, ("torchrun", "exec")),
          "pytorchjob": (None, ("torchrun",)), "rayjob": (None, ("ray",))}
 
 
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS-1123 label
+
+
 def k8s_name(text: str, limit: int = 50) -> str:
     """A DNS-1123 label from a recipe name (room left for the suffixes operators add)."""
     name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:limit].strip("-")
     return name or "trainbox-job"
+
+
+def job_name(job: Job, name: str | None) -> str:
+    """`--name` as given (checked), else the recipe's name and a random suffix: a second submission of the same
+    recipe is a second job, not a collision with the first's objects."""
+    if name is None:
+        import secrets
+
+        return f"{k8s_name(job.name, 43)}-{secrets.token_hex(3)}"
+    if len(name) > 50 or not NAME_RE.match(name):
+        raise TrainboxError(f"--name {name!r}: expected a DNS-1123 label of at most 50 characters (lower-case "
+                            "letters, digits and '-'; room is left for the suffixes operators add to pod names)")
+    return name
+
+
+def check_namespace(namespace: str | None) -> str | None:
+    if namespace is not None and (len(namespace) > 63 or not NAME_RE.match(namespace)):
+        raise TrainboxError(f"--namespace {namespace!r}: expected a DNS-1123 label (lower-case letters, digits, '-')")
+    return namespace
 
 
 def applies(job: Job, kind: str) -> bool:
@@ -57,6 +90,42 @@ def _check(job: Job, kind: str) -> None:
                             + (" (Ray recipes: --target rayjob)" if job.recipe.launcher == "ray" else ""))
     if kind in ("ascendjob", "pytorchjob") and job.recipe.torchrun.standalone and job.nodes > 1:
         raise TrainboxError(f"--target {kind}: a standalone torchrun recipe is single-node")
+
+
+def accelerator_type(job: Job, requested: str | None = None) -> str | None:
+    """The accelerator-type node selector of an NPU job: `requested` (checked against the chip and the cards a
+    pod asks for), else the chip's default."""
+    if job.device != "npu" or job.stack.chip not in ACCELERATOR_TYPE:
+        if requested:
+            raise TrainboxError(f"--accelerator-type {requested}: only for Ascend 910B/A3 stacks "
+                                f"(stack {job.stack.name} is {job.device}/{job.stack.chip or '-'})")
+        return None
+    value = requested or ACCELERATOR_TYPE[job.stack.chip]
+    known = [k for k, (chip, _) in ACCELERATOR_TYPES.items() if chip == job.stack.chip]
+    if value not in known:
+        raise TrainboxError(f"--accelerator-type {value!r}: a {job.stack.chip} stack runs on nodes labelled "
+                            f"{', '.join(known)}")
+    cards = ACCELERATOR_TYPES[value][1]
+    if job.per_node > cards:
+        raise TrainboxError(f"--accelerator-type {value}: its nodes have {cards} cards; the job asks for "
+                            f"{job.per_node} per pod (--nproc-per-node)")
+    return value
+
+
+def sp_block(job: Job, accelerator: str | None) -> str | None:
+    """The `sp-block` annotation (logical super-pod size in cards) on super-pod nodes, per ascend-for-volcano
+    internal/npu/ascend910/ascend910a3/superpod/frame.go: one pod: sp-block equals its cards; more pods: each
+    requests all its node's cards (CheckTaskNPU) and the total is a multiple of sp-block (checkRequireNPU).
+    trainbox makes the whole job one logical super-pod (Volcano's own default when the annotation is absent)."""
+    if not accelerator or not accelerator.endswith("-super-pod"):
+        return None
+    cards = ACCELERATOR_TYPES[accelerator][1]
+    if job.nodes > 1 and job.per_node != cards:
+        raise TrainboxError(
+            f"--accelerator-type {accelerator}: MindCluster schedules a multi-node super-pod job only when each pod "
+            f"requests all {cards} cards of its node; this job asks for {job.per_node} per pod. Use "
+            f"--nproc-per-node {cards}, or --accelerator-type module-a3-16 (A3 servers outside a super-pod)")
+    return str(job.nodes * job.per_node)
 
 
 def _resources(job: Job) -> dict:
@@ -94,22 +163,31 @@ def _env(job: Job, scheduler: str) -> list[dict]:
 
 def _container(job: Job, name: str, scheduler: str, mounts: list[dict], ports: list[dict] | None = None,
                args: list[str] | None = None) -> dict:
+    env = _env(job, scheduler)
+    if job.device == "npu" and scheduler != "kuberay":
+        env.append(VISIBLE_FROM_ANNOTATION)
     c = {"name": name, "image": job.image, "imagePullPolicy": "IfNotPresent",
          "args": args if args is not None else ["bash", f"{SCRIPT_DIR}/job.sh"],
-         "env": _env(job, scheduler), "resources": _resources(job), "volumeMounts": mounts}
+         "env": env, "resources": _resources(job), "volumeMounts": mounts}
     if ports:
         c["ports"] = ports
     return c
 
 
 def _pod(job: Job, container: dict, volumes: list[dict], labels: dict, restart: str = "Never",
-         scheduler: str | None = None) -> dict:
+         scheduler: str | None = None, accelerator: str | None = None) -> dict:
     spec: dict = {"restartPolicy": restart, "containers": [container], "volumes": volumes}
     if scheduler:
         spec["schedulerName"] = scheduler
-    if job.device == "npu" and job.stack.chip in ACCELERATOR_TYPE:
-        spec["nodeSelector"] = {"accelerator-type": ACCELERATOR_TYPE[job.stack.chip]}
+    if accelerator:
+        spec["nodeSelector"] = {"accelerator-type": accelerator}
     return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def _ring(job: Job) -> dict:
+    """MindCluster's job-kind label on NPU jobs and their pods (ascend-common api AtlasTaskLabel): the operator,
+    the volcano plugin and the device plugin act only on jobs that carry it."""
+    return {"ring-controller.atlas": RING_CONTROLLER} if job.device == "npu" else {}
 
 
 def _meta(job: Job, name: str, labels: dict | None = None, annotations: dict | None = None) -> dict:
@@ -133,15 +211,17 @@ def _replicas(job: Job, pod_for, restart: str) -> dict:
     return specs
 
 
-def ascendjob(job: Job, name: str) -> dict:
-    ring = {"ring-controller.atlas": RING_CONTROLLER}
+def ascendjob(job: Job, name: str, accelerator: str | None = None) -> dict:
+    ring = _ring(job)
     labels = {**ring, "framework": "pytorch"}
     vols, mounts = _volumes(job, f"{name}-launcher")
     ports = [{"name": "ascendjob-port", "containerPort": ASCEND_PORT}]
-    annotations = {"sp-block": str(job.nodes * job.per_node)} if job.stack.chip == "a3" else {}
+    block = sp_block(job, accelerator)
+    annotations = {"sp-block": block} if block else {}
 
     def pod(_role):
-        return _pod(job, _container(job, "ascend", "operator", mounts, ports), vols, dict(ring))
+        return _pod(job, _container(job, "ascend", "operator", mounts, ports), vols, dict(ring),
+                    accelerator=accelerator)
 
     return {"apiVersion": "mindxdl.gitee.com/v1", "kind": "AscendJob",
             "metadata": _meta(job, name, labels, annotations),
@@ -150,30 +230,35 @@ def ascendjob(job: Job, name: str) -> dict:
                      "successPolicy": "AllWorkers", "replicaSpecs": _replicas(job, pod, "Never")}}
 
 
-def pytorchjob(job: Job, name: str) -> dict:
+def pytorchjob(job: Job, name: str, accelerator: str | None = None) -> dict:
     vols, mounts = _volumes(job, f"{name}-launcher")
     ports = [{"name": "pytorchjob-port", "containerPort": PYTORCH_PORT}]
+    # NPU pods go through Volcano: it writes the huawei.com/Ascend910 annotation ASCEND_VISIBLE_DEVICES reads
+    scheduler = "volcano" if job.device == "npu" else None
 
     def pod(_role):
-        return _pod(job, _container(job, "pytorch", "operator", mounts, ports), vols, {})
+        return _pod(job, _container(job, "pytorch", "operator", mounts, ports), vols, _ring(job),
+                    scheduler=scheduler, accelerator=accelerator)
 
-    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(job, name),
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(job, name, _ring(job)),
             "spec": {"nprocPerNode": str(job.per_node), "pytorchReplicaSpecs": _replicas(job, pod, "OnFailure")}}
 
 
-def volcano(job: Job, name: str) -> dict:
+def volcano(job: Job, name: str, accelerator: str | None = None) -> dict:
     vols, mounts = _volumes(job, f"{name}-launcher")
     container = _container(job, "main", "volcano", mounts)
     task = "node"
     # the svc plugin writes /etc/volcano/<task>.host (one pod host name a line, index order) and a headless
     # service that resolves them; the env plugin sets VC_TASK_INDEX
     container["env"].append({"name": "TRAINBOX_VC_HOSTFILE", "value": f"/etc/volcano/{task}.host"})
-    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": _meta(job, name),
+    block = sp_block(job, accelerator)
+    meta = _meta(job, name, _ring(job), {"sp-block": block} if block else None)
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": meta,
             "spec": {"minAvailable": job.nodes, "schedulerName": "volcano", "queue": "default",
                      "plugins": {"svc": [], "env": []},
                      "policies": [{"event": "PodEvicted", "action": "RestartJob"}],
                      "tasks": [{"name": task, "replicas": job.nodes,
-                                "template": _pod(job, container, vols, {})}]}}
+                                "template": _pod(job, container, vols, _ring(job), accelerator=accelerator)}]}}
 
 
 def _ray_start_params(job: Job) -> dict:
@@ -185,12 +270,14 @@ def _ray_start_params(job: Job) -> dict:
     return {"num-cpus": str(job.per_node)}
 
 
-def rayjob(job: Job, name: str) -> dict:
+def rayjob(job: Job, name: str, accelerator: str | None = None) -> dict:
     vols, mounts = _volumes(job, f"{name}-launcher")
     params = _ray_start_params(job)
     # no args: KubeRay writes the `ray start` command into the container itself
-    head = _pod(job, _container(job, "ray-head", "kuberay", mounts, args=[]), vols, {}, restart="Always")
-    worker = _pod(job, _container(job, "ray-worker", "kuberay", mounts, args=[]), vols, {}, restart="Always")
+    head = _pod(job, _container(job, "ray-head", "kuberay", mounts, args=[]), vols, {}, restart="Always",
+                accelerator=accelerator)
+    worker = _pod(job, _container(job, "ray-worker", "kuberay", mounts, args=[]), vols, {}, restart="Always",
+                  accelerator=accelerator)
     for pod in (head, worker):
         c = pod["spec"]["containers"][0]
         del c["args"]
@@ -214,14 +301,22 @@ def rayjob(job: Job, name: str) -> dict:
 BUILDERS = {"ascendjob": ascendjob, "volcano": volcano, "pytorchjob": pytorchjob, "rayjob": rayjob}
 
 
-def manifests(job: Job, kind: str, name: str | None = None) -> list[dict]:
+def manifests(job: Job, kind: str, name: str | None = None, accelerator: str | None = None,
+              namespace: str | None = None) -> list[dict]:
     """[ConfigMap, job] as Python objects (what render_manifest dumps)."""
     _check(job, kind)
+    accelerator = accelerator_type(job, accelerator)
+    namespace = check_namespace(namespace)
     for owned in ("NODE_RANK", "MASTER_ADDR"):
         if owned in job.sets and kind != "rayjob":
             raise TrainboxError(f"--set {owned}: the {kind} scheduler tells each pod this; leave it out")
-    name = k8s_name(name or job.name)
-    return [_configmap(job, f"{name}-launcher"), BUILDERS[kind](job, name)]
+    name = job_name(job, name)
+    docs = [_configmap(job, f"{name}-launcher"), BUILDERS[kind](job, name, accelerator)]
+    if namespace:  # the ConfigMap must live where the pods that mount it do
+        for doc in docs:
+            doc["metadata"] = {"name": doc["metadata"]["name"], "namespace": namespace,
+                               **{k: v for k, v in doc["metadata"].items() if k != "name"}}
+    return docs
 
 
 class _Dumper(yaml.SafeDumper):
@@ -236,8 +331,9 @@ def _str(dumper, text):
 _Dumper.add_representer(str, _str)
 
 
-def render_manifest(job: Job, kind: str, name: str | None = None) -> str:
+def render_manifest(job: Job, kind: str, name: str | None = None, accelerator: str | None = None,
+                    namespace: str | None = None) -> str:
     head = (f"# GENERATED by trainbox: {kind} for recipe {job.name}, {job.nodes} node(s) x {job.per_node}, "
             f"image {oneline(job.image)}\n# kubectl apply -f THIS_FILE (see the README's Kubernetes section for what the "
             "cluster must provide)\n")
-    return head + yaml.dump_all(manifests(job, kind, name), Dumper=_Dumper, sort_keys=False, width=1000)
+    return head + yaml.dump_all(manifests(job, kind, name, accelerator, namespace), Dumper=_Dumper, sort_keys=False, width=1000)

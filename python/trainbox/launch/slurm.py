@@ -10,6 +10,7 @@ sweep by the job label).
 from __future__ import annotations
 
 import hashlib
+import re
 import shlex
 
 from ..runtime.errors import TrainboxError
@@ -17,11 +18,30 @@ from .docker import JOB_SCRIPT_IN_IMAGE, NPU_DRIVER_MOUNTS, NPU_MULTINODE_MOUNTS
 from .job import PORT_INPUTS, PORT_STRIDE, Job
 from .script import HOST_NEEDS, oneline, render_script, render_template
 
-# Per-job ports: base + 10 * (job id % PORT_SLOTS). The three blocks do not overlap, stay below Linux's
-# ephemeral range (32768-) and clear of the HCCL socket blocks (20480-28671).
+# Per-job ports: base + 10 * (job id % PORT_SLOTS): RAY_PORT 6400-9397 (a Ray head takes 8), the dashboard
+# 10300-13290, MASTER_PORT 13400-16390. None of them overlaps another, and all lie below every per-job HCCL block
+# (20480-32767: the socket ranges and, on A2, the HCCL_IF_BASE_PORT blocks, runtime.npu) and below HCCL's own
+# default NPU port 16666, so no job's port is inside any job's HCCL block (tests/test_port_plan.py).
 PORT_SLOTS = 300
-SLURM_PORT_BASES = {"MASTER_PORT": 29500, "RAY_PORT": 6400, "RAY_DASHBOARD_PORT": 10300}
+SLURM_PORT_BASES = {"MASTER_PORT": 13400, "RAY_PORT": 6400, "RAY_DASHBOARD_PORT": 10300}
 SLURM_VARS_OWNED = ("NODE_RANK", "MASTER_ADDR")
+# --sbatch-arg: one long option a line, its value without spaces, quotes or backslashes (an #SBATCH line is read
+# by sbatch, not by a shell); the options that shape the job stay trainbox's
+SBATCH_ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[^\s'\"\\]+)?$")
+SBATCH_OWNED = ("job-name", "nodes", "ntasks-per-node", "ntasks", "exclusive", "output", "error", "wait", "chdir")
+
+
+def check_sbatch_args(args) -> list[str]:
+    out = []
+    for arg in args or ():
+        if not SBATCH_ARG_RE.match(arg):
+            raise TrainboxError(f"--sbatch-arg {arg!r}: expected one long sbatch option, e.g. --partition=train or "
+                                "--time=04:00:00 (no spaces or quotes in the value)")
+        if arg[2:].split("=", 1)[0] in SBATCH_OWNED:
+            raise TrainboxError(f"--sbatch-arg {arg!r}: trainbox sets this one from the job "
+                                f"({', '.join('--' + o for o in SBATCH_OWNED)}); use --nodes/--nproc-per-node")
+        out.append(arg)
+    return out
 
 
 def _ports(job: Job) -> list[tuple[str, int]]:
@@ -56,7 +76,7 @@ def _pyxis_mounts(job: Job) -> list[tuple[str, bool]]:
     return driver + sorted(job.mounts.items())
 
 
-def render_sbatch(job: Job, *, pyxis: bool = False) -> str:
+def render_sbatch(job: Job, *, pyxis: bool = False, sbatch_args=()) -> str:
     for name in SLURM_VARS_OWNED:
         if name in job.sets:
             raise TrainboxError(f"--set {name}: Slurm tells each node this; leave it out for --target slurm")
@@ -71,7 +91,7 @@ def render_sbatch(job: Job, *, pyxis: bool = False) -> str:
         run_args=" ".join(shlex.quote(a) for a in args), stop_seconds=20, script_in_image=JOB_SCRIPT_IN_IMAGE,
         env=sorted(job.env.items()), create=job.create,
         pyxis_mounts=",".join(f"{p}:{p}" + (":ro" if ro else "") for p, ro in _pyxis_mounts(job)),
-        entrypoint=["--container-entrypoint"])
+        entrypoint=["--container-entrypoint"], sbatch_args=check_sbatch_args(sbatch_args))
 
 
 def submit(job: Job, script: str, workdir: str | None = None, poll: float = 1.0) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Callable
 
 from ..runtime.errors import TrainboxError
@@ -11,35 +12,45 @@ from .job import Job
 IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+#-]*$")  # "#": enroot's REGISTRY#IMAGE form
 
 
-def _docker(job: Job) -> str:
+@dataclass(frozen=True)
+class RenderOptions:
+    """What a cluster render takes beyond the job: for Kubernetes the NPU node type, the objects' name (default:
+    the recipe's and a random suffix) and namespace; for Slurm extra #SBATCH options."""
+    accelerator_type: str | None = None
+    name: str | None = None
+    namespace: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+
+
+def _docker(job: Job, _opts: RenderOptions) -> str:
     from .script import render_script
 
     return render_script(job.recipe, job.stack, job.sets)
 
 
-def _slurm(job: Job) -> str:
+def _slurm(job: Job, opts: RenderOptions) -> str:
     from .slurm import render_sbatch
 
-    return render_sbatch(job)
+    return render_sbatch(job, sbatch_args=opts.sbatch_args)
 
 
-def _slurm_pyxis(job: Job) -> str:
+def _slurm_pyxis(job: Job, opts: RenderOptions) -> str:
     from .slurm import render_sbatch
 
-    return render_sbatch(job, pyxis=True)
+    return render_sbatch(job, pyxis=True, sbatch_args=opts.sbatch_args)
 
 
-def _k8s(kind: str) -> Callable[[Job], str]:
-    def render(job: Job) -> str:
+def _k8s(kind: str) -> Callable[[Job, RenderOptions], str]:
+    def render(job: Job, opts: RenderOptions) -> str:
         from .k8s import render_manifest
 
-        return render_manifest(job, kind)
+        return render_manifest(job, kind, opts.name, opts.accelerator_type, opts.namespace)
 
     return render
 
 
 # name -> (renderer, what it writes, the kind of file)
-TARGETS: dict[str, tuple[Callable[[Job], str], str, str]] = {
+TARGETS: dict[str, tuple[Callable[[Job, RenderOptions], str], str, str]] = {
     "docker": (_docker, "the bash launcher script `trainbox run` mounts into the container", "sh"),
     "slurm": (_slurm, "an sbatch script: one docker container per node", "sbatch"),
     "slurm-pyxis": (_slurm_pyxis, "an sbatch script for pyxis/enroot (srun --container-image)", "sbatch"),
@@ -51,10 +62,31 @@ TARGETS: dict[str, tuple[Callable[[Job], str], str, str]] = {
 }
 
 
-def render_target(job: Job, target: str) -> str:
+K8S_TARGETS = ("ascendjob", "volcano", "pytorchjob", "rayjob")
+
+
+def unpullable(job: Job, target: str) -> str | None:
+    """Why the nodes of this render cannot pull its image, or None: a Kubernetes pod, or a node of a multi-node
+    Slurm job, is another machine than the one that built the image."""
+    from .images import pull_problem
+
+    if target == "docker" or (target not in K8S_TARGETS and job.nodes < 2):
+        return None
+    return pull_problem(job.image)
+
+
+def render_target(job: Job, target: str, options: RenderOptions | None = None) -> str:
     if target not in TARGETS:
         raise TrainboxError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
-    return TARGETS[target][0](job)
+    options = options or RenderOptions()
+    k8s_only = {"--accelerator-type": options.accelerator_type, "--name": options.name,
+                "--namespace": options.namespace}
+    for flag, value in k8s_only.items():
+        if value is not None and target not in K8S_TARGETS:
+            raise TrainboxError(f"{flag}: an option of the Kubernetes targets, not of --target {target}")
+    if options.sbatch_args and not target.startswith("slurm"):
+        raise TrainboxError(f"--sbatch-arg: an option of the slurm targets, not of --target {target}")
+    return TARGETS[target][0](job, options)
 
 
 def resolve_for(target: str, recipe_name: str, *, sets: dict[str, str] | None = None, image: str | None = None,
