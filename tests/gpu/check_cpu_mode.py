@@ -59,6 +59,9 @@ def make_venv(root: Path) -> Path:
     py = root / "bin" / "python"
     purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
+    # this interpreter may itself be a venv, whose packages --system-site-packages does not reach: name them
+    parent = [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p)]
+    (Path(purelib) / "00parent.pth").write_text("".join(f"{p}\n" for p in parent))
     (Path(purelib) / "trainbox.pth").write_text(str(REPO / "python") + "\n")  # as the image's venv holds it
     subprocess.run([str(py), "-m", "trainbox.runtime.cpu_mode", "--write-pth"], check=True, capture_output=True)
     return py
@@ -80,8 +83,7 @@ def main() -> int:
             print(f"no usable GPU here: {plain}")
             return 2
         report("hook idle without the variable", plain["device"] == "cuda" and plain["backend"] == "nccl"
-               and "torch_npu" in plain["hidden"] and "transformer_engine" not in plain["hidden"] or
-               plain["device"] == "cuda" and plain["backend"] == "nccl", json.dumps(plain))
+               and plain["autoload"] is None, json.dumps(plain))
         cpu = probe(py, dict(base, TRAINBOX_DEVICE="cpu"))
         report("GPU hidden under TRAINBOX_DEVICE=cpu", not cpu["cuda"] and cpu["count"] == 0, json.dumps(cpu))
         report("trainbox says cpu / gloo", cpu["device"] == "cpu" and cpu["backend"] == "gloo", json.dumps(cpu))
