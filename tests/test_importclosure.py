@@ -46,6 +46,10 @@ def test_required_and_optional_imports_are_told_apart():
             import in_class_body
         with ctx():
             import in_with
+        with suppress(ImportError):
+            import opt_suppressed
+        with contextlib.suppress(ValueError):
+            import req_suppress_other
         for _ in y:
             import in_loop
         if __name__ == "__main__":
@@ -53,7 +57,7 @@ def test_required_and_optional_imports_are_told_apart():
     """)
     assert got == {"a": False, "b": False, "opt_a": True, "opt_fallback": True, "req_in_try": False,
                    "opt_broad": True, "opt_if": True, "opt_else": True, "in_class_body": False, "in_with": False,
-                   "in_loop": True}
+                   "opt_suppressed": True, "req_suppress_other": False, "in_loop": True}
     assert edges("if __name__ == '__main__':\n    import main_only\n", is_main=True) == {"main_only": False}
 
 
@@ -155,3 +159,18 @@ def test_namespace_packages_nest_without_being_imported(tree):
     c = walk(script=str(tree.root / "entry.py"))
     assert c.ok, c.missing
     assert {"zzmeg", "zzmeg.inner", "zzmeg.inner.mod"} <= set(c.modules) and "zzmeg" not in sys.modules
+
+
+def test_what_ray_puts_on_sys_path_at_import_resolves_once_ray_is_reached(tree):
+    # ray/__init__.py inserts ray/thirdparty_files into sys.path (its vendored colorama, psutil, ...): a stand-in
+    # ray of that shape; the same module outside such a package stays missing
+    tree("ray/__init__.py", "from ray import worker\n")
+    tree("ray/worker.py", "import zz_vendored\n")
+    tree("ray/thirdparty_files/zz_vendored.py", "")
+    tree("entry.py", "import ray\n")
+    c = walk(script=str(tree.root / "entry.py"))
+    assert c.ok, c.missing
+    assert "zz_vendored" in c.modules
+    tree("other.py", "import zz_vendored\n")
+    c = walk(script=str(tree.root / "other.py"))
+    assert [m["module"] for m in c.missing] == ["zz_vendored"]

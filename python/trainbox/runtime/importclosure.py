@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import importlib.machinery
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -92,6 +93,17 @@ def _catches_import_error(handlers: list[ast.ExceptHandler]) -> bool:
     return False
 
 
+def _suppresses_import_error(items: list[ast.withitem]) -> bool:
+    """`with suppress(ImportError):` (contextlib's): the import under it is optional, as under try/except."""
+    for item in items:
+        call = item.context_expr
+        func = getattr(call, "func", None)
+        name = getattr(func, "id", None) or getattr(func, "attr", None)
+        if name == "suppress" and _catches_import_error([ast.ExceptHandler(type=ast.Tuple(elts=call.args))]):
+            return True
+    return False
+
+
 def _absolute(node: ast.ImportFrom, package: str | None) -> str | None:
     if not node.level:
         return node.module
@@ -134,7 +146,9 @@ def module_edges(tree: ast.Module, package: str | None, is_main: bool = False) -
                 for h in node.handlers:
                     visit(h.body, True)
                 visit(node.finalbody, optional)
-            elif isinstance(node, (ast.With, ast.AsyncWith, ast.ClassDef)):
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                visit(node.body, optional or _suppresses_import_error(node.items))
+            elif isinstance(node, ast.ClassDef):
                 visit(node.body, optional)
             elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
                 visit(node.body, True)
@@ -149,12 +163,24 @@ def module_edges(tree: ast.Module, package: str | None, is_main: bool = False) -
 
 # -- resolving names without importing -----------------------------------------------------------------------
 
+# Packages that put a directory of their own on sys.path when imported: ray/__init__.py inserts
+# ray/thirdparty_files (colorama, psutil, setproctitle, ...), so what is there resolves once the package is reached.
+PATH_EXTENDERS = {"ray": ("thirdparty_files",)}
+
+
 class Resolver:
     """Module name -> spec, through sys.meta_path's finders, a submodule searched in its parent's locations
     (which come from the parent's spec: nothing is imported)."""
 
     def __init__(self):
         self.specs: dict[str, object] = {}
+        self.extra_path: list[str] = []  # the PATH_EXTENDERS directories of the packages reached so far
+
+    def extend_path(self, dirs: list[str]) -> None:
+        new = [d for d in dirs if os.path.isdir(d) and d not in self.extra_path]
+        if new:
+            self.extra_path.extend(new)
+            self.specs = {k: v for k, v in self.specs.items() if v is not None}  # look again where it failed
 
     def find(self, name: str):
         if name in self.specs:
@@ -184,6 +210,8 @@ class Resolver:
                 spec = None
             if spec is not None:
                 break
+        if spec is None and not parent and self.extra_path:
+            spec = importlib.machinery.PathFinder.find_spec(name, self.extra_path)
         self.specs[name] = spec
         return spec
 
@@ -256,6 +284,9 @@ class _Walk:
                 continue
             spec = self.r.find(mod)
             origin = getattr(spec, "origin", None) if spec else None
+            if i == 1 and mod in PATH_EXTENDERS and spec is not None and spec.submodule_search_locations:
+                self.r.extend_path([os.path.join(loc, d) for loc in spec.submodule_search_locations
+                                    for d in PATH_EXTENDERS[mod]])
             self.c.modules[mod] = origin
             if by:
                 self.c.via[mod] = by
