@@ -231,7 +231,7 @@ def recorded_cann_env(env: dict) -> dict | None:
 
 def apply_cann_env(env: dict) -> tuple[dict, list[str], list[str]]:
     """Step 2: the CANN environment, from the build's record or by sourcing the scripts (returns env, the
-    record or scripts used, the names changed). None with TRAINBOX_DEVICE=cpu: the command runs as in a CPU
+    record or scripts used, the names changed). Nothing with TRAINBOX_DEVICE=cpu: the command runs as in a CPU
     image, and torch_npu is hidden from it anyway (trainbox.runtime.cpu_mode)."""
     if env.get("TRAINBOX_DEVICE", "").strip().lower() == "cpu":
         return env, [], []
