@@ -30,6 +30,7 @@ from typing import Any, Iterable
 
 from .dists import is_dist_of, sha256_file, wheel_tags
 from .runtime.errors import TrainboxError
+from .gitobjects import ObjectError, tree_of, verify_tree
 from .index import project_files, ssl_context
 from .paths import CACHE_DIR
 
@@ -316,21 +317,18 @@ def _fetched_commit(pin: Any, repo: Path, proc: subprocess.CompletedProcess, wha
 def tree_id(fetched: Fetched) -> str:
     """git's tree hash of the fetched commit: names the exact file contents, recorded in the manifest. Read from
     the commit object after re-hashing it (replace refs and grafts ignored): it is the pinned commit's own tree."""
-    from .gitobjects import ObjectError, tree_of
-
     try:
         return tree_of(fetched.path, fetched.commit)
     except ObjectError as exc:
         raise SourceError(f"{fetched.pin.key} ({fetched.pin.git}@{fetched.commit}): {exc}") from None
 
 
-def verified_tree_id(fetched: Fetched) -> str:
+def verified_tree_id(fetched: Fetched, dest: Path | None = None) -> str:
     """The tree id, after checking every object under the commit against its name (the cache re-verified on use:
-    a rewritten object or a replace ref in the cached repository is refused, never reported fine)."""
-    from .gitobjects import ObjectError, verify_tree
-
+    a rewritten object or a replace ref in the cached repository is refused, never reported fine). With `dest`,
+    the tree is also written there from those checked objects."""
     try:
-        return verify_tree(fetched.path, fetched.commit)
+        return verify_tree(fetched.path, fetched.commit, dest)
     except ObjectError as exc:
         raise SourceError(f"{fetched.pin.key} ({fetched.pin.git}@{fetched.commit}): {exc}; remove {fetched.path} "
                           "and fetch again") from None
@@ -386,7 +384,9 @@ def unpack(fetched: Fetched, dest: Path) -> Path:
     part.mkdir()
     try:
         if fetched.commit:
-            _unpack_commit(fetched, part)
+            # the pinned commit's tree, written from objects each checked against its name: a replace ref, a
+            # graft or a rewritten object in the repository is refused, never staged
+            verified_tree_id(fetched, part)
         elif fetched.filename.endswith((".whl", ".zip")):
             with zipfile.ZipFile(fetched.path) as zf:
                 _safe_members(zf.namelist(), fetched.filename)
@@ -406,16 +406,6 @@ def unpack(fetched: Fetched, dest: Path) -> Path:
     return dest
 
 
-def _unpack_commit(fetched: Fetched, dest: Path) -> None:
-    """The pinned commit's tree, written from objects each checked against its name (trainbox.gitobjects):
-    a replace ref, a graft or a rewritten object in the repository is refused, never staged."""
-    from .gitobjects import ObjectError, verify_tree
-
-    try:
-        verify_tree(fetched.path, fetched.commit, dest)
-    except ObjectError as exc:
-        raise SourceError(f"{fetched.pin.key} ({fetched.pin.git}@{fetched.commit}): {exc}; remove {fetched.path} "
-                          "and fetch again") from None
 
 
 def _extract_tar(tar: tarfile.TarFile, dest: Path, archive: str) -> None:
