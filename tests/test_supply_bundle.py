@@ -17,14 +17,12 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import zlib
 from pathlib import Path
 
 import pytest
 
-from trainbox.gitobjects import clean_env
 from trainbox.paths import REPO_ROOT
-from upstream_helpers import MINDSPEED, git_env, make_mirrors, stack_file
+from upstream_helpers import MINDSPEED, git, git_env, make_mirrors, rewrite_blob, stack_file
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 WHEELS = Path("/opt/wheels")  # the torch +cpu wheel: its index is unreachable here
@@ -112,11 +110,6 @@ def mindspeed_repo(root: Path) -> Path:
     return next((root / "sources" / "git").glob("MindSpeed-*.git"))
 
 
-def git(repo: Path, *args: str, input: bytes | None = None) -> str:
-    return subprocess.run(["git", "--git-dir", str(repo), *args], input=input, capture_output=True, check=True,
-                          env=clean_env()).stdout.decode().strip()
-
-
 # ------------------------------------------------------------------------------------------------ tampers
 
 def test_the_good_bundle_opens(bundle, tmp_path):
@@ -169,16 +162,8 @@ def test_a_rewritten_git_object_is_refused_even_with_matching_sums(bundle, tmp_p
     stack, good, env = bundle
     root = unpacked(good, tmp_path / "u")
     repo = mindspeed_repo(root)
-    for pack in list((repo / "objects" / "pack").glob("*.pack")):
-        data = pack.read_bytes()
-        for p in pack.parent.glob(pack.stem + ".*"):
-            p.unlink()
-        git(repo, "unpack-objects", "-q", input=data)
-    blob = git(repo, "rev-parse", f"{MINDSPEED[2]}:mindspeed/__init__.py")
-    loose = repo / "objects" / blob[:2] / blob[2:]
     evil = b"import os; os.system('touch /tmp/pwned')\n"
-    loose.chmod(0o644)
-    loose.write_bytes(zlib.compress(b"blob %d\0" % len(evil) + evil))
+    blob = rewrite_blob(repo, MINDSPEED[2], "mindspeed/__init__.py", evil)
     assert git(repo, "cat-file", "-p", blob).encode() == evil.strip()  # what git archive would have staged
     err = refused(repack(root, tmp_path / "bad.tar"), stack, env, tmp_path)
     assert f"object {blob} does not hash to its name" in err and "component mindspeed" in err

@@ -14,17 +14,15 @@ import os
 import signal
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import pytest
 
 from trainbox.fetch import fetch_sources, stage
-from trainbox.gitobjects import clean_env
 from trainbox.paths import REPO_ROOT
 from trainbox.sources import SourceError, git_cache_repo
 from trainbox.stack import load_stack
-from upstream_helpers import MEGATRON, MINDSPEED, git_env, make_mirrors, stack_file
+from upstream_helpers import MEGATRON, MINDSPEED, git, git_env, make_mirrors, rewrite_blob, stack_file
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +33,6 @@ def mirrors(tmp_path_factory):
 def fetch_cli(args, env):
     return subprocess.run([sys.executable, "-m", "trainbox.cli", "fetch", *args], capture_output=True, text=True,
                           timeout=300, cwd=REPO_ROOT, env=dict(env, PYTHONPATH=str(REPO_ROOT / "python")))
-
-
-def git(repo: Path, *args: str, input: bytes | None = None) -> str:
-    return subprocess.run(["git", "--git-dir", str(repo), *args], input=input, capture_output=True, check=True,
-                          env=clean_env()).stdout.decode().strip()
 
 
 @pytest.fixture
@@ -88,16 +81,7 @@ def test_a_replace_ref_in_the_cache_is_ignored_on_use(cached, tmp_path, monkeypa
 
 def test_a_rewritten_object_in_the_cache_is_refused_on_use(cached, tmp_path, monkeypatch):
     env, stack, repo = cached
-    for pack in list((repo / "objects" / "pack").glob("*.pack")):
-        data = pack.read_bytes()
-        for p in pack.parent.glob(pack.stem + ".*"):
-            p.unlink()
-        git(repo, "unpack-objects", "-q", input=data)
-    blob = git(repo, "rev-parse", f"{MINDSPEED[2]}:setup.py")
-    loose = repo / "objects" / blob[:2] / blob[2:]
-    loose.chmod(0o644)
-    evil = b"raise SystemExit('rewritten')\n"
-    loose.write_bytes(zlib.compress(b"blob %d\0" % len(evil) + evil))
+    blob = rewrite_blob(repo, MINDSPEED[2], "setup.py", b"raise SystemExit('rewritten')\n")
     _refused(env, stack, f"object {blob} does not hash to its name", tmp_path, monkeypatch)
 
 

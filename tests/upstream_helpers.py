@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
 
+from trainbox.gitobjects import clean_env
 from trainbox.paths import REPO_ROOT, STACKS_DIR
 
 DATA = Path(__file__).parent / "data"
@@ -90,3 +92,24 @@ def stack_file(tmp_path: Path, edit=None) -> Path:
     p.write_text(yaml.safe_dump(data))
     p.with_suffix(".lock").write_bytes((STACKS_DIR / "cpu.lock").read_bytes())  # the pins it inherits
     return p
+
+
+def git(repo: Path, *args: str, input: bytes | None = None) -> str:
+    """git on a bare repository with replace refs and grafts ignored (what trainbox's object checks see)."""
+    return subprocess.run(["git", "--git-dir", str(repo), *args], input=input, capture_output=True, check=True,
+                          env=clean_env()).stdout.decode().strip()
+
+
+def rewrite_blob(repo: Path, commit: str, path: str, content: bytes) -> str:
+    """A forger's edit: the packs exploded into loose objects, then the blob of `path` at `commit` rewritten in
+    place under its old name (so it no longer hashes to it); returns the blob's id."""
+    for pack in list((repo / "objects" / "pack").glob("*.pack")):
+        data = pack.read_bytes()
+        for p in pack.parent.glob(pack.stem + ".*"):
+            p.unlink()
+        git(repo, "unpack-objects", "-q", input=data)
+    blob = git(repo, "rev-parse", f"{commit}:{path}")
+    loose = repo / "objects" / blob[:2] / blob[2:]
+    loose.chmod(0o644)
+    loose.write_bytes(zlib.compress(b"blob %d\0" % len(content) + content))
+    return blob
