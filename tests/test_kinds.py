@@ -104,16 +104,86 @@ def test_git_build_runs_its_commands_in_the_builder_and_names_its_toolkits(tmp_p
             "'output/*.whl' --needs cann-toolkit") in r.dockerfile
 
 
-def test_on_a_substitute_base_a_component_that_needs_a_toolkit_is_left_out_and_named(tmp_path):
+# Transformer Engine's PyTorch binding: PyPI has only its sdist, a CUDA extension built against the venv's torch
+TE_SDIST = (f"{{source: pypi, name: transformer-engine-torch, version: 2.9.0, sha256: [{SHA}], "
+            "needs: [cuda-toolkit], build_isolation: false}")
+
+
+def _run_of(dockerfile: str, component: str) -> str:
+    """The one RUN instruction that installs `component` through install_source."""
+    runs = [r for r in dockerfile.split("\nRUN ") if f"--component {component} " in r]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_a_pypi_sdist_that_needs_a_toolkit_is_built_in_its_own_step_after_the_pins(tmp_path):
+    r = rendered(tmp_path, TE_SDIST)
+    assert "transformer-engine-torch" not in r.requirements  # not in the pip pass that installs torch itself
+    run = _run_of(r.dockerfile, "extra")
+    assert (f"--mode sdist --version 2.9.0 --sha256 {SHA} --needs cuda-toolkit --no-build-isolation") in run
+    assert "id=pip_index_url" not in run  # its setup.py runs without the index credentials (no secret mount)
+    assert r.dockerfile.index("-r /tmp/trainbox/requirements.txt") < r.dockerfile.index("--component extra")
+    entry = r.manifest["components"]["extra"]
+    assert entry["install"] == "sdist" and entry["needs"] == ["cuda-toolkit"]
+    assert entry["build_flags"] == ["--no-build-isolation"] and r.manifest["left_out"] == {}
+
+
+@pytest.mark.parametrize("component, toolkit", [(KERNELS, "cann-toolkit"), (TE_SDIST, "cuda-toolkit")])
+def test_on_a_substitute_base_a_component_that_needs_a_toolkit_is_left_out_and_named(tmp_path, component, toolkit):
     from trainbox.buildplan import render_for
     from trainbox.image import Base
 
-    stack = load_stack(stack_with(tmp_path, KERNELS))
+    stack = load_stack(stack_with(tmp_path, component))
     r = render_for(stack, Base(requested=stack.base.image, used="local/debian:bookworm",
                                substituted="local/debian:bookworm"))
     assert "extra" not in r.manifest["components"] and "--component extra" not in r.dockerfile
     assert r.manifest["left_out"] == {
-        "extra": "needs cann-toolkit, which the substitute base local/debian:bookworm does not have"}
+        "extra": f"needs {toolkit}, which the substitute base local/debian:bookworm does not have"}
+    assert "extra" not in r.requirements
+
+
+def test_the_cuda_stack_builds_transformer_engines_pytorch_binding_and_a_substitute_leaves_it_out():
+    from trainbox.buildplan import render_for
+    from trainbox.image import Base
+
+    stack = load_stack("cuda")
+    run = _run_of(render_stack(stack).dockerfile, "transformer-engine-torch")
+    assert "--mode sdist --version 2.9.0 --sha256 " in run and "--needs cuda-toolkit --no-build-isolation" in run
+    sub = render_for(stack, Base(requested=stack.base.image, used="local/debian:bookworm",
+                                 substituted="local/debian:bookworm"))
+    assert "transformer-engine-torch" in sub.manifest["left_out"]
+    assert "--component transformer-engine-torch" not in sub.dockerfile
+
+
+def _sdist_source(tmp_path: Path, content: bytes = b"not really an sdist") -> tuple[Path, str]:
+    import hashlib
+
+    staged = tmp_path / "sources" / "te"
+    staged.mkdir(parents=True)
+    (staged / "transformer_engine_torch-2.9.0.tar.gz").write_bytes(content)
+    return tmp_path / "sources", hashlib.sha256(content).hexdigest()
+
+
+@pytest.mark.parametrize("wrong_hash, expected", [
+    (True, "trainbox-install-source: error: te: transformer_engine_torch-2.9.0.tar.gz has sha256 "),
+    (False, "trainbox-install-source: error: te: needs cann-toolkit (no $ASCEND_TOOLKIT_HOME"),
+])
+def test_install_source_checks_the_staged_sdist_and_the_toolkit_before_building(tmp_path, wrong_hash, expected):
+    """The builder's side of `--mode sdist`: a staged sdist that is not the pinned one, or a builder without the
+    toolkit it needs, fails with one line before pip runs. (The toolkit asked for is CANN's: this host has no
+    CANN, while it may have nvcc.)"""
+    import os
+    import subprocess
+    import sys
+
+    sources, sha = _sdist_source(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "ASCEND_TOOLKIT_HOME"}
+    proc = subprocess.run([sys.executable, "-m", "trainbox.runtime.install_source", "--component", "te",
+                           "--mode", "sdist", "--version", "2.9.0", "--sha256", SHA if wrong_hash else sha,
+                           "--needs", "cann-toolkit", "--no-build-isolation", "--sources-dir", str(sources)],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(expected), proc.stderr
 
 
 @pytest.mark.parametrize("component, expected", [
@@ -127,8 +197,10 @@ def test_on_a_substitute_base_a_component_that_needs_a_toolkit_is_left_out_and_n
      "wheels: /abs/*.whl}", r"components.extra: wheels '/abs/\*.whl' must be a glob relative to the tree"),
     (f"{{source: git, git: 'https://x.invalid/x.git', commit: {COMMIT}, install: build, build: [make], "
      "needs: [rocm]}", r"components.extra.needs.0"),
-    (f"{{source: pypi, version: '1.0', sha256: [{SHA}], needs: [cann-toolkit]}}",
-     r"components.extra: `needs` does not belong to a pypi component"),
+    (f"{{source: pypi, version: '1.0', sha256: [{SHA}], build_isolation: false}}",
+     r"components.extra: build_isolation: false is for a pypi component compiled in the build"),
+    (f"{{source: pypi, version: '1.0', sha256: [{SHA}], needs: [cuda-toolkit], extras: [pytorch]}}",
+     r"components.extra: a pypi component with `needs:` is built from its sdist --no-deps"),
 ])
 def test_build_keys_are_refused_where_they_cannot_apply(tmp_path, component, expected):
     with pytest.raises(TrainboxError, match=r"kind-test.yaml: " + expected):

@@ -5,7 +5,9 @@ it adds to the build's hash-checked requirements, its entry in the image manifes
 No other module branches on `source:`; they ask the component's kind (`KINDS[c.source]`). A kind added here
 is a new `source:` value everywhere at once; a value with no kind is refused at validation.
 
-    pypi  name==version from an index, hash-checked (the lock records the hashes per platform)
+    pypi  name==version from an index, hash-checked (the lock records the hashes per platform); with `needs:`
+          an sdist compiled against a toolkit of the base in its own step, after the pins it builds against
+          (`build_isolation: false`: against the venv's torch), left out on a substitute base
     url   one file by URL and sha256: a wheel (installed from its URL, hash-checked) or an archive of wheels
           (.tar.gz/.tgz/.zip: fetched on the host, verified, its wheels installed --no-deps)
     git   a repository at a full 40-hex commit: a wheel built from the tree (`install: pip`), the tree itself
@@ -73,6 +75,10 @@ class Kind:
         """Distribution packages the builder stage needs to install this component."""
         return []
 
+    def compiled(self, c: Any) -> bool:
+        """Whether the build runs the component's own build code (no index credentials reach it)."""
+        return False
+
     def pin_warnings(self, c: Any, stack: Any) -> list[str]:
         """What `trainbox stack check` should say about a pin that validates but is not fully pinned."""
         return []
@@ -97,7 +103,7 @@ class Kind:
 class PypiKind(Kind):
     name = "pypi"
     from_index = True
-    foreign = ("git", "commit", "url", "subdir", "build", "wheels", "needs")
+    foreign = ("git", "commit", "url", "subdir", "build", "wheels")
 
     def validate(self, c: Any) -> None:
         super().validate(c)
@@ -107,11 +113,43 @@ class PypiKind(Kind):
             raise ValueError(f"version {c.version!r} must be one exact version, not a range")
         if c.install not in (True, False, "pip"):
             raise ValueError(f"install: {c.install!r} is for git components; a pypi component takes true or false")
+        if not c.build_isolation and not c.needs:
+            raise ValueError("build_isolation: false is for a pypi component compiled in the build (`needs:`); "
+                             "a pinned wheel is not built")
+        if c.needs and c.extras:
+            raise ValueError("a pypi component with `needs:` is built from its sdist --no-deps: pin what an extra "
+                             "would add as components of its own")
+
+    def compiled(self, c: Any) -> bool:
+        """Built from its sdist against a toolkit of the base (a CUDA extension), not installed from a wheel."""
+        return bool(c.needs)
 
     def pinned_ref(self, c: Any) -> str:
         return f"{c.dist_name}=={c.version}"
 
+    def _sdist_hashes(self, c: Any) -> list[str]:
+        """The sdist's hashes: the stack file's and the lock's (one file serves every platform)."""
+        return sorted({*c.sha256, *(h for hs in getattr(c, "locked", {}).values() for h in hs)})
+
+    def install_args(self, c: Any) -> list[str]:
+        if not self.compiled(c):
+            return []
+        shas = self._sdist_hashes(c)
+        if not shas:
+            raise TrainboxError(f"components.{c.key}: no sha256 for its sdist; run `trainbox stack lock` (the "
+                                "sdist is staged and checked against it before it is built)")
+        args = ["--mode", "sdist", "--version", c.version]
+        for h in shas:
+            args += ["--sha256", h]
+        for name in c.needs:
+            args += ["--needs", name]
+        if not c.build_isolation:
+            args.append("--no-build-isolation")
+        return args
+
     def requirement_lines(self, c: Any, stack: Any) -> list[str]:
+        if self.compiled(c):
+            return []  # built in its own step (install_source --mode sdist), once what it compiles against is in
         groups: dict[tuple, list[str]] = {}
         for plat in stack.platforms:
             pin = c.pin_for(plat)
@@ -133,6 +171,9 @@ class PypiKind(Kind):
         variants = {p: pin.version for p, pin in pins.items() if pin.version != c.version}
         if variants:
             entry["platform_versions"] = variants
+        if self.compiled(c):
+            entry.update(install="sdist", needs=list(c.needs),
+                         build_flags=[] if c.build_isolation else ["--no-build-isolation"])
         return entry
 
     def ref_problem(self, ref: str, pin: Any) -> str | None:
@@ -287,6 +328,9 @@ class GitKind(Kind):
         if c.patches:
             args += ["--patches", f"/tmp/trainbox/patches/{c.patches}"]
         return args
+
+    def compiled(self, c: Any) -> bool:
+        return c.install == "build"
 
     def builder_packages(self, c: Any) -> list[str]:
         # a plain `docker build` without staged trees fetches the commit with git in the builder

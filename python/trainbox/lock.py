@@ -60,7 +60,8 @@ def _pip_resolve(stack: Stack, platform: str, wheelhouse: Path | None, skip: set
     """The closure pip would install for the stack's pypi pins on one platform: {name: {version, sha256}}."""
     reqs = []
     for c in stack.installed_components.values():
-        if not c.kind.from_index:
+        # an sdist compiled against the base's toolkit has no wheel for pip to read: its requirements are pins
+        if not c.kind.from_index or c.kind.compiled(c):
             continue
         pin = c.pin_for(platform)
         extras = f"[{','.join(c.extras)}]" if c.extras else ""

@@ -234,7 +234,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2") -> RenderedStack
             dep_names=names,
             patched=patched,
             sourced=sourced,
-            compiled=sorted(k for k, c in stack.installed_components.items() if c.install == "build"),
+            compiled=sorted(k for k, c in stack.installed_components.items() if c.kind.compiled(c)),
             system_pkgs=system_pkgs,
             build_pkgs=build_pkgs,
             # a builder stage only where build-only work happens: otherwise the venv is made in the final stage

@@ -13,6 +13,8 @@ HEAD is checked against the pin.
                     install it --no-deps and record the commit in its direct_url.json (PEP 610)
     --mode tree     apply the series, put the tree (no .git) at /opt/src/<component>, add it to sys.path (.pth)
     --mode archive  check the staged archive's sha256, install the wheels it holds --no-deps
+    --mode sdist    check the staged sdist against one of --sha256 and the toolkits it --needs, build and install it
+                    --no-deps (--no-build-isolation: against the venv's own torch, as CUDA extensions build)
     --mode build    apply the series, check the toolkits it --needs are in the builder, run each --build command
                     (bash, in the tree, the venv first on PATH), install the wheels matching --wheels --no-deps
 """
@@ -184,14 +186,34 @@ def _install_tree(args: argparse.Namespace, tree: Path, applied: list[dict]) -> 
     print(f"{args.component}: {args.git}@{args.commit} at {path} (on sys.path)")
 
 
-def _install_archive(args: argparse.Namespace, tmp: Path) -> None:
+def _staged_file(args: argparse.Namespace, what: str) -> tuple[Path, str]:
+    """The one file the host staged for this component, checked against the pinned sha256(s)."""
     staged = args.sources_dir / args.component
     files = [p for p in staged.iterdir() if p.name != MARKER] if staged.is_dir() else []
     if len(files) != 1:
-        raise SourceFailed(f"no staged archive in {staged}; build with `trainbox image build` (it fetches it)")
+        raise SourceFailed(f"no staged {what} in {staged}; build with `trainbox image build` (it fetches it)")
     got = hashlib.sha256(files[0].read_bytes()).hexdigest()
-    if got != args.sha256:
-        raise SourceFailed(f"{files[0].name} has sha256 {got}, the pin says {args.sha256}")
+    if got not in args.sha256:
+        raise SourceFailed(f"{files[0].name} has sha256 {got}, the pin says {', '.join(args.sha256)}")
+    return files[0], got
+
+
+def _install_sdist(args: argparse.Namespace) -> None:
+    """An sdist that compiles against the base's toolkit (Transformer Engine's PyTorch binding and nvcc)."""
+    sdist, got = _staged_file(args, "sdist")
+    missing = _missing_toolkits(args.needs)
+    if missing:
+        raise SourceFailed(f"needs {', '.join(missing)} in the builder; build it FROM a base that has the toolkit "
+                           "(a substitute base leaves it out, and the manifest says so)")
+    flags = [] if args.build_isolation else ["--no-build-isolation"]
+    _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
+          *flags, str(sdist)], f"building and installing {sdist.name}")
+    print(f"{args.component}: built and installed {sdist.name} (sha256 {got[:12]})")
+
+
+def _install_archive(args: argparse.Namespace, tmp: Path) -> None:
+    archive, got = _staged_file(args, "archive")
+    files = [archive]
     unpacked = tmp / "archive"
     if files[0].name.endswith(".zip"):
         with zipfile.ZipFile(files[0]) as zf:
@@ -224,10 +246,10 @@ def _plain_members(tar: tarfile.TarFile, archive: str) -> list[tarfile.TarInfo]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--component", required=True)
-    ap.add_argument("--mode", choices=("pip", "tree", "archive", "build"), required=True)
+    ap.add_argument("--mode", choices=("pip", "tree", "archive", "build", "sdist"), required=True)
     ap.add_argument("--git")
     ap.add_argument("--commit")
-    ap.add_argument("--sha256")
+    ap.add_argument("--sha256", action="append", default=[], help="archive, sdist: a pinned sha256 of the file")
     ap.add_argument("--subdir")
     ap.add_argument("--version")
     ap.add_argument("--patches", type=Path, help="series directory to apply before building")
@@ -235,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build", action="append", default=[], metavar="CMD", help="--mode build: a build command")
     ap.add_argument("--wheels", default="dist/*.whl", help="--mode build: the wheels it leaves (glob in the tree)")
     ap.add_argument("--needs", action="append", default=[], choices=sorted(TOOLKITS),
-                    help="--mode build: a toolkit the builder must have")
+                    help="--mode build, sdist: a toolkit the builder must have")
     ap.add_argument("--sources-dir", type=Path, default=Path("/tmp/trainbox/sources"))
     ap.add_argument("--tree-root", type=Path, default=Path("/opt/src"))
     args = ap.parse_args(argv)
@@ -243,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.mode == "archive":
             _install_archive(args, tmp)
+            return 0
+        if args.mode == "sdist":
+            _install_sdist(args)
             return 0
         tree = _tree(args, tmp / "tree")
         applied = _patch(args, tree)
