@@ -261,12 +261,13 @@ def test_shell_word_array_must_be_whole():
 def test_gpu_recipes_extend_their_npu_counterparts():
     """`extends:` merges mappings key by key (KEY: null drops one) and replaces everything else."""
     gpu, npu_ = load_recipe("specforge-domino-qwen35-4b-gpu"), load_recipe("specforge-domino-qwen35-4b-npu")
-    assert gpu.stack == "cuda" and gpu.command == npu_.command and gpu.workdir == npu_.workdir
+    assert gpu.stack == "specforge-cuda" and gpu.command == npu_.command and gpu.workdir == npu_.workdir
+    assert gpu.code == npu_.code  # the image's SpecForge tree, as on NPU
     assert gpu.inputs["ATTENTION_BACKEND"].default == "flex_attention"
     assert "PYTORCH_NPU_ALLOC_CONF" not in gpu.env and gpu.env["PYTHONPATH"] == npu_.env["PYTHONPATH"]
     swift = load_recipe("swift-megatron-qwen35-8gpu")
     assert swift.layout()["TP"] == 2 and "USE_MCORE_GDN" not in swift.env
-    assert swift.inputs["MEGATRON_LM_PATH"].mount == "ro" and "megatron-core" in swift.inputs["MEGATRON_LM_PATH"].description
+    assert swift.stack == "swift-cuda" and "MEGATRON_LM_PATH" not in swift.inputs  # the stack bakes the tree's path
     relax = load_recipe("relax-qwen3-4b-4gpu-colocate")
     assert [p.name for p in relax.preflight] == [p.name for p in load_recipe("relax-qwen3-4b-4npu-colocate").preflight]
     assert not any(k.startswith(("HCCL_", "PYTORCH_NPU")) for k in relax.env)
