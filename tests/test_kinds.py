@@ -266,3 +266,51 @@ def test_install_source_build_runs_the_commands_with_the_venv_first_and_installs
                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert check.stdout.strip() == "True"
     assert not (tree / "output").exists()  # built in a copy: the staged tree stays as fetched
+
+
+@pytest.mark.slow
+def test_install_source_sdist_builds_the_staged_sdist_against_the_venv_without_isolation(tmp_path):
+    """--mode sdist in a throwaway venv (the builder's /opt/venv stands here): the staged, hash-checked sdist is
+    built --no-build-isolation, so its setup.py sees what the venv holds (as transformer_engine_torch sees torch),
+    and installed; a stand-in toolkit home satisfies `--needs cann-toolkit` (this host has no CANN)."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+    import tarfile
+
+    venv = tmp_path / "venv"
+    # no ensurepip (its setuptools 65 has no bdist_wheel): pip and setuptools from the host's site, as the image's
+    # venv has pip and the stack's setuptools pin
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    src = tmp_path / "ext-1.0"
+    (src / "ext").mkdir(parents=True)
+    (src / "ext" / "__init__.py").write_text("")
+    # what a --no-build-isolation build can see: the venv's own packages (here: a marker only the venv has)
+    (src / "setup.py").write_text(
+        "import marker_only_in_the_venv, setuptools\n"
+        "setuptools.setup(name='ext', version='1.0', packages=['ext'])\n")
+    (src / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: ext\nVersion: 1.0\n")
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "marker_only_in_the_venv.py").write_text("")
+    staged = tmp_path / "sources" / "ext"
+    staged.mkdir(parents=True)
+    sdist = staged / "ext-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(src, arcname="ext-1.0")
+    sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    toolkit = tmp_path / "stand-in-ascend-toolkit"
+    toolkit.mkdir()
+    env = dict(os.environ, ASCEND_TOOLKIT_HOME=str(toolkit), PIP_NO_INDEX="1",
+               PYTHONPATH=str(Path(__file__).resolve().parents[1] / "python"))
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "trainbox.runtime.install_source", "--component",
+                           "ext", "--mode", "sdist", "--version", "1.0", "--sha256", "0" * 64, "--sha256", sha,
+                           "--needs", "cann-toolkit", "--no-build-isolation", "--sources-dir", str(tmp_path / "sources")],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert f"ext: built and installed ext-1.0.tar.gz (sha256 {sha[:12]})" in proc.stdout
+    check = subprocess.run([str(venv / "bin" / "python"), "-c", "import ext, importlib.metadata as m; print(m.version('ext'))"],
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert check.stdout.strip() == "1.0"
