@@ -120,7 +120,8 @@ def test_a_pypi_sdist_that_needs_a_toolkit_is_built_in_its_own_step_after_the_pi
     r = rendered(tmp_path, TE_SDIST)
     assert "transformer-engine-torch" not in r.requirements  # not in the pip pass that installs torch itself
     run = _run_of(r.dockerfile, "extra")
-    assert (f"--mode sdist --version 2.9.0 --sha256 {SHA} --needs cuda-toolkit --no-build-isolation") in run
+    assert (f"--mode sdist --dist transformer-engine-torch --version 2.9.0 --sha256 {SHA} --needs cuda-toolkit "
+            "--no-build-isolation") in run
     assert "id=pip_index_url" not in run  # its setup.py runs without the index credentials (no secret mount)
     assert r.dockerfile.index("-r /tmp/trainbox/requirements.txt") < r.dockerfile.index("--component extra")
     entry = r.manifest["components"]["extra"]
@@ -148,7 +149,8 @@ def test_the_cuda_stack_builds_transformer_engines_pytorch_binding_and_a_substit
 
     stack = load_stack("cuda")
     run = _run_of(render_stack(stack).dockerfile, "transformer-engine-torch")
-    assert "--mode sdist --version 2.9.0 --sha256 " in run and "--needs cuda-toolkit --no-build-isolation" in run
+    assert "--mode sdist --dist transformer-engine-torch --version 2.9.0 --sha256 " in run
+    assert "--needs cuda-toolkit --no-build-isolation" in run
     sub = render_for(stack, Base(requested=stack.base.image, used="local/debian:bookworm",
                                  substituted="local/debian:bookworm"))
     assert "transformer-engine-torch" in sub.manifest["left_out"]
@@ -269,10 +271,12 @@ def test_install_source_build_runs_the_commands_with_the_venv_first_and_installs
 
 
 @pytest.mark.slow
-def test_install_source_sdist_builds_the_staged_sdist_against_the_venv_without_isolation(tmp_path):
-    """--mode sdist in a throwaway venv (the builder's /opt/venv stands here): the staged, hash-checked sdist is
-    built --no-build-isolation, so its setup.py sees what the venv holds (as transformer_engine_torch sees torch),
-    and installed; a stand-in toolkit home satisfies `--needs cann-toolkit` (this host has no CANN)."""
+@pytest.mark.parametrize("staged", [True, False])
+def test_install_source_sdist_builds_the_staged_sdist_against_the_venv_without_isolation(tmp_path, staged):
+    """--mode sdist in a throwaway venv (the builder's /opt/venv stands here): the staged (or, in a plain
+    `docker build` with nothing staged, downloaded) sdist is hash-checked, built --no-build-isolation, so its
+    setup.py sees what the venv holds (as transformer_engine_torch sees torch), and installed; a stand-in toolkit
+    home satisfies `--needs cann-toolkit` (this host has no CANN)."""
     import hashlib
     import os
     import subprocess
@@ -305,8 +309,22 @@ def test_install_source_sdist_builds_the_staged_sdist_against_the_venv_without_i
     toolkit.mkdir()
     env = dict(os.environ, ASCEND_TOOLKIT_HOME=str(toolkit), PIP_NO_INDEX="1",
                PYTHONPATH=str(Path(__file__).resolve().parents[1] / "python"))
+    if not staged:  # what pip finds: the same file, from a find-links directory standing in for the index
+        links = tmp_path / "links"
+        links.mkdir()
+        sdist.rename(links / sdist.name)
+        staged_dir = sdist.parent
+        staged_dir.rmdir()
+        env.update(PIP_FIND_LINKS=str(links), PIP_CONFIG_FILE=os.devnull)
+        wrong = subprocess.run([str(venv / "bin" / "python"), "-m", "trainbox.runtime.install_source", "--component",
+                                "ext", "--mode", "sdist", "--dist", "ext", "--version", "1.0", "--sha256", "0" * 64,
+                                "--needs", "cann-toolkit", "--no-build-isolation",
+                                "--sources-dir", str(tmp_path / "sources")],
+                               capture_output=True, text=True, env=env, timeout=600)
+        assert wrong.returncode == 1 and "ext-1.0.tar.gz has sha256 " in wrong.stderr  # checked before it builds
     proc = subprocess.run([str(venv / "bin" / "python"), "-m", "trainbox.runtime.install_source", "--component",
-                           "ext", "--mode", "sdist", "--version", "1.0", "--sha256", "0" * 64, "--sha256", sha,
+                           "ext", "--mode", "sdist", "--dist", "ext", "--version", "1.0", "--sha256", "0" * 64,
+                           "--sha256", sha,
                            "--needs", "cann-toolkit", "--no-build-isolation", "--sources-dir", str(tmp_path / "sources")],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr

@@ -138,7 +138,7 @@ class PypiKind(Kind):
         if not shas:
             raise TrainboxError(f"components.{c.key}: no sha256 for its sdist; run `trainbox stack lock` (the "
                                 "sdist is staged and checked against it before it is built)")
-        args = ["--mode", "sdist", "--version", c.version]
+        args = ["--mode", "sdist", "--dist", c.dist_name, "--version", c.version]
         for h in shas:
             args += ["--sha256", h]
         for name in c.needs:

@@ -13,8 +13,9 @@ HEAD is checked against the pin.
                     install it --no-deps and record the commit in its direct_url.json (PEP 610)
     --mode tree     apply the series, put the tree (no .git) at /opt/src/<component>, add it to sys.path (.pth)
     --mode archive  check the staged archive's sha256, install the wheels it holds --no-deps
-    --mode sdist    check the staged sdist against one of --sha256 and the toolkits it --needs, build and install it
-                    --no-deps (--no-build-isolation: against the venv's own torch, as CUDA extensions build)
+    --mode sdist    check the staged sdist (none staged: --dist==--version downloaded by pip) against one of --sha256
+                    and the toolkits it --needs, build and install it --no-deps (--no-build-isolation: against the
+                    venv's own torch, as CUDA extensions build)
     --mode build    apply the series, check the toolkits it --needs are in the builder, run each --build command
                     (bash, in the tree, the venv first on PATH), install the wheels matching --wheels --no-deps
 """
@@ -186,10 +187,13 @@ def _install_tree(args: argparse.Namespace, tree: Path, applied: list[dict]) -> 
     print(f"{args.component}: {args.git}@{args.commit} at {path} (on sys.path)")
 
 
-def _staged_file(args: argparse.Namespace, what: str) -> tuple[Path, str]:
-    """The one file the host staged for this component, checked against the pinned sha256(s)."""
+def _staged_file(args: argparse.Namespace, what: str, tmp: Path | None = None) -> tuple[Path, str]:
+    """The one file the host staged for this component (an sdist with nothing staged, in a plain `docker build`:
+    downloaded here, given `tmp`), checked against the pinned sha256(s) before anything uses it."""
     staged = args.sources_dir / args.component
     files = [p for p in staged.iterdir() if p.name != MARKER] if staged.is_dir() else []
+    if not files and tmp is not None and args.dist:
+        files = _download_sdist(args, tmp)
     if len(files) != 1:
         raise SourceFailed(f"no staged {what} in {staged}; build with `trainbox image build` (it fetches it)")
     got = hashlib.sha256(files[0].read_bytes()).hexdigest()
@@ -198,9 +202,19 @@ def _staged_file(args: argparse.Namespace, what: str) -> tuple[Path, str]:
     return files[0], got
 
 
-def _install_sdist(args: argparse.Namespace) -> None:
+def _download_sdist(args: argparse.Namespace, tmp: Path) -> list[Path]:
+    """name==version's sdist from the index pip is configured with (PIP_INDEX_URL / PIP_FIND_LINKS); hashed by
+    the caller. Its metadata is read against the venv (no build isolation), as the build will be."""
+    out = tmp / "sdist"
+    flags = [] if args.build_isolation else ["--no-build-isolation"]
+    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--disable-pip-version-check",
+          *flags, "-d", str(out), f"{args.dist}=={args.version}"], f"downloading {args.dist}=={args.version}")
+    return sorted(out.iterdir())
+
+
+def _install_sdist(args: argparse.Namespace, tmp: Path) -> None:
     """An sdist that compiles against the base's toolkit (Transformer Engine's PyTorch binding and nvcc)."""
-    sdist, got = _staged_file(args, "sdist")
+    sdist, got = _staged_file(args, "sdist", tmp)
     missing = _missing_toolkits(args.needs)
     if missing:
         raise SourceFailed(f"needs {', '.join(missing)} in the builder; build it FROM a base that has the toolkit "
@@ -252,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sha256", action="append", default=[], help="archive, sdist: a pinned sha256 of the file")
     ap.add_argument("--subdir")
     ap.add_argument("--version")
+    ap.add_argument("--dist", help="sdist: the distribution name (downloaded by pip when nothing is staged)")
     ap.add_argument("--patches", type=Path, help="series directory to apply before building")
     ap.add_argument("--no-build-isolation", dest="build_isolation", action="store_false")
     ap.add_argument("--build", action="append", default=[], metavar="CMD", help="--mode build: a build command")
@@ -267,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             _install_archive(args, tmp)
             return 0
         if args.mode == "sdist":
-            _install_sdist(args)
+            _install_sdist(args, tmp)
             return 0
         tree = _tree(args, tmp / "tree")
         applied = _patch(args, tree)
