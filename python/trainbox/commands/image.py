@@ -151,8 +151,7 @@ def _build(args: argparse.Namespace) -> int:
 def _apply_profile(args: argparse.Namespace) -> None:
     """`--profile FILE`: the profile's pins for the stack (under the command line's --set), its wheelhouse, and
     its base choice (substitute_base: auto, never or an image) decided as `trainbox smoke` decides it."""
-    from trainbox.base import Choice, own_or_substitute
-    from trainbox.runtime.errors import TrainboxError
+    from trainbox.base import profile_base
     from trainbox.smoke.profile import load_profile
     from trainbox.stack import load_stack
 
@@ -164,18 +163,11 @@ def _apply_profile(args: argparse.Namespace) -> None:
     mode = prof.get("substitute_base") or "auto"
     own, sub = stack.base.image, stack.base.substitute
     note = f"--profile {args.profile}: " + (", ".join(f"{k}={v}" for k, v in pins.items()) or "no pins")
-    if args.base or mode == "never" or stack.base.auto_substitute:
-        pass  # the command line's --base, the stack's own base, or a stack that substitutes by itself (cpu)
-    elif mode != "auto":
-        args.base = mode
-    elif sub:  # smoke's policy (trainbox.base.own_or_substitute): the substitute when the own base cannot be had
-        try:
-            choice = own_or_substitute(own, sub, may_substitute=True)
-        except TrainboxError as exc:  # no engine (a dry run): plan on the substitute, as the build would
-            choice = Choice(sub, sub, f"{own}: not probed ({exc})")
-        if choice.substituted:
-            args.base = sub
-            note += f"; base {sub}, the stack's base.substitute ({choice.why})"
+    if not args.base:  # the command line's --base wins
+        choice = profile_base(mode, own, sub, stack.base.auto_substitute)
+        args.base = choice.base
+        if choice.base:
+            note += f"; base {choice.base} ({choice.reason})"
     print(note, file=sys.stderr)
 
 
