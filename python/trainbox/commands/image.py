@@ -125,7 +125,9 @@ def _build(args: argparse.Namespace) -> int:
     import json
 
     from trainbox import image
+    from trainbox.findings import FindingsRefused
     from trainbox.stack import parse_sets
+
     if args.profile:
         _apply_profile(args)
     opts = image.BuildOptions(
@@ -136,12 +138,20 @@ def _build(args: argparse.Namespace) -> int:
         json=bool(args.json and args.dry_run),
         offline=args.offline, bundle=args.bundle,
     )
-    if not args.json or args.dry_run:
-        image.build(opts)  # a dry run prints its plan, as JSON with --json
-        return 0
-    # --json: stdout carries the one JSON document; what the build prints for people goes to stderr
-    with contextlib.redirect_stdout(sys.stderr):
-        outcome = image.build(opts)
+    try:
+        if not args.json or args.dry_run:
+            image.build(opts)  # a dry run prints its plan, as JSON with --json
+            return 0
+        # --json: stdout carries the one JSON document; what the build prints for people goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            outcome = image.build(opts)
+    except FindingsRefused as exc:
+        if not args.json:
+            raise
+        # the refusal as the one JSON document, its findings as `stack validate --json` gives them
+        emit_json({"ok": False, "dry_run": bool(args.dry_run), "refused": str(exc).splitlines()[0],
+                   "findings": [r.as_dict() for r in exc.reported]})
+        return 2
     report = json.loads(json.dumps(outcome.report, default=str))
     emit_json({**report, "dry_run": bool(args.dry_run), "command": list(outcome.argv or []),
                "report_file": str(outcome.report_path) if outcome.report_path else None})
