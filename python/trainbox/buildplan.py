@@ -244,8 +244,28 @@ def make_plan(stack, base: Base, inp: PlanInputs, client=None) -> BuildPlan:
         build_argv_prefix=client.build_argv if client else ["docker", "build"],
         build_env={"DOCKER_BUILDKIT": "1"} if mode == "buildkit" else {},
         client=client.describe() if client else "DOCKER_BUILDKIT=1 docker build (no client checked)",
-        fetch=fetch_plan(stack, inp.platform, inp.wheels, inp.wheelhouse), notes=notes, context=context,
+        fetch=fetch_plan(stack, inp.platform, inp.wheels, inp.wheelhouse) + source_plan(rendered.manifest),
+        notes=notes, context=context,
         findings=list(inp.findings))
+
+
+def source_plan(manifest: dict) -> list[dict]:
+    """Where the rest comes from, as the image's manifest records it: each git component's URL and commit (and
+    tree, once fetched), each archive's URL and sha256, and each patch series with the sha256 of every patch."""
+    out = []
+    for key, c in sorted(manifest["components"].items()):
+        if c.get("source") == "git":
+            tree = f", tree {c['tree']}" if c.get("tree") else ""
+            out.append({"key": key, "requirement": f"{c['name']} @ {c['commit'][:12]}",
+                        "from": f"git {c['git']} commit {c['commit']}{tree} ({c['install']})", "sha256": []})
+        elif c.get("source") == "url":
+            out.append({"key": key, "requirement": c["name"], "from": f"url {c['url']}", "sha256": c["sha256"]})
+    for key, patches in sorted(manifest.get("patches", {}).items()):
+        series = manifest["components"][key].get("patches", key)
+        out.append({"key": f"patches:{key}", "requirement": f"patches/{series} ({len(patches)} patches)",
+                    "from": "this checkout: " + ", ".join(f"{p['file']} sha256 {p['sha256'][:12]}" for p in patches),
+                    "sha256": [p["sha256"] for p in patches], "patches": patches})
+    return out
 
 
 def plan_dir(stack_name: str) -> Path:
