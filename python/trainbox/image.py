@@ -212,7 +212,8 @@ def _check_inputs(opts: BuildOptions):
     wheels = read_wheelhouse(opts.wheelhouse) if opts.wheelhouse else []
     if wheels and opts.check_wheelhouse:  # pins --set moved have no hash yet: matched by version here
         check_wheelhouse(wheels, pins_for(stack, plat), str(opts.wheelhouse))
-    inp = PlanInputs(platform=plat, findings=_findings(stack, plat), wheels=wheels, wheelhouse=opts.wheelhouse, ca_bundle=str(ca) if ca else None,
+    inp = PlanInputs(platform=plat, findings=_findings(stack, plat), wheels=wheels, wheelhouse=opts.wheelhouse,
+                     ca_bundle=str(ca) if ca else None,
                      pip_index_url=bool(opts.pip_index_url), tags=list(opts.tags), labels=dict(opts.labels),
                      tag_latest=opts.tag_latest, no_cache=opts.no_cache, cache_from=list(opts.cache_from),
                      cache_to=list(opts.cache_to), source_root=opts.source_root, offline=bool(opts.bundle))

@@ -16,8 +16,8 @@ def register(sub) -> None:
 
     ls = s.add_parser("list", help="the stacks: device, Python, base, CANN, parent, lock state",
                       description="One row per stack file: device, Python, parent (extends), CANN, chip, lock "
-                      "state (fresh, stale, none; inherited: the parent's lock, used for the pins a stack does not change) and "
-                      "base image.")
+                      "state (fresh, stale, none; inherited: the parent's lock, used for the pins a stack does not "
+                      "change) and base image.")
     exits(ls, "a stack file cannot be loaded")
     add_json(ls, "the stacks")
     ls.set_defaults(func=cmd_list)
@@ -52,8 +52,8 @@ def register(sub) -> None:
                       description="Query each pin's index (PEP 691) for its artifact hashes and resolve the "
                       "dependency closure with pip, per platform, and write build/stacks/NAME.lock. Stacks that "
                       "extend a locked one (`extends:`) are locked after it, since their pins moved with it "
-                      "(--no-dependants only names them). A stack with an error finding (`stack validate`) is not locked; "
-                      "the finding is said once, at the file that holds the pin.")
+                      "(--no-dependants only names them). A stack with an error finding (`stack validate`) is not "
+                      "locked; the finding is said once, at the file that holds the pin.")
     exits(lk, "a pin cannot be locked, a stack has an error finding (it is not locked), or with --check a lock "
           "would change")
     add_stacks(lk, default_all=False, help="stack names or files to lock (or --all)")
