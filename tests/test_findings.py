@@ -223,3 +223,17 @@ def test_mindspeed_megatron_relabel_is_caught_on_a_shipped_stack(tmp_path, capsy
     (d / "npu-910b-megatron.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     assert main(["stack", "validate", str(d / "npu-910b-megatron.yaml")]) == 1
     assert "[mindspeed-megatron] error" in capsys.readouterr().err
+
+
+def test_locking_a_parent_leaves_a_dependant_that_inherits_its_lock_without_one(tmp_path, capsys, monkeypatch):
+    from test_cli_stack import offline_lock
+
+    monkeypatch.setattr(lockmod, "lock_stack", offline_lock)
+    d = tmp_path / "stacks"
+    d.mkdir()
+    for ext in (".yaml", ".lock"):
+        shutil.copy(STACKS_DIR / f"cpu{ext}", d / f"cpu{ext}")
+    (d / "cpu-env.yaml").write_text(yaml.safe_dump({"name": "cpu-env", "extends": "cpu", "env": {"X": "1"}}))
+    assert main(["stack", "lock", str(d / "cpu.yaml"), "--json"]) == 0
+    assert [s["stack"] for s in json.loads(capsys.readouterr().out)["stacks"]] == ["cpu"]
+    assert not (d / "cpu-env.lock").exists() and load_stack(d / "cpu-env.yaml").lock_is_fresh()

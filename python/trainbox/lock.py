@@ -288,6 +288,8 @@ def lock_plan(names: list[str], dependants: bool = True) -> tuple[list[tuple[Sta
             if dep in targets or dep in extra:
                 continue
             child = load_stack(d / f"{dep}.yaml" if d else dep)
+            if child.lock_inherited and not child.own_changes:
+                continue  # no lock of its own and no pin of its own: it uses its parent's, relocked here
             if dependants:
                 extra[dep] = (child, f" (extends {child.extends}, locked with it)")
             elif dep not in {n for n, _ in named}:
