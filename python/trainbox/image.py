@@ -10,6 +10,7 @@ report). Each step that resolves more returns a new stack: the one loaded is onl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -211,11 +212,26 @@ def _check_inputs(opts: BuildOptions):
     wheels = read_wheelhouse(opts.wheelhouse) if opts.wheelhouse else []
     if wheels and opts.check_wheelhouse:  # pins --set moved have no hash yet: matched by version here
         check_wheelhouse(wheels, pins_for(stack, plat), str(opts.wheelhouse))
-    inp = PlanInputs(platform=plat, wheels=wheels, wheelhouse=opts.wheelhouse, ca_bundle=str(ca) if ca else None,
+    inp = PlanInputs(platform=plat, findings=_findings(stack, plat), wheels=wheels, wheelhouse=opts.wheelhouse,
+                     ca_bundle=str(ca) if ca else None,
                      pip_index_url=bool(opts.pip_index_url), tags=list(opts.tags), labels=dict(opts.labels),
                      tag_latest=opts.tag_latest, no_cache=opts.no_cache, cache_from=list(opts.cache_from),
                      cache_to=list(opts.cache_to), source_root=opts.source_root, offline=bool(opts.bundle))
     return stack, inp
+
+
+def _findings(stack, plat: str) -> list:
+    """The findings pass, as `stack validate` runs it, for the platform built: an error refuses the build (and its
+    dry run alike) before anything slow; the warnings become plan notes. The lock's state is never a refusal here:
+    pins --set moved get their hashes and closure before the build (trainbox.lock.lock_overrides), and without
+    --set a stale lock only leaves the dependency closure to the build's resolver, as the plan's fetch list says."""
+    from .findings import LOCK_RULES, Review, refuse_errors
+
+    found = [r for r in Review(skip=LOCK_RULES if stack.overrides else ()).stack(stack)
+             if not r.finding.platforms or plat in r.finding.platforms]
+    refuse_errors(f"image build {stack.name} ({plat})", [r for r in found if r.finding.rule not in LOCK_RULES])
+    # a stale lock is the lock's error (`stack validate` fails on it); for the build it is a note
+    return [dataclasses.replace(r, finding=dataclasses.replace(r.finding, level="warning")) for r in found]
 
 
 def _indexes_to_check(stack, opts: BuildOptions) -> dict[str, str]:

@@ -97,8 +97,9 @@ def _register_build(isub) -> None:
     b.add_argument("--offline", action="store_true", help="git commits and archives only from trainbox's cache")
     b.add_argument("--bundle", metavar="FILE", help="build from a `trainbox fetch --bundle` file, network off")
     b.add_argument("--dry-run", action="store_true",
-                   help="print the plan (base, inputs, content hash, tags, secrets, what is fetched from where) and "
-                   "a docker command that runs as printed; builds nothing, needs no engine and no index")
+                   help="print the plan (findings, base, inputs, content hash, tags, secrets, where every source comes "
+                   "from) and a docker command that runs as printed; planned as the build plans (an error finding "
+                   "refuses both); builds nothing, needs no engine, asks an index only for pins --set moved")
     add_output(b, "where to write the JSON build report (default: build/reports/<stack>.json)", old=("--report",),
                metavar="FILE")
     add_json(b, "the build report (with --dry-run: the plan, schema trainbox.build-plan/1)")
@@ -125,7 +126,9 @@ def _build(args: argparse.Namespace) -> int:
     import json
 
     from trainbox import image
+    from trainbox.findings import FindingsRefused
     from trainbox.stack import parse_sets
+
     if args.profile:
         _apply_profile(args)
     opts = image.BuildOptions(
@@ -136,12 +139,20 @@ def _build(args: argparse.Namespace) -> int:
         json=bool(args.json and args.dry_run),
         offline=args.offline, bundle=args.bundle,
     )
-    if not args.json or args.dry_run:
-        image.build(opts)  # a dry run prints its plan, as JSON with --json
-        return 0
-    # --json: stdout carries the one JSON document; what the build prints for people goes to stderr
-    with contextlib.redirect_stdout(sys.stderr):
-        outcome = image.build(opts)
+    try:
+        if not args.json or args.dry_run:
+            image.build(opts)  # a dry run prints its plan, as JSON with --json
+            return 0
+        # --json: stdout carries the one JSON document; what the build prints for people goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            outcome = image.build(opts)
+    except FindingsRefused as exc:
+        if not args.json:
+            raise
+        # the refusal as the one JSON document, its findings as `stack validate --json` gives them
+        emit_json({"ok": False, "dry_run": bool(args.dry_run), "refused": str(exc).splitlines()[0],
+                   "findings": [r.as_dict() for r in exc.reported]})
+        return 2
     report = json.loads(json.dumps(outcome.report, default=str))
     emit_json({**report, "dry_run": bool(args.dry_run), "command": list(outcome.argv or []),
                "report_file": str(outcome.report_path) if outcome.report_path else None})
