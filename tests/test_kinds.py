@@ -106,10 +106,10 @@ def test_git_build_runs_its_commands_in_the_builder_and_names_its_toolkits(tmp_p
 
 def test_on_a_substitute_base_a_component_that_needs_a_toolkit_is_left_out_and_named(tmp_path):
     from trainbox.buildplan import render_for
-    from trainbox.image import Base
+    from trainbox.image import BuildBase
 
     stack = load_stack(stack_with(tmp_path, KERNELS))
-    r = render_for(stack, Base(requested=stack.base.image, used="local/debian:bookworm",
+    r = render_for(stack, BuildBase(requested=stack.base.image, used="local/debian:bookworm",
                                substituted="local/debian:bookworm"))
     assert "extra" not in r.manifest["components"] and "--component extra" not in r.dockerfile
     assert r.manifest["left_out"] == {

@@ -35,7 +35,7 @@ _IGNORED = ("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache", ".my
 
 
 @dataclass
-class Base:
+class BuildBase:
     """The image a build starts FROM, and how it was chosen."""
 
     requested: str  # the stack's own base
@@ -50,7 +50,7 @@ class Base:
 class BuildPlan:
     stack: Any  # trainbox.stack.Stack, narrowed to the build
     platform: str
-    base: Base
+    base: BuildBase
     files: dict[str, Path | bytes]  # the context, relative path -> source file or rendered bytes
     dockerfile_rel: str
     dockerfile: str
@@ -170,7 +170,7 @@ class PlanInputs:
     findings: list = field(default_factory=list)  # the stack's warnings (trainbox.findings.Reported): plan notes
 
 
-def render_for(stack, base: Base):
+def render_for(stack, base: BuildBase):
     """The rendered Dockerfile, manifest and requirements for `stack` built FROM base.used. A substitute base
     is recorded by render.manifest as base.substituted, the stack's own base staying base.image."""
     from . import render
@@ -200,7 +200,7 @@ def _args(inp: PlanInputs, dockerfile: Path, tags: list[str], labels: dict[str, 
     return args
 
 
-def make_plan(stack, base: Base, inp: PlanInputs, client=None) -> BuildPlan:
+def make_plan(stack, base: BuildBase, inp: PlanInputs, client=None) -> BuildPlan:
     """The plan for building `stack` on `base` (pure: reads the checkout, asks no engine and no index).
     `client`: the engine client that will run it (None: a BuildKit-capable `docker build` is assumed)."""
     rendered = render_for(stack, base)

@@ -24,7 +24,7 @@ from typing import Callable
 
 from . import buildrun
 from .base import bootstrap, resolve_base
-from .buildplan import (CONTEXT_ITEMS, WHEELHOUSE_DIR, Base, BuildPlan, PlanInputs,  # noqa: F401 - re-exported
+from .buildplan import (CONTEXT_ITEMS, WHEELHOUSE_DIR, BuildBase, BuildPlan, PlanInputs,  # noqa: F401 - re-exported
                         content_hash, copy_inputs, format_plan, make_plan, stage, tree_files)
 from .buildrun import BuildFailed, BuildOutcome  # noqa: F401 - re-exported
 from .dists import canon, dist_key, norm_version
@@ -155,7 +155,7 @@ class BuildOptions:
     sources_cache: str | None = None  # where fetched sources live (default trainbox's cache; a bundle's own)
 
 
-def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False) -> Base:
+def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False) -> BuildBase:
     """The base as a plan records it. Without an engine (a dry run offline) the stack's base is taken as
     declared and the plan says what could not be checked; a dry run also plans on a base it cannot have."""
     # `--base IMAGE` is a substitute as render.manifest records it (base.substituted), so the plan, the
@@ -165,16 +165,16 @@ def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_ru
         sub = stack.base.substitute if stack.base.auto_substitute and not given else None
         note = "no engine answers, so it was not checked" + (
             f" (if it cannot be pulled the build uses the substitute {sub}, which changes the tag)" if sub else "")
-        return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
+        return BuildBase(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
                     note=note)
     try:
         used, substituted, boot, image_id = resolve_base(stack, client, say)
     except TrainboxError as exc:
         if not dry_run:
             raise
-        return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
+        return BuildBase(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
                     note=str(exc))
-    return Base(requested=stack.declared_base or stack.base.image, used=used, substituted=substituted or given,
+    return BuildBase(requested=stack.declared_base or stack.base.image, used=used, substituted=substituted or given,
                 bootstrap=boot, image_id=None if boot else (image_id or client.image_id(used)),
                 note="made by `trainbox base bootstrap` first" if boot else "")
 

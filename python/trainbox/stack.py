@@ -44,7 +44,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
-class Base(_Strict):
+class BaseSpec(_Strict):
+    """A stack file's `base:` section (what the stack asks for). The base a build really used is
+    buildplan.BuildBase; trainbox.base makes and probes base images; `trainbox base` is their command."""
+
     image: str = Field(description="FROM image, with tag")
     # How to get the Python that wheels go into. "image": the base already ships it first on PATH (CANN bases);
     # "apt": install python3 + venv from the distribution and use /opt/venv.
@@ -248,7 +251,7 @@ class Stack(_Strict):
     device: Literal["npu", "cuda", "cpu"]
     python: str = Field(pattern=r"^3\.\d+$")
     platforms: list[str] = Field(default_factory=lambda: ["linux/amd64"])
-    base: Base
+    base: BaseSpec
     system_packages: list[str] = Field(default_factory=list)  # runtime apt packages
     build_packages: list[str] = Field(default_factory=list)  # builder stage only (compilers for sdists ...)
     indexes: dict[str, str] = Field(default_factory=lambda: {"pypi": "https://pypi.org/simple"})
