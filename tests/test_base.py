@@ -218,3 +218,24 @@ def test_bootstrapped_base_for_real():
     assert "bookworm main" in sources and "bookworm-security main" in sources
     assert "Packages" not in caches and ".deb" not in caches  # no apt indexes or packages shipped
     assert man.strip() == "0"  # no manual pages
+
+
+def test_profile_base_one_policy_for_smoke_and_image_build_profile(monkeypatch):
+    """`trainbox smoke` and `image build --profile` take the base from base.profile_base: with no engine to ask
+    (a dry run on a CPU host) auto plans on the substitute, as the build there would; never keeps the own base."""
+    import trainbox.base as b
+
+    def no_engine(image, client=None, timeout=8.0):
+        raise b.TrainboxError("no Docker engine answers")
+
+    monkeypatch.setattr(b, "base_available", no_engine)
+    c = b.profile_base("auto", "quay.io/ascend/cann:x", "local/debian:bookworm", auto_substitute=False)
+    assert (c.decision, c.base, c.substituted) == ("substitute", "local/debian:bookworm", "local/debian:bookworm")
+    assert "not probed" in c.reason
+    c = b.profile_base("auto", "quay.io/ascend/cann:x", None, auto_substitute=False)
+    assert (c.decision, c.base) == ("own", None)
+    assert b.profile_base("never", "quay.io/ascend/cann:x", "local/debian:bookworm", False).base is None
+    # a stack that substitutes by itself gets no --base (its image is the one everyone's build makes)
+    monkeypatch.setattr(b, "base_available", lambda image, client=None, timeout=8.0: (False, "unreachable"))
+    c = b.profile_base("auto", "debian:x", "local/debian:bookworm", auto_substitute=True)
+    assert (c.decision, c.base, c.substituted) == ("substitute", None, "local/debian:bookworm")

@@ -394,14 +394,14 @@ def test_plan_is_pure(monkeypatch, tmp_path):
     monkeypatch.setattr(urllib.request, "urlopen", refuse)
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     stack = load_stack("cpu")
-    base = buildplan.Base(requested="debian:bookworm-slim", used="debian:bookworm-slim")
+    base = buildplan.BuildBase(requested="debian:bookworm-slim", used="debian:bookworm-slim")
     inp = buildplan.PlanInputs(platform="linux/amd64", ca_bundle="/etc/ssl/certs/ca-certificates.crt")
     p1 = buildplan.make_plan(stack, base, inp)
     p2 = buildplan.make_plan(load_stack("cpu"), base, inp)
     assert p1.content_hash == p2.content_hash and p1.tags == ["trainbox/cpu:" + p1.content_hash[:12],
                                                               "trainbox/cpu:latest"]
     assert not (tmp_path / "cache").exists()
-    sub = buildplan.make_plan(stack, buildplan.Base("debian:bookworm-slim", "local/debian:bookworm",
+    sub = buildplan.make_plan(stack, buildplan.BuildBase("debian:bookworm-slim", "local/debian:bookworm",
                                                     substituted="local/debian:bookworm"), inp)
     assert sub.content_hash != p1.content_hash
     assert b"FROM ${BASE_IMAGE}" in sub.files[sub.dockerfile_rel] and "local/debian:bookworm" in sub.dockerfile
@@ -451,7 +451,7 @@ def test_a_given_base_is_a_substitute_in_the_label_the_manifest_and_the_plan(tmp
     assert plan.labels["io.trainbox.base.substituted"] == manifest["base"]["substituted"]
     assert base.substituted == "local/debian:bookworm"
     assert "(substitute for quay.io/ascend/cann:" in buildplan.format_plan(plan)
-    own = buildplan.make_plan(load_stack("npu-910b"), buildplan.Base("x", "x"), buildplan.PlanInputs("linux/amd64"))
+    own = buildplan.make_plan(load_stack("npu-910b"), buildplan.BuildBase("x", "x"), buildplan.PlanInputs("linux/amd64"))
     assert "io.trainbox.base.substituted" not in own.labels
 
 

@@ -132,11 +132,11 @@ def test_a_pypi_sdist_that_needs_a_toolkit_is_built_in_its_own_step_after_the_pi
 @pytest.mark.parametrize("component, toolkit", [(KERNELS, "cann-toolkit"), (TE_SDIST, "cuda-toolkit")])
 def test_on_a_substitute_base_a_component_that_needs_a_toolkit_is_left_out_and_named(tmp_path, component, toolkit):
     from trainbox.buildplan import render_for
-    from trainbox.image import Base
+    from trainbox.image import BuildBase
 
     stack = load_stack(stack_with(tmp_path, component))
-    r = render_for(stack, Base(requested=stack.base.image, used="local/debian:bookworm",
-                               substituted="local/debian:bookworm"))
+    r = render_for(stack, BuildBase(requested=stack.base.image, used="local/debian:bookworm",
+                                    substituted="local/debian:bookworm"))
     assert "extra" not in r.manifest["components"] and "--component extra" not in r.dockerfile
     assert r.manifest["left_out"] == {
         "extra": f"needs {toolkit}, which the substitute base local/debian:bookworm does not have"}
@@ -145,14 +145,14 @@ def test_on_a_substitute_base_a_component_that_needs_a_toolkit_is_left_out_and_n
 
 def test_the_cuda_stack_builds_transformer_engines_pytorch_binding_and_a_substitute_leaves_it_out():
     from trainbox.buildplan import render_for
-    from trainbox.image import Base
+    from trainbox.image import BuildBase
 
     stack = load_stack("cuda")
     run = _run_of(render_stack(stack).dockerfile, "transformer-engine-torch")
     assert "--mode sdist --dist transformer-engine-torch --version 2.9.0 --sha256 " in run
     assert "--needs cuda-toolkit --no-build-isolation" in run
-    sub = render_for(stack, Base(requested=stack.base.image, used="local/debian:bookworm",
-                                 substituted="local/debian:bookworm"))
+    sub = render_for(stack, BuildBase(requested=stack.base.image, used="local/debian:bookworm",
+                                      substituted="local/debian:bookworm"))
     assert "transformer-engine-torch" in sub.manifest["left_out"]
     assert "--component transformer-engine-torch" not in sub.dockerfile
 

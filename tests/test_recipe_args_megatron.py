@@ -134,7 +134,7 @@ TWINKLE = {
     "twinkle-megatron-tp-8npu": "cookbook/megatron/ascend/tp_npu.py",
     "twinkle-megatron-moe-8npu": "cookbook/megatron/ascend/tp_moe_npu.py",
     "twinkle-megatron-moe-cp-8npu": "cookbook/megatron/ascend/tp_moe_cp_npu.py",
-    "twinkle-fsdp-ulysses-qwen35-27b-8a3": "cookbook/transformers/sp_fsdp_dense.py",
+    "twinkle-fsdp-ulysses-qwen35-4b-4a3": "cookbook/transformers/sp_fsdp_dense.py",
 }
 
 

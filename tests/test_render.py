@@ -47,6 +47,15 @@ def test_generated_header_names_sources():
         assert f"build/stacks/{stack_name}.yaml" in text.splitlines()[0]
 
 
+def test_stacks_with_the_same_pins_share_the_install_layer():
+    """BuildKit keys the install step on the bytes of requirements.txt / deps.txt (not on their path): twinkle-a3
+    holds twinkle's pins on another base, so on a substitute base its install step must be a cache hit of twinkle's.
+    A stack name (or anything stack-specific) in those files would make it a second cold install in CI."""
+    a, b = render_stack(load_stack("twinkle")), render_stack(load_stack("twinkle-a3"))
+    assert a.requirements == b.requirements and a.deps == b.deps
+    assert "twinkle" not in a.requirements.splitlines()[0]
+
+
 def test_layer_order_is_cache_aware():
     text = render_stack(load_stack("npu-910b")).dockerfile
     """What changes least comes first; the trainbox package, edited most, is the last file layer, so an edit to it

@@ -379,7 +379,7 @@ def test_substitute_base_never_and_image(tmp_path, monkeypatch):
     assert len(fake.calls) == 1  # not a local/debian image: nothing to bootstrap
     assert fake.calls[0][fake.calls[0].index("--base") + 1] == "my/base:2"
     assert sr.base == {"image": "quay.io/x:1", "used": "my/base:2", "substituted": "my/base:2",
-                       "decision": "explicit", "reason": "--substitute-base my/base:2"}
+                       "decision": "explicit", "reason": "substitute_base my/base:2"}
 
 
 def test_build_failure_names_the_dockerfile_step(tmp_path, monkeypatch):

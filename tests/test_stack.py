@@ -44,8 +44,13 @@ env:
 """
 
 
+# MindSpeed branch heads (build/compat/mindspeed.yaml; checked in ../shared/upstream/MindSpeed.git)
+MS_0153 = "d0d5809d4323eb908f89e87958de254465eb57b4"  # core_r0.15.3
+MS_0160 = "e4772499f7eb9fa9a68919dd1eaddef00e915b2d"  # core_r0.16.0
+
+
 def npu_stack(tmp_path: Path, name: str = "npu-test", edit=None):
-    data = yaml.safe_load(NPU.format(name=name, sha=SHA, commit="b" * 40))
+    data = yaml.safe_load(NPU.format(name=name, sha=SHA, commit=MS_0153))
     if edit:
         edit(data)
     p = tmp_path / f"{name}.yaml"
@@ -107,7 +112,7 @@ def test_build_state_keys_in_a_stack_file_are_refused(tmp_path, capsys, where, k
             d[key] = {"pytorch-cpu": "https://example.invalid/simple"} if key != "source_file" else "x.yaml"
         else:
             d["components"]["torch"][key] = {"linux/amd64": [SHA]} if key == "locked" else "torch"
-    data = yaml.safe_load(NPU.format(name="inner", sha=SHA, commit="b" * 40))
+    data = yaml.safe_load(NPU.format(name="inner", sha=SHA, commit=MS_0153))
     edit(data)
     p = tmp_path / "inner.yaml"
     p.write_text(yaml.safe_dump(data))
@@ -231,13 +236,33 @@ def test_rule_torch_npu_match(tmp_path):
 
 
 def test_rule_torch_npu_pairs_with_the_base_cann(tmp_path):
-    """Yesterday's pins: torch_npu 2.9.0.post2 is built for CANN 9.0, not the 8.5.1 base."""
+    """torch_npu 2.9.0.post2 (TorchNPU 26.0) is recommended with CANN 9.0; Ascend's 26.2.0 release notes document
+    26.0.x as compatible with CANN 8.5.x-9.2.x: on the 8.5.1 base a warning that names the recommended pair."""
     def edit(d):
         d["components"]["torch-npu"]["version"] = "2.9.0.post2"
     f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "torch-npu-cann"]
-    assert [x.level for x in f] == ["error"] * len(f) and f
-    assert "base.cann: 8.5.1, but torch_npu 2.9.0.post2 is built for CANN 9.0.x" in f[0].message
-    assert "pin torch-npu 2.9.0" in f[0].message
+    assert [x.level for x in f] == ["warning"], f
+    assert "base.cann: 8.5.1, and torch_npu 2.9.0.post2 (TorchNPU 26.0.x" in f[0].message
+    assert "recommended with CANN 9.0.x" in f[0].message and "TorchNPU 26.2.0 release notes" in f[0].message
+    assert "pin torch-npu 2.9.0" in f[0].message and f[0].platforms == ("linux/amd64",)
+
+
+def test_rule_torch_npu_outside_the_documented_range_is_an_error(tmp_path):
+    """torch_npu 2.7.1 (TorchNPU 7.2, CANN 8.3) on a CANN 9.2 base: no release notes document that pair."""
+    def edit(d):
+        d["components"]["torch"]["version"] = "2.7.1+cpu"
+        d["components"]["torch-npu"]["version"] = "2.7.1"
+        d["base"].update(image="quay.io/ascend/cann:9.2.0-910b-ubuntu22.04-py3.11", cann="9.2.0")
+    f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "torch-npu-cann"]
+    assert [x.level for x in f] == ["error"], f
+    assert "documents no compatibility of TorchNPU 7.2.x with CANN 9.2.x" in f[0].message
+    assert "pin torch-npu 2.7.1.post11" in f[0].message
+
+    def recommended(d):  # Ascend's table: torch_npu 2.7.1.post2 pairs with CANN 8.5.x
+        d["components"]["torch"]["version"] = "2.7.1+cpu"
+        d["components"]["torch-npu"]["version"] = "2.7.1.post2"
+    (tmp_path / "r").mkdir()
+    assert not [x for x in check(npu_stack(tmp_path / "r", edit=recommended)) if x.rule == "torch-npu-cann"]
 
 
 def test_rule_torch_npu_checks_python_and_unknown_releases(tmp_path):
@@ -283,9 +308,31 @@ def test_rule_npu_no_cuda_torch_plain_pypi_x86(tmp_path):
 
 def test_rule_mindspeed_megatron(tmp_path):
     def edit(d):
-        d["components"]["mindspeed"]["ref"] = "core_r0.12.1"
+        d["components"]["mindspeed"]["commit"] = MS_0160
     f = [x for x in check(npu_stack(tmp_path, edit=edit)) if x.rule == "mindspeed-megatron"]
-    assert f and "MindSpeed core_r0.12.1 pairs with Megatron 0.12, but megatron-core is 0.15.3" in f[0].message
+    assert f and f[0].level == "error"
+    assert "MindSpeed at commit e4772499f7eb (branch core_r0.16.0) is made for Megatron 0.16, but megatron-core " \
+        "is 0.15.3" in f[0].message
+
+
+def test_rule_mindspeed_megatron_decides_from_the_commit_not_the_ref(tmp_path):
+    """Issue 24: a core_r0.16.0 commit relabelled `ref: core_r0.15.3` used to silence the rule."""
+    def relabel(d):
+        d["components"]["mindspeed"].update(commit=MS_0160, ref="core_r0.15.3")
+    f = [x for x in check(npu_stack(tmp_path, edit=relabel)) if x.rule == "mindspeed-megatron"]
+    assert f and f[0].level == "error" and "core_r0.16.0" in f[0].message
+
+    def unknown(d):  # a commit of no known branch: its `version:` (which the build checks) decides
+        d["components"]["mindspeed"].update(commit="c" * 40, ref="core_r0.15.3", version="0.16.0")
+    (tmp_path / "u").mkdir()
+    f = [x for x in check(npu_stack(tmp_path / "u", edit=unknown)) if x.rule == "mindspeed-megatron"]
+    assert f and f[0].level == "error" and "version 0.16.0" in f[0].message
+
+    def label_only(d):
+        d["components"]["mindspeed"].update(commit="c" * 40, ref="core_r0.15.3")
+    (tmp_path / "l").mkdir()
+    f = [x for x in check(npu_stack(tmp_path / "l", edit=label_only)) if x.rule == "mindspeed-megatron"]
+    assert f and f[0].level == "warning" and "cannot be told" in f[0].message
 
 
 def test_rule_megatron_gdn(tmp_path):
@@ -299,7 +346,7 @@ def test_rule_megatron_gdn_not_needed_from_016(tmp_path):
     def edit(d):
         d["env"] = {}
         d["components"]["megatron-core"]["version"] = "0.16.1"
-        d["components"]["mindspeed"]["ref"] = "core_r0.16.0"
+        d["components"]["mindspeed"].update(ref="core_r0.16.0", commit=MS_0160)
     assert "megatron-gdn" not in ids(check(npu_stack(tmp_path, edit=edit)))
 
 

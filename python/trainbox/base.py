@@ -102,6 +102,40 @@ def own_or_substitute(image: str, substitute: str | None, may_substitute: bool, 
     return Choice(image, None, f"{image} cannot be pulled ({why})", available=False)
 
 
+@dataclass(frozen=True)
+class ProfileBase:
+    """A smoke profile's base decision for one stack: `trainbox smoke` and `image build --profile` both take it
+    from here, so the two never build one stack on different bases."""
+
+    decision: str  # own | explicit | substitute
+    base: str | None  # what to pass as `image build --base`; None: the stack's own choice
+    substituted: str | None  # the image standing in for the stack's own base, if any
+    reason: str
+
+
+def profile_base(mode: str, own: str, substitute: str | None, auto_substitute: bool,
+                 timeout: float = 8.0) -> ProfileBase:
+    """`substitute_base: auto | never | IMAGE` for a stack whose own base is `own`: auto builds on the stack's
+    base.substitute when `own` cannot be had. Where no engine answers (a dry run, or a smoke whose build step
+    will say so) auto plans on the substitute, as the build on a CPU host would."""
+    if mode == "never":
+        return ProfileBase("own", None, None, "substitute_base never")
+    if mode != "auto":
+        return ProfileBase("explicit", mode, mode if mode != own else None, f"substitute_base {mode}")
+    try:
+        choice = own_or_substitute(own, substitute, may_substitute=True, timeout=timeout)
+    except TrainboxError as exc:
+        choice = Choice(substitute or own, substitute, f"{own}: not probed ({exc})", available=bool(substitute))
+    if not choice.substituted:
+        return ProfileBase("own", None, None, choice.why if choice.available else
+                           f"{choice.why} and the stack declares no base.substitute; the build says how to "
+                           "provide one")
+    # a stack that substitutes by itself (cpu) gets no --base: its image is the very one `trainbox image build`
+    # makes for everyone (same content hash, a cache hit when it exists)
+    return ProfileBase("substitute", None if auto_substitute else substitute, substitute,
+                       f"{choice.why}; built on the stack's base.substitute {substitute}")
+
+
 def pull_hint(image: str) -> str:
     """What to do about a base that cannot be pulled."""
     first, sep, rest = image.partition("/")

@@ -35,7 +35,7 @@ _IGNORED = ("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache", ".my
 
 
 @dataclass
-class Base:
+class BuildBase:
     """The image a build starts FROM, and how it was chosen."""
 
     requested: str  # the stack's own base
@@ -50,7 +50,7 @@ class Base:
 class BuildPlan:
     stack: Any  # trainbox.stack.Stack, narrowed to the build
     platform: str
-    base: Base
+    base: BuildBase
     files: dict[str, Path | bytes]  # the context, relative path -> source file or rendered bytes
     dockerfile_rel: str
     dockerfile: str
@@ -65,6 +65,7 @@ class BuildPlan:
     client: str  # the client that will run it, in words
     fetch: list[dict] = field(default_factory=list)  # where each pinned artifact comes from
     notes: list[str] = field(default_factory=list)  # what the plan could not decide offline
+    findings: list = field(default_factory=list)  # the stack's warnings (trainbox.findings.Reported)
     context: Path | None = None  # where `stage` put the context
 
     @property
@@ -91,7 +92,7 @@ class BuildPlan:
             "context": str(self.context) if self.context else None, "inputs": len(self.files),
             "wheelhouse": [w.name for w in self.wheels], "secrets": sorted(self.secrets),
             "fetch": self.fetch, "client": self.client, "argv": self.argv(), "command": self.command(),
-            "notes": self.notes,
+            "notes": self.notes, "findings": [r.as_dict() for r in self.findings],
         }
 
 
@@ -166,9 +167,10 @@ class PlanInputs:
     source_root: Path | None = None  # the checkout whose inputs are built (tests and bench use a copy)
     sources: dict[str, Path] = field(default_factory=dict)  # staged git trees and archives (build/sources/...)
     offline: bool = False  # `--bundle`: the build runs with --network none and pip uses the wheelhouse only
+    findings: list = field(default_factory=list)  # the stack's warnings (trainbox.findings.Reported): plan notes
 
 
-def render_for(stack, base: Base):
+def render_for(stack, base: BuildBase):
     """The rendered Dockerfile, manifest and requirements for `stack` built FROM base.used. A substitute base
     is recorded by render.manifest as base.substituted, the stack's own base staying base.image."""
     from . import render
@@ -198,7 +200,7 @@ def _args(inp: PlanInputs, dockerfile: Path, tags: list[str], labels: dict[str, 
     return args
 
 
-def make_plan(stack, base: Base, inp: PlanInputs, client=None) -> BuildPlan:
+def make_plan(stack, base: BuildBase, inp: PlanInputs, client=None) -> BuildPlan:
     """The plan for building `stack` on `base` (pure: reads the checkout, asks no engine and no index).
     `client`: the engine client that will run it (None: a BuildKit-capable `docker build` is assumed)."""
     rendered = render_for(stack, base)
@@ -230,7 +232,8 @@ def make_plan(stack, base: Base, inp: PlanInputs, client=None) -> BuildPlan:
     secrets = {"pip_cert": str(inp.ca_bundle)} if inp.ca_bundle else {}
     if inp.pip_index_url:
         secrets["pip_index_url"] = str(context.parent / "secrets" / "pip_index_url")
-    notes = wheelhouse_notes(stack, inp.platform, inp.wheels, inp.wheelhouse)
+    notes = [f"finding: {r.line()}" for r in inp.findings] + wheelhouse_notes(stack, inp.platform, inp.wheels,
+                                                                               inp.wheelhouse)
     if not base.image_id:
         notes.append(f"base {base.used}: {base.note or 'not asked of an engine'}; the tag hashes its name, the "
                      "real build hashes its image id (so its tag may differ)")
@@ -241,7 +244,28 @@ def make_plan(stack, base: Base, inp: PlanInputs, client=None) -> BuildPlan:
         build_argv_prefix=client.build_argv if client else ["docker", "build"],
         build_env={"DOCKER_BUILDKIT": "1"} if mode == "buildkit" else {},
         client=client.describe() if client else "DOCKER_BUILDKIT=1 docker build (no client checked)",
-        fetch=fetch_plan(stack, inp.platform, inp.wheels, inp.wheelhouse), notes=notes, context=context)
+        fetch=fetch_plan(stack, inp.platform, inp.wheels, inp.wheelhouse) + source_plan(rendered.manifest),
+        notes=notes, context=context,
+        findings=list(inp.findings))
+
+
+def source_plan(manifest: dict) -> list[dict]:
+    """Where the rest comes from, as the image's manifest records it: each git component's URL and commit (and
+    tree, once fetched), each archive's URL and sha256, and each patch series with the sha256 of every patch."""
+    out = []
+    for key, c in sorted(manifest["components"].items()):
+        if c.get("source") == "git":
+            tree = f", tree {c['tree']}" if c.get("tree") else ""
+            out.append({"key": key, "requirement": f"{c['name']} @ {c['commit'][:12]}",
+                        "from": f"git {c['git']} commit {c['commit']}{tree} ({c['install']})", "sha256": []})
+        elif c.get("source") == "url":
+            out.append({"key": key, "requirement": c["name"], "from": f"url {c['url']}", "sha256": c["sha256"]})
+    for key, patches in sorted(manifest.get("patches", {}).items()):
+        series = manifest["components"][key].get("patches", key)
+        out.append({"key": f"patches:{key}", "requirement": f"patches/{series} ({len(patches)} patches)",
+                    "from": "this checkout: " + ", ".join(f"{p['file']} sha256 {p['sha256'][:12]}" for p in patches),
+                    "sha256": [p["sha256"] for p in patches], "patches": patches})
+    return out
 
 
 def plan_dir(stack_name: str) -> Path:

@@ -152,6 +152,8 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
         (root / "stack" / f"{stack.name}.yaml").write_text(yaml.safe_dump(_raw(path, None), sort_keys=True))
         if stack.lock_path and stack.lock_path.exists():
             shutil.copy2(stack.lock_path, root / "stack" / f"{stack.name}.lock")
+        elif stack.lock:  # the parent's lock it uses (it has none of its own): the lock in force, for the record
+            (root / "stack" / f"{stack.name}.lock").write_text(yaml.safe_dump(stack.lock, sort_keys=True))
         meta = {"schema": SCHEMA, "stack": stack.name, "platform": plat, "pins_digest": stack.pins_digest(),
                 "manifest": render_stack(stack).manifest}
         (root / "bundle.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

@@ -10,6 +10,7 @@ report). Each step that resolves more returns a new stack: the one loaded is onl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ from typing import Callable
 
 from . import buildrun
 from .base import bootstrap, resolve_base
-from .buildplan import (CONTEXT_ITEMS, WHEELHOUSE_DIR, Base, BuildPlan, PlanInputs,  # noqa: F401 - re-exported
+from .buildplan import (CONTEXT_ITEMS, WHEELHOUSE_DIR, BuildBase, BuildPlan, PlanInputs,  # noqa: F401 - re-exported
                         content_hash, copy_inputs, format_plan, make_plan, stage, tree_files)
 from .buildrun import BuildFailed, BuildOutcome  # noqa: F401 - re-exported
 from .dists import canon, dist_key, norm_version
@@ -154,7 +155,7 @@ class BuildOptions:
     sources_cache: str | None = None  # where fetched sources live (default trainbox's cache; a bundle's own)
 
 
-def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False) -> Base:
+def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False) -> BuildBase:
     """The base as a plan records it. Without an engine (a dry run offline) the stack's base is taken as
     declared and the plan says what could not be checked; a dry run also plans on a base it cannot have."""
     # `--base IMAGE` is a substitute as render.manifest records it (base.substituted), so the plan, the
@@ -164,16 +165,16 @@ def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_ru
         sub = stack.base.substitute if stack.base.auto_substitute and not given else None
         note = "no engine answers, so it was not checked" + (
             f" (if it cannot be pulled the build uses the substitute {sub}, which changes the tag)" if sub else "")
-        return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
+        return BuildBase(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
                     note=note)
     try:
         used, substituted, boot, image_id = resolve_base(stack, client, say)
     except TrainboxError as exc:
         if not dry_run:
             raise
-        return Base(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
+        return BuildBase(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
                     note=str(exc))
-    return Base(requested=stack.declared_base or stack.base.image, used=used, substituted=substituted or given,
+    return BuildBase(requested=stack.declared_base or stack.base.image, used=used, substituted=substituted or given,
                 bootstrap=boot, image_id=None if boot else (image_id or client.image_id(used)),
                 note="made by `trainbox base bootstrap` first" if boot else "")
 
@@ -211,11 +212,26 @@ def _check_inputs(opts: BuildOptions):
     wheels = read_wheelhouse(opts.wheelhouse) if opts.wheelhouse else []
     if wheels and opts.check_wheelhouse:  # pins --set moved have no hash yet: matched by version here
         check_wheelhouse(wheels, pins_for(stack, plat), str(opts.wheelhouse))
-    inp = PlanInputs(platform=plat, wheels=wheels, wheelhouse=opts.wheelhouse, ca_bundle=str(ca) if ca else None,
+    inp = PlanInputs(platform=plat, findings=_findings(stack, plat), wheels=wheels, wheelhouse=opts.wheelhouse,
+                     ca_bundle=str(ca) if ca else None,
                      pip_index_url=bool(opts.pip_index_url), tags=list(opts.tags), labels=dict(opts.labels),
                      tag_latest=opts.tag_latest, no_cache=opts.no_cache, cache_from=list(opts.cache_from),
                      cache_to=list(opts.cache_to), source_root=opts.source_root, offline=bool(opts.bundle))
     return stack, inp
+
+
+def _findings(stack, plat: str) -> list:
+    """The findings pass, as `stack validate` runs it, for the platform built: an error refuses the build (and its
+    dry run alike) before anything slow; the warnings become plan notes. The lock's state is never a refusal here:
+    pins --set moved get their hashes and closure before the build (trainbox.lock.lock_overrides), and without
+    --set a stale lock only leaves the dependency closure to the build's resolver, as the plan's fetch list says."""
+    from .findings import LOCK_RULES, Review, refuse_errors
+
+    found = [r for r in Review(skip=LOCK_RULES if stack.overrides else ()).stack(stack)
+             if not r.finding.platforms or plat in r.finding.platforms]
+    refuse_errors(f"image build {stack.name} ({plat})", [r for r in found if r.finding.rule not in LOCK_RULES])
+    # a stale lock is the lock's error (`stack validate` fails on it); for the build it is a note
+    return [dataclasses.replace(r, finding=dataclasses.replace(r.finding, level="warning")) for r in found]
 
 
 def _indexes_to_check(stack, opts: BuildOptions) -> dict[str, str]:

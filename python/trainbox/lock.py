@@ -207,6 +207,7 @@ def lock_overrides(stack: Stack, plat: str, wheels: list[WheelFile], wheelhouse:
             say(f"--set {c.key}: pinned {c.dist_name}=={pin.version} to the wheelhouse's "
                 f"{', '.join(w.name for w in mine)} (sha256 {pinned[c.key][0][:12]}...)")
     stack = stack.with_hashes(pinned)
+    missing_before = missing(stack)
     # The same overrides resolve to the same lock: remember it, so an unchanged rebuild stays a matter
     # of seconds (and the image does not drift with new releases of unpinned dependencies).
     key = hashlib.sha256(json.dumps(
@@ -214,30 +215,58 @@ def lock_overrides(stack: Stack, plat: str, wheels: list[WheelFile], wheelhouse:
          {k: c.pin_for(plat).sha256 for k, c in sorted(stack.components.items())},
          sorted((w.name, w.sha256) for w in wheels)], sort_keys=True).encode()).hexdigest()[:24]
     memo = CACHE_DIR / "override-locks" / f"{stack.name}-{key}.json"
+    origin = f"resolved for the overrides {', '.join(sorted(stack.overrides))} ({memo})"
     try:
         lock = json.loads(memo.read_text())
     except (OSError, ValueError):
-        if dry_notes is not None:  # a dry run asks no index: say what the build will resolve
-            dry_notes.append("--set moved pins without a known sha256 (" + ", ".join(
-                f"{c.dist_name}=={c.pin_for(plat).version}" for c in missing(stack)) + "); the build resolves "
-                "their hashes and dependencies from the index first")
-            return stack
+        lock = None
+    if lock is None and dry_notes is not None:
+        origin = f"hashed for the overrides {', '.join(sorted(stack.overrides))} (dry run: no dependency closure)"
+        # the dry run takes the hashes the build takes (the same per-pin index query, the same refusals); only
+        # pip's resolution of the dependency closure is left to the build (minutes, and it asks every index)
+        stack, lock = _hashed_for_dry_run(stack, plat, missing(stack), wheelhouse)
+        dry_notes.append("--set moved pins hashed from their index (" + ", ".join(
+            f"{c.dist_name}=={c.pin_for(plat).version}" for c in missing_before) + "); the build resolves their "
+            "dependency closure with pip first" if missing_before else "--set: the build resolves the dependency "
+            "closure of the overridden pins with pip first")
+    elif lock is None:
         say(f"resolving hashes and dependencies for the overridden pins of {stack.name} ({plat})")
         rep = lock_stack(stack, wheelhouse=Path(wheelhouse) if wheelhouse else None, resolve_deps=True)
-        if rep.problems:
-            raise TrainboxError("the overridden stack cannot be pinned: " + "; ".join(rep.problems)
-                                + ". Check the versions given with --set, or put the wheels in --wheelhouse")
+        _refuse(rep)
         lock = rep.lock
         with contextlib.suppress(OSError):
             memo.parent.mkdir(parents=True, exist_ok=True)
             memo.write_text(json.dumps(lock, sort_keys=True))
-    stack = stack.with_lock(lock, f"resolved for the overrides {', '.join(sorted(stack.overrides))} ({memo})")
+    stack = stack.with_lock(lock, origin)
     left = missing(stack)
     if left:
         raise TrainboxError("no sha256 known for " + ", ".join(f"{c.dist_name}=={c.pin_for(plat).version}"
                                                               for c in left)
                             + ": their index does not answer and the wheelhouse does not hold them")
     return stack
+
+
+def _refuse(rep: LockReport) -> None:
+    if rep.problems:
+        raise TrainboxError("the overridden stack cannot be pinned: " + "; ".join(rep.problems)
+                            + ". Check the versions given with --set, or put the wheels in --wheelhouse")
+
+
+def _hashed_for_dry_run(stack: Stack, plat: str, missing: list, wheelhouse: str | None) -> tuple[Stack, dict]:
+    """The pins without a hash, hashed by `lock_stack`'s own per-pin code (a refusal is the build's refusal),
+    and a lock of the components (no dependency closure: the build resolves it) that the plan can render with."""
+    if missing:
+        only = stack.model_copy(update={"components": {c.key: c for c in missing}})
+        rep = lock_stack(only, wheelhouse=Path(wheelhouse) if wheelhouse else None, resolve_deps=False)
+        _refuse(rep)
+        got = (rep.lock["platforms"].get(plat) or {}).get("components") or {}
+        stack = stack.with_hashes({k: v["sha256"] for k, v in got.items()})
+    comps = {k: {"version": c.pin_for(plat).version, "index": c.pin_for(plat).index,
+                 "sha256": list(c.pin_for(plat).sha256)}
+             for k, c in sorted(stack.installed_components.items()) if c.kind.from_index}
+    return stack, {"stack": stack.name, "python": stack.python, "pins_digest": stack.pins_digest(),
+                   "indexes": dict(sorted({**stack.indexes, **stack.dropped_indexes}.items())),
+                   "platforms": {plat: {"components": comps}}}
 
 
 def lock_plan(names: list[str], dependants: bool = True) -> tuple[list[tuple[Stack, str]], list[tuple[str, str]]]:
@@ -260,6 +289,8 @@ def lock_plan(names: list[str], dependants: bool = True) -> tuple[list[tuple[Sta
             if dep in targets or dep in extra:
                 continue
             child = load_stack(d / f"{dep}.yaml" if d else dep)
+            if child.lock_inherited and not child.own_changes:
+                continue  # no lock of its own and no pin of its own: it uses its parent's, relocked here
             if dependants:
                 extra[dep] = (child, f" (extends {child.extends}, locked with it)")
             elif dep not in {n for n, _ in named}:

@@ -1,12 +1,19 @@
 """Compatibility rules for stacks (host module). One place, one function per rule.
 
 Each rule has an id and a one-line explanation, and yields findings for a loaded Stack. To add a rule, write a
-function here decorated with @rule("my-rule-id", "why it matters"); `trainbox stack validate` runs them all.
-`error` findings fail validation; `warning` findings fail it only with --strict.
+function here decorated with @rule("my-rule-id", "why it matters"); trainbox.findings runs them all wherever a stack
+is used (validate, lock, render, patches verify, image build and its dry run). `error` findings fail; `warning`
+findings fail validation only with --strict. A rule decides from facts (pins, commits, the tables under
+build/compat/), never from a label a stack file may write freely (`ref:`, `note:`).
+
+A finding that holds on some platforms only names them (`platforms`); `check` folds the same finding on several
+platforms into one. Its message never names the stack, so a stack that inherits the problem from the stack it
+extends has the very same finding, and trainbox.findings reports it once, at the file that holds the pin.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass
@@ -26,9 +33,31 @@ class Finding:
     rule: str
     level: str  # "error" | "warning"
     message: str
+    platforms: tuple[str, ...] = ()  # the platforms it holds on; () where the platform does not matter
+    key: str | None = None  # what makes two findings the same one when the message names the stack (lock rules)
+
+    @property
+    def identity(self) -> tuple:
+        return (self.rule, self.level, self.key or self.message, self.platforms)
+
+    def text(self) -> str:
+        return self.message + (f" ({', '.join(self.platforms)})" if self.platforms else "")
 
     def format(self, stack: Stack) -> str:
-        return f"{stack.source_file}: [{self.rule}] {self.level}: {self.message}"
+        return f"{stack.source_file}: [{self.rule}] {self.level}: {self.text()}"
+
+
+def fold(findings: list[Finding], platforms: list[str]) -> list[Finding]:
+    """The same finding on several platforms as one that names them all (in the stack's platform order)."""
+    merged: dict[tuple, Finding] = {}
+    for f in findings:
+        k = (f.rule, f.level, f.key or f.message, bool(f.platforms))
+        if k in merged and f.platforms:
+            have = set(merged[k].platforms) | set(f.platforms)
+            merged[k] = dataclasses.replace(merged[k], platforms=tuple(p for p in platforms if p in have))
+        else:
+            merged.setdefault(k, f)
+    return list(merged.values())
 
 
 @dataclass(frozen=True)
@@ -66,21 +95,39 @@ def _component(stack: Stack, *names: str):
 
 
 @rule("pinned-sources", "every component is pinned: pypi with == and sha256 per platform, git by full commit, url "
-      "with sha256; a moved pin needs `trainbox stack lock`")
+      "with sha256; a moved pin needs `trainbox stack lock` (a stack that extends a locked one uses its parent's "
+      "lock for every pin it does not change)")
 def pinned_sources(stack: Stack) -> Iterator[Finding]:
+    if stack.lock_inherited and stack.own_changes:
+        # one line for what the stack changes; the parent's pins come hashed from the parent's lock
+        yield Finding("pinned-sources", "warning",
+                      f"{'; '.join(stack.own_changes)}: {stack.lock_inherited} (inherited) was not computed for "
+                      f"that and {stack.name} has no lock of its own; run `trainbox stack lock {stack.name}`",
+                      key="own changes: " + "; ".join(stack.own_changes))
+    unhashed: dict[str, list[str]] = {}  # platform -> pins without a hash there
     for key, c in stack.installed_components.items():
-        for msg in c.kind.pin_warnings(c, stack):
-            yield Finding("pinned-sources", "warning", f"components.{key}: {msg}")
+        if c.kind.from_index:
+            for plat in stack.platforms:
+                if not c.pin_for(plat).sha256 and not stack.own_changes:
+                    unhashed.setdefault(plat, []).append(f"{c.dist_name}=={c.pin_for(plat).version}")
+        else:
+            for msg in c.kind.pin_warnings(c, stack):
+                yield Finding("pinned-sources", "warning", f"components.{key}: {msg}")
+    for plat, pins in unhashed.items():
+        what = ", ".join(sorted(pins))
+        yield Finding("pinned-sources", "warning", f"no sha256 for {what}; run `trainbox stack lock {stack.name}` "
+                      "(every artifact is installed in hash-checking mode)", (plat,), key=f"no sha256 for {what}")
 
 
-@rule("torch-npu-cann", "torch_npu pairs with exactly one torch and one CANN release line (Ascend's table, "
-      "build/compat/torch-npu.yaml): a mismatch fails at import (undefined symbols) or at run time (missing kernels)")
+@rule("torch-npu-cann", "torch_npu is built for one torch and recommended with one CANN release line (Ascend's "
+      "table, build/compat/torch-npu.yaml): another torch fails at import (undefined symbols); a CANN outside "
+      "Ascend's documented compatibility fails at import or at run time (missing kernels), one inside it but off "
+      "the recommended pair is a warning")
 def torch_npu_cann(stack: Stack) -> Iterator[Finding]:
     npu = _component(stack, "torch-npu")
     if not npu:
         return
     torch = _component(stack, "torch")
-    cann = stack.base.cann
     for plat in stack.platforms:
         nv = npu.pin_for(plat).version or ""
         tv = _version(torch.pin_for(plat).version) if torch else None
@@ -88,22 +135,41 @@ def torch_npu_cann(stack: Stack) -> Iterator[Finding]:
         if row is None:
             yield Finding("torch-npu-cann", "warning",
                           f"components.torch-npu: {nv} is not in build/compat/torch-npu.yaml (Ascend's pairing "
-                          "table); check https://gitcode.com/Ascend/pytorch and add its row")
+                          "table); check https://gitcode.com/Ascend/pytorch and add its row", (plat,))
             continue
         if tv and tv.public.split("+")[0] != row["torch"] and tv.base_version != row["torch"]:
             yield Finding("torch-npu-cann", "error",
-                          f"components.torch: {tv} on {plat}, but torch_npu {nv} is built for torch {row['torch']} "
-                          f"(branch {row['branch']}); pin torch {row['torch']}")
-        if cann and _cann_line(cann) != row["cann"]:
-            pairs = [r["torch_npu"] for r in _table() if r["cann"] == _cann_line(cann) and tv
-                     and r["torch"] == tv.base_version]
-            hint = f"pin torch-npu {pairs[0]}" if pairs else "pick a torch_npu of that CANN line from the table"
-            yield Finding("torch-npu-cann", "error",
-                          f"base.cann: {cann}, but torch_npu {nv} is built for CANN {row['cann']}.x (branch "
-                          f"{row['branch']}); {hint}, or move the base to CANN {row['cann']}")
+                          f"components.torch-npu: torch_npu {nv} is built for torch {row['torch']} (branch "
+                          f"{row['branch']}), but components.torch is {tv}; pin torch {row['torch']}, or the "
+                          f"torch_npu built for torch {tv.base_version}", (plat,))
+        if stack.base.cann:
+            yield from _cann_pairing(stack.base.cann, nv, row, tv, plat)
         if row.get("python") and stack.python not in row["python"]:
             yield Finding("torch-npu-cann", "error",
-                          f"python: {stack.python}, but torch_npu {nv} supports Python {', '.join(row['python'])}")
+                          f"python: {stack.python}, but torch_npu {nv} supports Python {', '.join(row['python'])}",
+                          (plat,))
+
+
+def _cann_pairing(cann: str, nv: str, row: dict, tv: Version | None, plat: str) -> Iterator[Finding]:
+    """The base's CANN against torch_npu's recommended line, then against Ascend's documented compatibility."""
+    line = _cann_line(cann)
+    if line == row["cann"]:
+        return
+    release = _release_line(row["branch"])
+    pairs = [r["torch_npu"] for r in _table() if r["cann"] == line and tv and r["torch"] == tv.base_version]
+    hint = f"pin torch-npu {pairs[0]}" if pairs else "pick a torch_npu of that CANN line from the table"
+    documented = [c["source"] for c in _compatible() if release in c["torch_npu"] and line in c["cann"]]
+    if documented:
+        yield Finding("torch-npu-cann", "warning",
+                      f"base.cann: {cann}, and torch_npu {nv} (TorchNPU {release}.x, branch {row['branch']}) is "
+                      f"recommended with CANN {row['cann']}.x; Ascend documents TorchNPU {release}.x as compatible "
+                      f"with CANN {line}.x ({documented[0]}); for the recommended pair {hint}, or move the base to "
+                      f"CANN {row['cann']}", (plat,))
+        return
+    yield Finding("torch-npu-cann", "error",
+                  f"base.cann: {cann}, but torch_npu {nv} is built for CANN {row['cann']}.x (branch {row['branch']}) "
+                  f"and Ascend documents no compatibility of TorchNPU {release}.x with CANN {line}.x; {hint}, or move "
+                  f"the base to CANN {row['cann']}", (plat,))
 
 
 def _cann_line(version: str) -> str:
@@ -111,14 +177,30 @@ def _cann_line(version: str) -> str:
     return ".".join(str(version).split(".")[:2])
 
 
+def _release_line(branch: str) -> str:
+    """v2.9.0-7.3.0 -> '7.3': the TorchNPU release line Ascend's compatibility table is written in."""
+    return _cann_line(branch.rsplit("-", 1)[-1])
+
+
 @functools.lru_cache(maxsize=1)
-def _table() -> tuple:
+def _compat_doc() -> dict:
     path = COMPAT_DIR / "torch-npu.yaml"
     try:
-        rows = (yaml.safe_load(path.read_text()) or {})["rows"]
+        doc = yaml.safe_load(path.read_text()) or {}
+        doc["rows"], doc.get("compatible", [])
     except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
         raise TrainboxError(f"{path}: unreadable pairing table ({exc}); restore it from git") from None
-    return tuple({k: (str(v) if k not in ("python",) else v) for k, v in r.items()} for r in rows)
+    return doc
+
+
+def _table() -> tuple:
+    return tuple({k: (str(v) if k not in ("python",) else v) for k, v in r.items()} for r in _compat_doc()["rows"])
+
+
+def _compatible() -> tuple:
+    """Ascend's documented compatibility beyond the recommended pairs: release lines x CANN lines, with source."""
+    return tuple({"source": str(c["source"]), "torch_npu": [str(x) for x in c["torch_npu"]],
+                  "cann": [str(x) for x in c["cann"]]} for c in _compat_doc().get("compatible") or [])
 
 
 def torch_npu_row(version: str) -> dict | None:
@@ -156,28 +238,47 @@ def npu_no_cuda_torch(stack: Stack) -> Iterator[Finding]:
         v = pin.version or ""
         local = v.split("+", 1)[1] if "+" in v else ""
         if local.startswith("cu") or local.startswith("rocm"):
-            yield Finding("npu-no-cuda-torch", "error", f"components.torch {v} on {plat} is a {local} build")
+            yield Finding("npu-no-cuda-torch", "error", f"components.torch {v} is a {local} build", (plat,))
         elif PLATFORM_MACHINE[plat] == "x86_64" and local != "cpu":
             yield Finding("npu-no-cuda-torch", "error",
-                          f"components.torch {v} on {plat}: PyPI's x86_64 torch is the CUDA build; use "
-                          "version X.Y.Z+cpu from PyPI's CPU index (index: pytorch-cpu)")
+                          f"components.torch {v}: PyPI's x86_64 torch is the CUDA build; use "
+                          "version X.Y.Z+cpu from PyPI's CPU index (index: pytorch-cpu)", (plat,))
 
 
-@rule("mindspeed-megatron", "MindSpeed core_rX.Y is made for Megatron X.Y; another pairing breaks its patches")
+@rule("mindspeed-megatron", "MindSpeed core_rX.Y is made for Megatron X.Y; another pairing breaks its patches. The "
+      "line is read from the pinned commit (build/compat/mindspeed.yaml, commits checked against the upstream tree), "
+      "else from `version:` (the build checks the wheel built from the tree has it), never from `ref:`")
 def mindspeed_megatron(stack: Stack) -> Iterator[Finding]:
     ms, mg = _component(stack, "mindspeed"), _component(stack, "megatron-core")
     if not (ms and mg):
         return
-    m = re.search(r"core_r(\d+\.\d+)", ms.ref or ms.version or "")
-    mv = _version(mg.version)
-    if not m:
+    known = _mindspeed_commits().get((ms.commit or "").lower())
+    line = known["megatron"] if known else None
+    how = f"commit {(ms.commit or '')[:12]} (branch {known['branch']})" if known else None
+    if line is None and _version(ms.version):
+        v = _version(ms.version)
+        line, how = f"{v.major}.{v.minor}", f"version {ms.version} (the wheel the build makes from the tree)"
+    if line is None:
         yield Finding("mindspeed-megatron", "warning",
-                      f"components.{ms.key}: cannot tell the Megatron line from ref {ms.ref!r} (expected core_rX.Y)")
+                      f"components.{ms.key}: commit {ms.commit} is not in build/compat/mindspeed.yaml and has no "
+                      "`version:`, so its Megatron line cannot be told (`ref:` is a label, not a fact); add the "
+                      "commit with its branch, or `version:` as its setup.py says")
         return
-    if mv and m.group(1) != f"{mv.major}.{mv.minor}":
+    mv = _version(mg.version)
+    if mv and line != f"{mv.major}.{mv.minor}":
         yield Finding("mindspeed-megatron", "error",
-                      f"MindSpeed {ms.ref} pairs with Megatron {m.group(1)}, but megatron-core is {mv}; use "
-                      f"MindSpeed core_r{mv.major}.{mv.minor}.x or megatron-core {m.group(1)}.x")
+                      f"components.{ms.key}: MindSpeed at {how} is made for Megatron {line}, but megatron-core is "
+                      f"{mv}; pin a MindSpeed commit of core_r{mv.major}.{mv.minor}.x or megatron-core {line}.x")
+
+
+@functools.lru_cache(maxsize=1)
+def _mindspeed_commits() -> dict:
+    path = COMPAT_DIR / "mindspeed.yaml"
+    try:
+        rows = (yaml.safe_load(path.read_text()) or {})["commits"]
+        return {str(c).lower(): {"megatron": str(r["megatron"]), "branch": str(r["branch"])} for c, r in rows.items()}
+    except (OSError, KeyError, TypeError, AttributeError, yaml.YAMLError) as exc:
+        raise TrainboxError(f"{path}: unreadable commit table ({exc}); restore it from git") from None
 
 
 @rule("megatron-gdn", "megatron-core < 0.16 has no native Gated-DeltaNet: Qwen3.5 needs USE_MCORE_GDN=0 (the "
@@ -240,10 +341,11 @@ def base_reference(stack: Stack) -> Iterator[Finding]:
 @rule("lock-fresh", "the lock file must be computed for the pins, indexes and Python the stack has now; a stale "
       "lock's hashes and dependency closure are for other pins (a derived stack goes stale when its parent moves)")
 def lock_fresh(stack: Stack) -> Iterator[Finding]:
+    name = stack.lock_inherited or (stack.lock_path.name if stack.lock_path else "lock")
+    owner = name[:-len(".lock")] if name.endswith(".lock") else stack.name
     for why in stack.lock_staleness():
-        yield Finding("lock-fresh", "error",
-                      f"{stack.lock_path.name if stack.lock_path else 'lock'} is stale: {why}; run "
-                      f"`trainbox stack lock {stack.name}`")
+        yield Finding("lock-fresh", "error", f"{name} is stale: {why}; run `trainbox stack lock {owner}`",
+                      key=f"stale: {why}")
 
 
 @rule("patch-series-exists", "a patched component's series must exist, or the build would silently skip patches")
@@ -274,4 +376,5 @@ def secure_sources(stack: Stack) -> Iterator[Finding]:
 
 
 def check(stack: Stack) -> list[Finding]:
-    return [f for r in RULES for f in r.check(stack)]
+    """Every rule's findings for `stack`, the same finding on several platforms folded into one."""
+    return fold([f for r in RULES for f in r.check(stack)], stack.platforms)

@@ -5,8 +5,9 @@ how to fix it; unknown keys are rejected so that a typo cannot silently drop a p
 
 The models' fields are exactly what a stack file may say. What loading and a build work out for it (the file it
 came from, --set/--base overrides, the lock and the hashes it gives each pin, indexes a build dropped) is a
-`Resolution` beside the fields: a stack file cannot set it, and a resolved stack is frozen, so each step that
-resolves more returns a new stack instead of changing the one it was given.
+`Resolution` beside the fields (trainbox.resolution): a stack file cannot set it, and a resolved stack is frozen,
+so each step that resolves more returns a new stack instead of changing the one it was given. A stack without a
+lock of its own uses its parent's for every pin it does not change (`with_parent_lock`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import copy
 import dataclasses
 import hashlib
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +31,7 @@ from .runtime.install_source import TOOLKITS
 from .yamlfile import load_yaml_file
 from . import documents
 from .documents import format_validation, merge, named_file
+from .resolution import INTERNAL_KEYS, Resolution
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -43,35 +44,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
-#: Keys that name trainbox's own build state, never written in a stack file: why, and what to do instead.
-INTERNAL_KEYS = {
-    "source_file": "the stack's file is the one being read",
-    "overrides": "give them on the command line: --set COMPONENT.FIELD=VALUE or --base IMAGE",
-    "declared_base": "the stack's own base is base.image; a build on another one takes --base IMAGE",
-    "lock": "the lock is the machine-written NAME.lock beside the stack file: run `trainbox stack lock NAME`",
-    "dropped_indexes": "a build drops an index that does not answer by itself; remove an index from `indexes`",
-    "key": "a component's key is its name under `components`",
-    "locked": "a pin's hashes go in sha256: (or come from the lock, `trainbox stack lock NAME`)",
-}
+class BaseSpec(_Strict):
+    """A stack file's `base:` section (what the stack asks for). The base a build really used is
+    buildplan.BuildBase; trainbox.base makes and probes base images; `trainbox base` is their command."""
 
-
-@dataclass(frozen=True)
-class Resolution:
-    """What trainbox resolved for a stack, apart from what its file says (and where each part came from)."""
-
-    source_file: Path | None = None  # the stack file (its `extends` parents merged in)
-    overrides: dict[str, str] = field(default_factory=dict)  # --set COMPONENT.FIELD / base.image (--base), as given
-    # the stack file's own base when --base substituted another one (recorded in the manifest)
-    declared_base: str | None = None
-    # the lock in force: the stack's NAME.lock, or one resolved for the pins --set moved (`lock_origin` says which)
-    lock: dict | None = None
-    lock_origin: str | None = None
-    # indexes a build dropped because they did not answer (the wheelhouse serves their pins): the lock was
-    # computed against them, so they still count when its freshness is judged
-    dropped_indexes: dict[str, str] = field(default_factory=dict)
-
-
-class Base(_Strict):
     image: str = Field(description="FROM image, with tag")
     # How to get the Python that wheels go into. "image": the base already ships it first on PATH (CANN bases);
     # "apt": install python3 + venv from the distribution and use /opt/venv.
@@ -275,7 +251,7 @@ class Stack(_Strict):
     device: Literal["npu", "cuda", "cpu"]
     python: str = Field(pattern=r"^3\.\d+$")
     platforms: list[str] = Field(default_factory=lambda: ["linux/amd64"])
-    base: Base
+    base: BaseSpec
     system_packages: list[str] = Field(default_factory=list)  # runtime apt packages
     build_packages: list[str] = Field(default_factory=list)  # builder stage only (compilers for sdists ...)
     indexes: dict[str, str] = Field(default_factory=lambda: {"pypi": "https://pypi.org/simple"})
@@ -390,7 +366,38 @@ class Stack(_Strict):
                 if rec.get("version") == pin.version and rec.get("index") == pin.index:
                     comp._locked[plat] = list(rec.get("sha256") or [])
         new = self.model_copy(update={"components": comps})
-        return new.resolved(lock=lock, lock_origin=origin if lock else None)
+        # a lock given here is this stack's own (or one resolved for its overrides): nothing inherited any more
+        return new.resolved(lock=lock, lock_origin=origin if lock else None, lock_inherited=None,
+                            inherited_fresh=False, inherited_staleness=(), own_changes=())
+
+    def with_parent_lock(self, parent: "Stack") -> "Stack":
+        """A copy that uses `parent`'s lock (its own or inherited in turn) for every pin it does not change: a
+        stack that extends a locked one needs no lock of its own until it adds, moves or drops a pin."""
+        if not parent.lock:
+            return self
+        changes = self.pin_changes(parent)
+        new = self.with_lock(parent.lock, parent.resolution.lock_origin)
+        name = parent.resolution.lock_inherited or (parent.lock_path.name if parent.lock_path else "lock")
+        return new.resolved(lock_inherited=name, inherited_fresh=parent.lock_is_fresh(),
+                            inherited_staleness=tuple(parent.lock_staleness()), own_changes=tuple(changes))
+
+    def pin_changes(self, parent: "Stack") -> list[str]:
+        """The installed pypi pins this stack adds, moves or drops relative to `parent` (all platforms)."""
+        out: dict[str, None] = {}
+        mine, theirs = self._pypi(), parent._pypi()
+        for plat in self.platforms:
+            for key, c in sorted(mine.items()):
+                pin, was = c.pin_for(plat), theirs[key].pin_for(plat) if key in theirs else None
+                if was is None:
+                    out[f"adds {c.dist_name}{c.extras_suffix}=={pin.version}"] = None
+                elif (pin.version, pin.index, c.dist_name, c.extras) != (was.version, was.index,
+                                                                        theirs[key].dist_name, theirs[key].extras):
+                    out[f"moves {c.dist_name}{c.extras_suffix} to {pin.version} from {pin.index}"] = None
+            for key in sorted(set(theirs) - set(mine)):
+                out[f"drops {theirs[key].dist_name}"] = None
+        if self.python != parent.python:
+            out[f"python {self.python}"] = None
+        return list(out)
 
     def with_hashes(self, hashes: dict[str, list[str]]) -> "Stack":
         """A copy whose components named in `hashes` are pinned to those sha256s (e.g. a wheelhouse's files)."""
@@ -457,7 +464,19 @@ class Stack(_Strict):
         return self.source_file.with_suffix(".lock") if self.source_file else None
 
     def lock_is_fresh(self) -> bool:
+        if self._resolved.lock_inherited:  # the parent's lock fits the parent, and this stack changes no pin
+            return self._resolved.inherited_fresh and not self._resolved.own_changes
         return bool(self.lock) and not self.lock_staleness()
+
+    @property
+    def lock_inherited(self) -> str | None:
+        """The ancestor's lock file this stack uses (it has none of its own), or None."""
+        return self._resolved.lock_inherited
+
+    @property
+    def own_changes(self) -> tuple[str, ...]:
+        """With an inherited lock: the pins this stack adds, moves or drops, which that lock does not cover."""
+        return self._resolved.own_changes
 
     def lock_staleness(self) -> list[str]:
         """Why the lock no longer fits this stack ([] when it fits or there is none): the pins, indexes or
@@ -465,6 +484,8 @@ class Stack(_Strict):
         lock = self.lock
         if not lock:
             return []
+        if self._resolved.lock_inherited:  # the parent's staleness (its finding); this stack's changes apart
+            return list(self._resolved.inherited_staleness)
         why = []
         if str(lock.get("python")) != self.python:
             why.append(f"python: locked for {lock.get('python')}, the stack has {self.python}")
@@ -560,14 +581,18 @@ def _raw(path: Path, stacks_dir: Path | None, seen: tuple[Path, ...] = ()) -> di
         if not isinstance(parent, str) or not grammar.NAME_RE.match(parent):
             raise StackError(f"{path}: extends: expected the name of a stack beside it or in "
                              f"{stacks_dir or STACKS_DIR} (lower-case, no '/' or '..'), got {parent!r}")
-        # only a sibling or a stack of the stacks directory: never a path that leaves them
-        sibling = path.parent / f"{parent}.yaml"
-        ppath = sibling if sibling.is_file() else _stack_path(parent, stacks_dir)
-        base = _raw(ppath, stacks_dir, seen + (path,))
+        base = _raw(parent_path(path, parent, stacks_dir), stacks_dir, seen + (path,))
         base.pop("name", None)
         base.pop("extends", None)
         data = merge(base, data)
     return data
+
+
+def parent_path(path: Path, parent: str, stacks_dir: Path | None = None) -> Path:
+    """The file `extends: parent` names from the stack file `path`: only a sibling or a stack of the stacks
+    directory, never a path that leaves them."""
+    sibling = path.parent / f"{parent}.yaml"
+    return sibling if sibling.is_file() else _stack_path(parent, stacks_dir)
 
 
 def apply_sets(data: dict, sets: dict[str, str], path: Path) -> dict:
@@ -633,7 +658,7 @@ def load_stack(
         raise StackError(_format_stack_errors(path, exc)) from None
     stack._resolved = Resolution(source_file=path, overrides=overrides,
                                  declared_base=declared_base if "base.image" in overrides else None)
-    return _attach_lock(stack)
+    return _attach_lock(stack, stacks_dir)
 
 
 def _format_stack_errors(path: Path, exc: ValidationError) -> str:
@@ -650,10 +675,11 @@ def _format_stack_errors(path: Path, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def _attach_lock(stack: Stack) -> Stack:
+def _attach_lock(stack: Stack, stacks_dir: Path | None = None) -> Stack:
     lock_path = stack.lock_path
     if not lock_path or not lock_path.exists():
-        return stack
+        parent = parent_path(stack.source_file, stack.extends, stacks_dir) if stack.extends else None
+        return stack.with_parent_lock(load_stack(parent, stacks_dir=stacks_dir)) if parent else stack
     try:
         lock = load_yaml_file(lock_path, "lock", StackError) or {}
     except StackError as exc:

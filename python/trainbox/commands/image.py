@@ -97,8 +97,9 @@ def _register_build(isub) -> None:
     b.add_argument("--offline", action="store_true", help="git commits and archives only from trainbox's cache")
     b.add_argument("--bundle", metavar="FILE", help="build from a `trainbox fetch --bundle` file, network off")
     b.add_argument("--dry-run", action="store_true",
-                   help="print the plan (base, inputs, content hash, tags, secrets, what is fetched from where) and "
-                   "a docker command that runs as printed; builds nothing, needs no engine and no index")
+                   help="print the plan (findings, base, inputs, content hash, tags, secrets, where every source comes "
+                   "from) and a docker command that runs as printed; planned as the build plans (an error finding "
+                   "refuses both); builds nothing, needs no engine, asks an index only for pins --set moved")
     add_output(b, "where to write the JSON build report (default: build/reports/<stack>.json)", old=("--report",),
                metavar="FILE")
     add_json(b, "the build report (with --dry-run: the plan, schema trainbox.build-plan/1)")
@@ -125,7 +126,9 @@ def _build(args: argparse.Namespace) -> int:
     import json
 
     from trainbox import image
+    from trainbox.findings import FindingsRefused
     from trainbox.stack import parse_sets
+
     if args.profile:
         _apply_profile(args)
     opts = image.BuildOptions(
@@ -136,12 +139,20 @@ def _build(args: argparse.Namespace) -> int:
         json=bool(args.json and args.dry_run),
         offline=args.offline, bundle=args.bundle,
     )
-    if not args.json or args.dry_run:
-        image.build(opts)  # a dry run prints its plan, as JSON with --json
-        return 0
-    # --json: stdout carries the one JSON document; what the build prints for people goes to stderr
-    with contextlib.redirect_stdout(sys.stderr):
-        outcome = image.build(opts)
+    try:
+        if not args.json or args.dry_run:
+            image.build(opts)  # a dry run prints its plan, as JSON with --json
+            return 0
+        # --json: stdout carries the one JSON document; what the build prints for people goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            outcome = image.build(opts)
+    except FindingsRefused as exc:
+        if not args.json:
+            raise
+        # the refusal as the one JSON document, its findings as `stack validate --json` gives them
+        emit_json({"ok": False, "dry_run": bool(args.dry_run), "refused": str(exc).splitlines()[0],
+                   "findings": [r.as_dict() for r in exc.reported]})
+        return 2
     report = json.loads(json.dumps(outcome.report, default=str))
     emit_json({**report, "dry_run": bool(args.dry_run), "command": list(outcome.argv or []),
                "report_file": str(outcome.report_path) if outcome.report_path else None})
@@ -151,8 +162,7 @@ def _build(args: argparse.Namespace) -> int:
 def _apply_profile(args: argparse.Namespace) -> None:
     """`--profile FILE`: the profile's pins for the stack (under the command line's --set), its wheelhouse, and
     its base choice (substitute_base: auto, never or an image) decided as `trainbox smoke` decides it."""
-    from trainbox.base import Choice, own_or_substitute
-    from trainbox.runtime.errors import TrainboxError
+    from trainbox.base import profile_base
     from trainbox.smoke.profile import load_profile
     from trainbox.stack import load_stack
 
@@ -164,18 +174,11 @@ def _apply_profile(args: argparse.Namespace) -> None:
     mode = prof.get("substitute_base") or "auto"
     own, sub = stack.base.image, stack.base.substitute
     note = f"--profile {args.profile}: " + (", ".join(f"{k}={v}" for k, v in pins.items()) or "no pins")
-    if args.base or mode == "never" or stack.base.auto_substitute:
-        pass  # the command line's --base, the stack's own base, or a stack that substitutes by itself (cpu)
-    elif mode != "auto":
-        args.base = mode
-    elif sub:  # smoke's policy (trainbox.base.own_or_substitute): the substitute when the own base cannot be had
-        try:
-            choice = own_or_substitute(own, sub, may_substitute=True)
-        except TrainboxError as exc:  # no engine (a dry run): plan on the substitute, as the build would
-            choice = Choice(sub, sub, f"{own}: not probed ({exc})")
-        if choice.substituted:
-            args.base = sub
-            note += f"; base {sub}, the stack's base.substitute ({choice.why})"
+    if not args.base:  # the command line's --base wins
+        choice = profile_base(mode, own, sub, stack.base.auto_substitute)
+        args.base = choice.base
+        if choice.base:
+            note += f"; base {choice.base} ({choice.reason})"
     print(note, file=sys.stderr)
 
 

@@ -98,9 +98,10 @@ def _verify(args: argparse.Namespace) -> int:
     from trainbox.stack import parse_sets
 
     sets = parse_sets(args.sets)
+    found = _findings(args.stacks, sets)
     rows = patches.verify(args.stacks or None, args.component, strict=args.strict, offline=args.offline, sets=sets)
     if args.json:
-        emit_json(json.loads(patches.rows_json(rows)))
+        emit_json({**json.loads(patches.rows_json(rows)), "findings": found})
     else:
         print(patches.format_table(rows) if rows else "no patched components")
     bad = [r for r in rows if not r.ok]
@@ -110,6 +111,21 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"\n{failed} of {len(rows)} patch(es) failed" + (f", {skipped} not tried" if skipped else ""),
               file=sys.stderr)
     return 1 if bad else 0
+
+
+def _findings(names: list[str] | None, sets: dict[str, str]) -> list[dict]:
+    """The findings pass over the stacks verified: an error refuses, as everywhere a stack is used, except under
+    --set, which asks what a series does to another pin (the pairing rules may well object: notes then)."""
+    from trainbox.findings import LOCK_RULES, Review, refuse_errors, unique_lines
+    from trainbox.stack import list_stacks, load_stack
+
+    review = Review(skip=LOCK_RULES)  # the pins are fetched by hash: the lock's state shows where it matters
+    found = [r for name in names or list_stacks() for r in review.stack(load_stack(name, sets=sets or None))]
+    if not sets:
+        refuse_errors("patches verify", found)
+    for line in unique_lines(found):
+        print(f"note: {line}", file=sys.stderr)
+    return [r.as_dict() for r in found]
 
 
 def _edit(args: argparse.Namespace) -> int:

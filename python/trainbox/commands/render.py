@@ -28,6 +28,7 @@ def cmd_render(args) -> int:
     from ..paths import REPO_ROOT
     from ..render import GENERATED_FILES, drift, render_all, stale_generated, write_set
 
+    found = _findings(args.stacks)  # an error finding refuses, before anything is rendered or written
     outputs = render_all(args.stacks or None)  # everything in memory first: a template error writes nothing
     root = Path(args.output) if args.output else REPO_ROOT
     note = sys.stderr if args.json else sys.stdout
@@ -41,7 +42,8 @@ def cmd_render(args) -> int:
         else:
             print(f"{len(outputs)} generated files match the templates", file=note)
         if args.json:
-            emit_json({"root": str(root), "check": True, "ok": not bad, "files": sorted(outputs), "drift": bad})
+            emit_json({"root": str(root), "check": True, "ok": not bad, "files": sorted(outputs), "drift": bad,
+                       "findings": found})
         return EXIT_PROBLEMS if bad else 0
     if args.output:
         print(f"writing into {root}/ (the paths below are relative to it)", file=note)
@@ -56,5 +58,20 @@ def cmd_render(args) -> int:
                 print(f"warning: {stale.relative_to(root)}/ is stale (no stack produces it) but holds other "
                       "files; delete it by hand", file=sys.stderr)
     if args.json:
-        emit_json({"root": str(root), "check": False, "ok": True, "files": sorted(outputs), "drift": []})
+        emit_json({"root": str(root), "check": False, "ok": True, "files": sorted(outputs), "drift": [],
+                   "findings": found})
     return 0
+
+
+def _findings(names: list[str] | None) -> list[dict]:
+    """The findings pass over the stacks rendered: errors refuse; warnings are said once each (stderr). The lock's
+    state is left to `stack validate` and `stack lock` (a render of a stack whose pin moved fails on the pin)."""
+    from ..findings import LOCK_RULES, Review, refuse_errors, unique_lines
+    from ..stack import list_stacks, load_stack
+
+    review = Review(skip=LOCK_RULES)
+    found = [r for name in names or list_stacks() for r in review.stack(load_stack(name))]
+    refuse_errors("render", found)
+    for line in unique_lines(found):
+        print(f"note: {line}", file=sys.stderr)
+    return [r.as_dict() for r in found]

@@ -16,7 +16,8 @@ def register(sub) -> None:
 
     ls = s.add_parser("list", help="the stacks: device, Python, base, CANN, parent, lock state",
                       description="One row per stack file: device, Python, parent (extends), CANN, chip, lock "
-                      "state (fresh, stale, none) and base image.")
+                      "state (fresh, stale, none; inherited: the parent's lock, used for the pins a stack does not "
+                      "change) and base image.")
     exits(ls, "a stack file cannot be loaded")
     add_json(ls, "the stacks")
     ls.set_defaults(func=cmd_list)
@@ -51,8 +52,10 @@ def register(sub) -> None:
                       description="Query each pin's index (PEP 691) for its artifact hashes and resolve the "
                       "dependency closure with pip, per platform, and write build/stacks/NAME.lock. Stacks that "
                       "extend a locked one (`extends:`) are locked after it, since their pins moved with it "
-                      "(--no-dependants only names them).")
-    exits(lk, "a pin cannot be locked, or with --check a lock would change")
+                      "(--no-dependants only names them). A stack with an error finding (`stack validate`) is not "
+                      "locked; the finding is said once, at the file that holds the pin.")
+    exits(lk, "a pin cannot be locked, a stack has an error finding (it is not locked), or with --check a lock "
+          "would change")
     add_stacks(lk, default_all=False, help="stack names or files to lock (or --all)")
     lk.add_argument("--all", action="store_true", help="lock every stack")
     lk.add_argument("--no-dependants", action="store_true",
@@ -73,7 +76,8 @@ def register(sub) -> None:
 def _lock_state(stack) -> str:
     if not stack.lock:
         return "none"
-    return "fresh" if stack.lock_is_fresh() else "stale"
+    state = "fresh" if stack.lock_is_fresh() else "stale"
+    return f"{state} (inherited: {stack.lock_inherited})" if stack.lock_inherited else state
 
 
 def cmd_list(args) -> int:
@@ -100,37 +104,64 @@ def cmd_list(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from ..rules import check
+    from ..findings import Review
     from ..runtime.errors import TrainboxError
     from ..stack import list_stacks, load_stack, stack_path
 
     names = args.stacks or list_stacks()
     for name in names:
         stack_path(name)  # a name that is no stack is a usage error (2), not a finding
-    failed = False
-    report = []
+    loaded, report, failed = [], [], False
     for name in names:
         try:
-            stack = load_stack(name)
+            loaded.append(load_stack(name))
         except TrainboxError as exc:
             failed = True
             report.append({"stack": name, "ok": False, "findings": [{"rule": "schema", "level": "error",
                                                                       "message": str(exc)}]})
             if not args.json:
                 print(f"FAIL {name}\n{exc}", file=sys.stderr)
-            continue
-        findings = check(stack)
-        bad = [f for f in findings if f.level == "error" or args.strict]
+    review, shown = Review(), set()
+    in_run = {str(st.source_file) for st in loaded}
+    for stack in _parents_first(loaded):
+        found = review.stack(stack)
+        bad = [r for r in found if r.level == "error" or args.strict]
         failed |= bool(bad)
-        report.append({"stack": name, "ok": not bad, "file": str(stack.source_file),
-                       "findings": [{"rule": f.rule, "level": f.level, "message": f.message} for f in findings]})
-        if not args.json:
-            print(f"{'FAIL' if bad else 'ok  '} {name} ({stack.source_file})")
-            for f in findings:
-                print(f"  {f.format(stack)}", file=sys.stderr if f in bad else sys.stdout)
+        report.append({"stack": stack.name, "ok": not bad, "file": str(stack.source_file),
+                       "findings": [r.as_dict() for r in found]})
+        if args.json:
+            continue
+        # a finding inherited from a stack of this run is shown there, once; the dependant only counts it
+        elsewhere = [r for r in found if r.inherited_from and str(r.file) in in_run]
+        count = f": {len(elsewhere)} finding{'s' if len(elsewhere) != 1 else ''} inherited from {', '.join(sorted({r.inherited_from for r in elsewhere}))} " \
+                "(shown there)" if elsewhere else ""
+        print(f"{'FAIL' if bad else 'ok  '} {stack.name} ({stack.source_file}){count}",
+              file=sys.stderr if bad else sys.stdout)
+        for r in found:
+            if r in elsewhere or r.where in shown:
+                continue
+            shown.add(r.where)
+            print(f"  {r.line()}", file=sys.stderr if r in bad else sys.stdout)
     if args.json:
         emit_json({"ok": not failed, "strict": args.strict, "stacks": report})
     return EXIT_PROBLEMS if failed else 0
+
+
+def _parents_first(stacks: list) -> list:
+    """`stacks` with each one after the stacks of the list it extends (otherwise in the order given)."""
+    by_name = {st.name: st for st in stacks}
+    out: list = []
+
+    def visit(st) -> None:
+        if st in out:
+            return
+        if st.extends in by_name:
+            visit(by_name[st.extends])
+        out.append(st)
+
+    for st in stacks:
+        visit(st)
+    return out
 
 
 def _rows(stack):
@@ -197,6 +228,7 @@ def cmd_diff(args) -> int:
 def cmd_lock(args) -> int:
     from pathlib import Path
 
+    from ..findings import LOCK_RULES, Review
     from ..lock import lock_plan, lock_stack, write_lock
     from ..stack import list_stacks
 
@@ -207,7 +239,22 @@ def cmd_lock(args) -> int:
     plan, named = lock_plan(list_stacks() if args.all else args.stacks, dependants=not args.no_dependants)
     out = sys.stderr if args.json else sys.stdout
     results, failed = [], False
+    review, shown = Review(skip=LOCK_RULES), set()  # the lock's own state is what locking repairs
     for stack, why in plan:
+        bad = [r for r in review.stack(stack) if r.level == "error"]
+        if bad:  # a pin the rules refuse is not locked (nor written into a lock), each finding said once
+            for r in bad:
+                if r.where not in shown:
+                    shown.add(r.where)
+                    print(r.line(), file=sys.stderr)
+            where = sorted({r.inherited_from for r in bad if r.inherited_from})
+            print(f"{stack.name}: not locked: {len(bad)} error finding{'s' if len(bad) != 1 else ''}"
+                  + (f" (inherited from {', '.join(where)})" if where else ""), file=sys.stderr)
+            failed = True
+            results.append({"stack": stack.name, "changes": [], "problems": [r.line() for r in bad],
+                            "unreachable": [], "incomplete": [], "written": None,
+                            "findings": [r.as_dict() for r in bad]})
+            continue
         print(f"locking {stack.name}{why} for Python {stack.python} on {', '.join(stack.platforms)} ...",
               file=sys.stderr)
         rep = lock_stack(stack, Path(args.wheelhouse) if args.wheelhouse else None, resolve_deps=not args.no_deps)
@@ -224,7 +271,8 @@ def cmd_lock(args) -> int:
             print(f"{stack.name}: wrote {written}", file=out)
         failed |= bool(rep.problems) or (args.check and bool(rep.changes))
         results.append({"stack": stack.name, "changes": rep.changes, "problems": rep.problems,
-                        "unreachable": rep.unreachable, "incomplete": rep.incomplete, "written": written})
+                        "unreachable": rep.unreachable, "incomplete": rep.incomplete, "written": written,
+                        "findings": []})
     for name, parent in named:
         print(f"{name} extends {parent}: its lock may now be stale; run `trainbox stack lock {name}` "
               "(or lock without --no-dependants)", file=sys.stderr)

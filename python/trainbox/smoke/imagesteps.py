@@ -24,34 +24,12 @@ class ImageSteps:
         """Decide the base before the build and record why (the report must say what was built on).
         Returns the image to pass as `image build --base`, or None for the stack's own."""
         declared = info.get("base") or {}
-        own, sub = declared.get("image"), declared.get("substitute")
-        sr.base["image"] = own
-        mode = self.opts.substitute_base
-        if mode == "never":
-            sr.base.update(decision="own", reason="--substitute-base never")
-            return None
-        if mode != "auto":
-            sr.base.update(decision="explicit", used=mode, substituted=mode if mode != own else None,
-                           reason=f"--substitute-base {mode}")
-            return mode
-        # Smoke's policy beside image build's: any stack with a base.substitute is built on it when its own
-        # base cannot be had (image build substitutes by itself only where the stack allows it: cpu).
-        try:
-            choice = base.own_or_substitute(own, sub, may_substitute=True, timeout=self.opts.pull_timeout)
-        except TrainboxError as exc:  # no engine: the build step says so
-            choice = base.Choice(own, None, f"{own}: not probed ({exc})")
-        if not choice.substituted:
-            sr.base.update(decision="own", reason=choice.why if choice.available else
-                           f"{choice.why} and the stack declares no base.substitute; the build says how to "
-                           "provide one")
-            return None
-        sr.base.update(decision="substitute", used=sub, substituted=sub,
-                       reason=f"{choice.why}; built on the stack's base.substitute {sub}")
-        if declared.get("auto_substitute"):
-            # The stack substitutes by itself (cpu): no --base, so the image is the very one `trainbox image
-            # build` makes for everyone (same content hash, a cache hit when it exists).
-            return None
-        return sub
+        own = declared.get("image")
+        choice = base.profile_base(self.opts.substitute_base, own, declared.get("substitute"),
+                                   bool(declared.get("auto_substitute")), timeout=self.opts.pull_timeout)
+        sr.base.update(image=own, decision=choice.decision, used=choice.substituted or choice.base,
+                       substituted=choice.substituted, reason=choice.reason)
+        return choice.base
 
     def step_build(self, sr: StackResult, info: dict) -> StepResult:
         log = self._log(sr.stack, "build")
