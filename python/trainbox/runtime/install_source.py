@@ -110,12 +110,30 @@ def _purelib() -> Path:
     return Path(sysconfig.get_paths()["purelib"])
 
 
+def _build_env(args: argparse.Namespace, tmp: Path) -> tuple[list[str], dict | None]:
+    """pip wheel's flags and environment. With --build-req (the lock's hash-pinned PEP 518 requirements) the
+    build environment holds exactly those, installed --require-hashes, and pip builds without isolation in it:
+    an isolated build would install whatever version of setuptools the wheelhouse or index offers, unchecked
+    (a setuptools-99 wheel added to a wheelhouse ran its code). Without a lock: pip's own isolation."""
+    if not args.build_isolation:
+        return ["--no-build-isolation"], None
+    if not args.build_req:
+        return [], None
+    reqs, env_dir = tmp / "build-requirements.txt", tmp / "build-env"
+    reqs.write_text("".join(line + "\n" for line in args.build_req))
+    _run([sys.executable, "-m", "pip", "install", "--no-deps", "--require-hashes", "--no-compile",
+          "--disable-pip-version-check", "--target", str(env_dir), "-r", str(reqs)],
+         "installing the hash-pinned build requirements")
+    env = dict(os.environ, PYTHONPATH=str(env_dir))  # before the venv's own site-packages
+    return ["--no-build-isolation", "--use-pep517", "--check-build-dependencies"], env
+
+
 def _install_wheel(args: argparse.Namespace, tree: Path, tmp: Path) -> None:
     src = tree / args.subdir if args.subdir else tree
-    flags = [] if args.build_isolation else ["--no-build-isolation"]
+    flags, env = _build_env(args, tmp)
     out = tmp / "wheel"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", *flags, "-w", str(out),
-          str(src)], f"building a wheel from {args.git}@{args.commit}")
+          str(src)], f"building a wheel from {args.git}@{args.commit}", env=env)
     wheels = sorted(out.glob("*.whl"))
     if len(wheels) != 1:
         raise SourceFailed(f"building a wheel from {args.git}@{args.commit} gave {len(wheels)} wheels")
@@ -232,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--version")
     ap.add_argument("--patches", type=Path, help="series directory to apply before building")
     ap.add_argument("--no-build-isolation", dest="build_isolation", action="store_false")
+    ap.add_argument("--build-req", action="append", default=[], metavar="LINE",
+                    help="--mode pip: a hash-pinned build requirement (`name==version --hash=sha256:...`)")
     ap.add_argument("--build", action="append", default=[], metavar="CMD", help="--mode build: a build command")
     ap.add_argument("--wheels", default="dist/*.whl", help="--mode build: the wheels it leaves (glob in the tree)")
     ap.add_argument("--needs", action="append", default=[], choices=sorted(TOOLKITS),
