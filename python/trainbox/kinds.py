@@ -241,6 +241,8 @@ class GitKind(Kind):
         if c.build_requires is not None and not self.needs_build_env(c):
             raise ValueError("`build_requires` are the PEP 518 requirements of a wheel built in isolation (install: "
                              "pip, build_isolation: true); this component builds none")
+        for r in c.build_requires or []:
+            grammar.check_requirement(r, "build_requires")
         if c.install == "tree" and c.version:
             raise ValueError("`version` is checked against the wheel built from the tree; `install: tree` builds none")
 

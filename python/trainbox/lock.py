@@ -114,6 +114,41 @@ def _pip_report(stack: Stack, platform: str, reqs: list[str], indexes: list[str]
     return out
 
 
+def _lock_deps(stack: Stack, plat: str, old_plat: dict, resolve_deps: bool, wheelhouse: Path | None,
+               unreachable: list, rep: LockReport) -> dict | None:
+    """The `deps` entry of one platform: the resolved closure, or the old one when it is kept or cannot be
+    resolved from here; None when there is none."""
+    entry: dict = {}
+    if resolve_deps:
+        try:
+            deps = _pip_resolve(stack, plat, wheelhouse, {u.index_name for u in unreachable})
+        except TrainboxError as exc:
+            if unreachable:
+                # not a broken pin: the resolver could not see a pinned artifact's metadata from here
+                names = ", ".join(sorted({u.index_name for u in unreachable}))
+                rep.incomplete.append(f"{plat}: dependencies not locked ({names} unreachable); the image "
+                                      "build resolves them against the hash-checked pins")
+            else:
+                rep.problems.append(str(exc))
+            deps = None
+        if deps is not None:
+            comp_names = {canon(c.dist_name) for c in stack.installed_components.values()}
+            deps = {n: d for n, d in sorted(deps.items()) if n not in comp_names}
+            prev_deps = old_plat.get("deps") or {}
+            for n, d in deps.items():
+                if (prev_deps.get(n) or {}).get("version") != d["version"]:
+                    rep.changes.append(f"{plat} dep {n}: {(prev_deps.get(n) or {}).get('version', '-')} -> "
+                                       f"{d['version']}")
+            for n in prev_deps.keys() - deps.keys():
+                rep.changes.append(f"{plat} dep {n}: removed")
+            entry["deps"] = deps
+        elif old_plat.get("deps"):
+            entry["deps"] = old_plat["deps"]
+    elif old_plat.get("deps"):
+        entry["deps"] = old_plat["deps"]  # --no-deps refreshes hashes only; the closure stays as it was
+    return entry.get("deps")
+
+
 def _lock_build_deps(stack: Stack, plat: str, old_plat: dict, resolve: bool, wheelhouse: Path | None,
                      rep: LockReport) -> dict | None:
     """The `build_deps` entry of one platform: resolved when asked or when the lock has none for the stack's
@@ -188,33 +223,9 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
                                    f"({len(shas)} artifact hash{'es' if len(shas) != 1 else ''})")
             comps[key] = {"version": pin.version, "index": pin.index, "sha256": shas}
         entry: dict = {"components": comps}
-        if resolve_deps:
-            try:
-                deps = _pip_resolve(stack, plat, wheelhouse, {u.index_name for u in unreachable})
-            except TrainboxError as exc:
-                if unreachable:
-                    # not a broken pin: the resolver could not see a pinned artifact's metadata from here
-                    names = ", ".join(sorted({u.index_name for u in unreachable}))
-                    rep.incomplete.append(f"{plat}: dependencies not locked ({names} unreachable); the image "
-                                          "build resolves them against the hash-checked pins")
-                else:
-                    rep.problems.append(str(exc))
-                deps = None
-            if deps is not None:
-                comp_names = {canon(c.dist_name) for c in stack.installed_components.values()}
-                deps = {n: d for n, d in sorted(deps.items()) if n not in comp_names}
-                prev_deps = old_plat.get("deps") or {}
-                for n, d in deps.items():
-                    if (prev_deps.get(n) or {}).get("version") != d["version"]:
-                        rep.changes.append(f"{plat} dep {n}: {(prev_deps.get(n) or {}).get('version', '-')} -> "
-                                           f"{d['version']}")
-                for n in prev_deps.keys() - deps.keys():
-                    rep.changes.append(f"{plat} dep {n}: removed")
-                entry["deps"] = deps
-            elif old_plat.get("deps"):
-                entry["deps"] = old_plat["deps"]
-        elif old_plat.get("deps"):
-            entry["deps"] = old_plat["deps"]  # --no-deps refreshes hashes only; the closure stays as it was
+        deps = _lock_deps(stack, plat, old_plat, resolve_deps, wheelhouse, unreachable, rep)
+        if deps is not None:
+            entry["deps"] = deps
         build = _lock_build_deps(stack, plat, old_plat, resolve_deps, wheelhouse, rep)
         if build is not None:
             entry["build_deps"] = build

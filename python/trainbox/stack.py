@@ -143,9 +143,7 @@ class Component(_Strict):
     # build (its own build commands compile it: kernels against a toolkit of the base)
     install: bool | Literal["pip", "tree", "build"] = True
     build_isolation: bool = True  # git, install: pip: false builds with the venv's own setuptools
-    # git, install: pip with build isolation: the PEP 518 build requirements, resolved and hash-pinned by the
-    # lock (`build_deps`) and installed --require-hashes into the build's own environment (None: pip's default
-    # for a tree without [build-system], setuptools>=40.8.0 and wheel)
+    # git, install: pip: PEP 518 build requirements, hash-pinned by the lock (`build_deps`); None: pip's default
     build_requires: list[str] | None = None
     build: list[str] = Field(default_factory=list)  # git, install: build: shell commands run in the tree
     wheels: str | None = None  # git, install: build: the wheels they leave, a glob in the tree (dist/*.whl)
@@ -195,11 +193,6 @@ class Component(_Strict):
     @classmethod
     def _subdir(cls, v: str | None) -> str | None:
         return v if v is None else grammar.check_relpath(v, "subdir")
-
-    @field_validator("build_requires")
-    @classmethod
-    def _build_requires(cls, v: list[str] | None) -> list[str] | None:
-        return v if v is None else [grammar.check_requirement(r, "build_requires") for r in v]
 
     @field_validator("note")
     @classmethod
@@ -509,31 +502,24 @@ class Stack(_Strict):
     def _build_staleness(self, lock: dict) -> list[str]:
         """The wheels built from git trees need their PEP 518 requirements hash-pinned in the lock."""
         reqs = self.build_requirements()
-        if not reqs:
-            return []
-        if lock.get("build_requires") != reqs:
+        plats = [p for p in self.platforms if not ((lock.get("platforms") or {}).get(p) or {}).get("build_deps")]
+        if reqs and lock.get("build_requires") != reqs:
             return [f"build_requires: locked for {lock.get('build_requires') or '(none)'}, the stack's git wheels "
                     f"build with {reqs}"]
-        plats = [p for p in self.platforms if not ((lock.get("platforms") or {}).get(p) or {}).get("build_deps")]
-        return [f"build_deps: not locked for {', '.join(plats)}"] if plats else []
+        return [f"build_deps: not locked for {', '.join(plats)}"] if reqs and plats else []
 
     def _pypi(self) -> dict[str, "Component"]:
         return {k: c for k, c in self.installed_components.items() if c.source == "pypi"}
 
     def build_requirements(self) -> list[str]:
-        """The PEP 518 requirements of the wheels built from git trees in an isolated build (what the lock
-        resolves into `build_deps`); [] when every wheel comes from an index."""
-        reqs: set[str] = set()
-        for c in self.installed_components.values():
-            if c.kind.needs_build_env(c):
-                reqs.update(c.build_requires if c.build_requires is not None else DEFAULT_BUILD_REQUIRES)
-        return sorted(reqs)
+        """The PEP 518 requirements of the wheels built from git trees (the lock pins them as `build_deps`)."""
+        return sorted({r for c in self.installed_components.values() if c.kind.needs_build_env(c)
+                       for r in (DEFAULT_BUILD_REQUIRES if c.build_requires is None else c.build_requires)})
 
     def locked_build_deps(self, platform: str) -> dict[str, dict]:
         """The hash-pinned build requirements for a platform, from a fresh lock; {} otherwise."""
-        if not self.build_requirements() or not self.lock_is_fresh():
-            return {}
-        return (self.lock.get("platforms", {}).get(platform) or {}).get("build_deps") or {}
+        fresh = self.build_requirements() and self.lock_is_fresh()
+        return ((self.lock.get("platforms", {}).get(platform) or {}).get("build_deps") or {}) if fresh else {}
 
     def locked_deps(self, platform: str) -> dict[str, dict]:
         """Resolved dependencies (not components) for a platform, from a fresh lock; {} otherwise."""
