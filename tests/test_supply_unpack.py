@@ -11,6 +11,7 @@ in the builder's own Python (the bootstrapped Debian base, --network none).
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import tarfile
 from pathlib import Path
@@ -119,3 +120,43 @@ def test_the_builders_git_fetch_unpacks_through_the_checks():
 
     src = inspect.getsource(install_source._git_fetch)
     assert "extract_tree(" in src and "extractall" not in src
+
+
+def test_a_tree_with_an_absolute_symlink_is_staged_with_the_link_kept(tmp_path):
+    """Issue 22's input: an upstream tree holding an absolute symlink (many real projects ship one) ended in a
+    traceback and could not be built. `trainbox fetch` and the build's staging (a dry run stages the context) now
+    write it as the same link, never followed, and the tree id still checks."""
+    import shutil
+    import sys
+
+    from trainbox.paths import STACKS_DIR
+
+    repo = tmp_path / "upstream"
+    repo.mkdir()
+    (repo / "pkg").mkdir()
+    (repo / "pkg" / "__init__.py").write_text("X = 1\n")
+    (repo / "pkg" / "etc-passwd").symlink_to("/etc/passwd")
+    (repo / "pkg" / "alias.py").symlink_to("__init__.py")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@e", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "links"]):
+        subprocess.run(["git", "-C", str(repo), *cmd], check=True, env=env, capture_output=True)
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, env=env,
+                            capture_output=True, text=True).stdout.strip()
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    shutil.copy(STACKS_DIR / "cpu.lock", stacks / "links.lock")
+    (stacks / "links.yaml").write_text(
+        f"name: links\nextends: cpu\ncomponents:\n  linked:\n    source: git\n    git: {repo.as_uri()}\n"
+        f"    commit: {commit}\n    install: tree\n")
+    run_env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python"), TRAINBOX_CACHE=str(tmp_path / "cache"))
+    for args in (["fetch", "--sources-only", str(stacks / "links.yaml")],
+                 ["image", "build", str(stacks / "links.yaml"), "--dry-run", "--wheelhouse", "/opt/wheels"]):
+        proc = subprocess.run([sys.executable, "-m", "trainbox.cli", *args], capture_output=True, text=True,
+                              env=run_env, timeout=600, cwd=REPO_ROOT)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    staged = [p for p in (tmp_path / "cache").rglob("etc-passwd") if "build" in p.parts]
+    assert staged, "the dry run staged no tree"
+    for link in staged:
+        assert link.is_symlink() and str(link.readlink()) == "/etc/passwd"
+        assert (link.parent / "alias.py").is_symlink() and (link.parent / "alias.py").read_text() == "X = 1\n"
