@@ -9,8 +9,9 @@ bind-mounts that directory, so no layer ever holds `.git` or a credential. Witho
 `docker build` of the committed Dockerfile) a git component is fetched here with git, by commit, and the fetched
 HEAD is checked against the pin.
 
-    --mode pip      apply the patch series to a copy of the tree, build a wheel from it (or from --subdir),
-                    install it --no-deps and record the commit in its direct_url.json (PEP 610)
+    --mode pip      apply the patch series to a copy of the tree, build a wheel from it (or from --subdir; with
+                    --build-req in an environment of exactly those hash-pinned build requirements), install it
+                    --no-deps and record the commit in its direct_url.json (PEP 610)
     --mode tree     apply the series, put the tree (no .git) at /opt/src/<component>, add it to sys.path (.pth)
     --mode archive  check the staged archive's sha256, install the wheels it holds --no-deps
     --mode build    apply the series, check the toolkits it --needs are in the builder, run each --build command
