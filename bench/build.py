@@ -54,23 +54,36 @@ def _timed_build(opts, repo_root: Path | None = None):
     return out, time.monotonic() - t0
 
 
-def plain_pip_install(stack_name: str, wheelhouse: str | None,
-                      sets: dict[str, str] | None = None) -> tuple[float, float]:
-    """(venv seconds, pip seconds): the stack's hash-pinned requirements (with `sets` moved, as the build gets
-    them) installed with plain pip into a fresh venv, no cache, from the indexes that answer (as the build does)
-    plus the wheelhouse."""
+def limit_requirements(stack_name: str, sets: dict[str, str] | None = None, plan=None) -> list[bytes]:
+    """requirements.txt and deps.txt for the limit. With `plan` (an image.plan), the very files the build installs:
+    pins moved by `sets` are hashed there as the build hashes them (a moved pin has no hash in the stack's lock)."""
+    from trainbox import render
+    from trainbox.stack import load_stack
+
+    if plan is None:
+        rendered = render.render_stack(load_stack(stack_name, sets=sets))
+        return [rendered.requirements.encode(), rendered.deps.encode()]
+    gen = f"{render.GENERATED_DIR}/{stack_name}"
+    texts = [plan.files[f"{gen}/{n}"] for n in ("requirements.txt", "deps.txt")]
+    return [t if isinstance(t, bytes) else Path(t).read_bytes() for t in texts]
+
+
+def plain_pip_install(stack_name: str, wheelhouse: str | None, sets: dict[str, str] | None = None,
+                      plan=None) -> tuple[float, float]:
+    """(venv seconds, pip seconds): the stack's hash-pinned requirements (limit_requirements) installed with plain
+    pip into a fresh venv, no cache, from the indexes that answer (as the build does) plus the wheelhouse."""
     import subprocess
 
-    from trainbox import image, render
+    from trainbox import image
     from trainbox.stack import load_stack
 
     stack = load_stack(stack_name, sets=sets)
-    rendered = render.render_stack(stack)
+    texts = limit_requirements(stack_name, sets, plan)
     indexes = [u for u in stack.indexes.values() if image._url_answers(u, 6.0)[0]] or ["https://pypi.org/simple"]
     with tempfile.TemporaryDirectory(prefix="trainbox-bench-pip-") as tmp:
         req, deps = Path(tmp, "requirements.txt"), Path(tmp, "deps.txt")
-        req.write_text(rendered.requirements)
-        deps.write_text(rendered.deps)
+        req.write_bytes(texts[0])
+        deps.write_bytes(texts[1])
         t0 = time.monotonic()
         subprocess.run([sys.executable, "-m", "venv", f"{tmp}/venv"], check=True)
         t1 = time.monotonic()
@@ -125,9 +138,9 @@ def bench_workload(args, client, created: list[str]) -> dict:
     opts = image.BuildOptions(stack=args.workload, base=base, sets=sets, wheelhouse=args.wheelhouse,
                               ca_bundle=args.ca_bundle, tag_latest=False, labels={"trainbox.bench": "1"},
                               report=str(Path(tempfile.gettempdir()) / f"trainbox-bench-{args.workload}.json"))
-    image.plan(opts, client, make_base=True)  # the substitute base, made untimed if missing
+    planned = image.plan(opts, client, make_base=True)  # the substitute base, made untimed if missing
     print(f"bench: the limit for {args.workload}: plain pip install of its pinned wheels", file=sys.stderr)
-    t_venv, t_pip = plain_pip_install(args.workload, args.wheelhouse, sets)
+    t_venv, t_pip = plain_pip_install(args.workload, args.wheelhouse, sets, plan=planned)
     limit = t_venv + t_pip
     print(f"bench: cold build of {args.workload} on {base} (layer cache ignored)", file=sys.stderr)
     opts.force, opts.no_cache = True, True

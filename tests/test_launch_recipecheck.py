@@ -112,12 +112,12 @@ def test_plan_takes_python_dash_m_and_a_console_script_needs_an_entry(tmp_path):
 def test_a_mounted_workload_plans_from_its_entry_alone_and_says_why_nothing_ran():
     """Relax is a mounted checkout (check: args none, imports none): the plan needs only the entry (the command's
     ${MODEL_ARGS[@]} comes from a script in that checkout), and the result names the reason instead of passing."""
-    from trainbox.launch.recipecheck import run_on_host, summary
+    from trainbox.launch.recipecheck import run_with_code, summary
 
     check = plan(resolve("relax-qwen3-4b-4npu-colocate", require_inputs=False, host_paths=False))
     assert check.entry == ["--module", "relax.entrypoints.train"] and check.args == []
     assert not check.parse and not check.imports
-    out = run_on_host(check)
+    out = run_with_code(check, "/nonexistent/relax")  # nothing to run: no container, no engine asked
     assert out["imports"]["skipped"] and out["args"]["skipped"]
     assert out["status"] == "not checked" and out["ok"] is False
     assert summary(out) == ("relax-qwen3-4b-4npu-colocate: not checked: Relax's source is not pinned here (a mounted "
@@ -138,7 +138,7 @@ def test_not_checked_is_never_printed_as_ok():
     assert out["not_checked"] == [name] and "ok " not in p.stderr
 
 
-# -- host runs against the pinned SpecForge checkout ---------------------------------------------------------
+# -- runs against the pinned SpecForge checkout, mounted read-only into trainbox's Debian base --------------------
 
 needs_upstream = pytest.mark.skipif(find_shared_upstream() is None, reason="../shared/upstream is missing")
 
@@ -159,6 +159,7 @@ def _with_code(tmp_path: Path, edit=None) -> Path:
 
 @needs_upstream
 @pytest.mark.slow
+@pytest.mark.docker
 def test_the_recipe_parses_with_specforges_parser(specforge, tmp_path):
     p = cli("launch", "check", str(_with_code(tmp_path)), "--args", "--code", str(specforge), "--stub-missing",
             "--json")
@@ -167,16 +168,17 @@ def test_the_recipe_parses_with_specforges_parser(specforge, tmp_path):
     row = out["recipes"][0]
     assert row["args"]["args"]["ok"] and row["args"]["args"]["parser"] == "train_domino.py"
     assert row["args"]["stubs"] == ["torch_npu"] and "accelerate" in row["args"]["args"]["stubbed"]
-    # the parse ran, the imports did not (this host lacks the image's packages): not checked, never ok
-    assert row["status"] == "not checked" and not row["ok"]
-    assert row["args"]["summary"] == ("specforge-check: not checked: imports not checked (--stub-missing: this host "
-                                      "lacks the image's packages); the arguments parse (stand-ins: torch_npu)")
+    # the parse ran, the imports did not (the plain image lacks the workload's packages): not checked, never ok
+    assert row["status"] == "not checked" and not row["ok"] and row["args"]["image"] == "local/debian:bookworm"
+    assert row["args"]["summary"] == ("specforge-check: not checked: imports not checked (--stub-missing: the image "
+                                      "lacks the workload's packages); the arguments parse (stand-ins: torch_npu)")
     p = cli("launch", "check", str(_with_code(tmp_path)), "--args", "--code", str(specforge), "--stub-missing")
     assert p.returncode == 0 and p.stdout.startswith("not checked  specforge-check: imports not checked"), p.stdout
 
 
 @needs_upstream
 @pytest.mark.slow
+@pytest.mark.docker
 def test_a_bogus_flag_fails_naming_the_flag_and_the_recipe(specforge, tmp_path):
     def bogus(data):
         data["command"] = [*data["command"], "--num-anchorz 16"]
@@ -185,6 +187,36 @@ def test_a_bogus_flag_fails_naming_the_flag_and_the_recipe(specforge, tmp_path):
             "--stub-missing")
     assert p.returncode == 1
     assert "specforge-check: args: unrecognized arguments: --num-anchorz 16" in p.stderr
+
+
+@needs_upstream
+@pytest.mark.docker
+def test_a_recipe_pythonpath_runs_nothing_on_the_host(specforge, tmp_path):
+    """Issue 22's input: the recipe's env chooses a PYTHONPATH holding a sitecustomize.py (one outside the checkout,
+    one inside it) that writes a marker. `launch check --args --code` used to run the parser on this host with that
+    environment, and the marker appeared; now the parser runs in a container (network off, checkout read-only),
+    and nothing is written here."""
+    import docker_helpers
+
+    docker_helpers.ensure_base()
+    marker = tmp_path / "sitecustomize-ran"
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    code = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran on the host')\n"
+    (evil / "sitecustomize.py").write_text(code)
+    checkout = tmp_path / "checkout"
+    subprocess.run(["cp", "-a", str(specforge), str(checkout)], check=True)
+    (checkout / "sitecustomize.py").write_text(code)
+
+    def hostile(data):
+        data["env"]["PYTHONPATH"] = f"{evil}:${{CODE_DIR}}"
+
+    p = cli("launch", "check", str(_with_code(tmp_path, hostile)), "--args", "--code", str(checkout),
+            "--stub-missing", "--json")
+    assert not marker.exists(), "the recipe's sitecustomize.py ran on the host"
+    row = json.loads(p.stdout)["recipes"][0]
+    assert row["args"]["image"] == "local/debian:bookworm" and row["args"]["args"]["parser"] == "train_domino.py", row
+    assert p.returncode == 0, p.stderr
 
 
 # -- in the image -------------------------------------------------------------------------------------------

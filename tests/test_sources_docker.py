@@ -15,7 +15,7 @@ import pytest
 
 import docker_helpers
 from trainbox.paths import REPO_ROOT
-from upstream_helpers import MEGATRON, MINDSPEED, git_env, make_mirrors, stack_file
+from upstream_helpers import MEGATRON, MINDSPEED, git_env, hostile_setuptools_wheel, make_mirrors, stack_file
 
 pytestmark = pytest.mark.docker
 
@@ -32,11 +32,23 @@ def trainbox(args: list[str], env: dict[str, str], timeout: int = 900) -> subpro
 TOOLS_BASE = "trainbox-test/base-build-tools:bookworm"
 
 
-def build_args(stack: Path, report: Path, base: str | None = None) -> list[str]:
+def build_args(stack: Path, report: Path, base: str | None = None, wheelhouse: Path | None = None) -> list[str]:
     args = ["image", "build", str(stack), "-o", str(report)] + (["--base", base] if base else [])
-    if Path("/opt/wheels").is_dir():
+    if wheelhouse:
+        args += ["--wheelhouse", str(wheelhouse)]
+    elif Path("/opt/wheels").is_dir():
         args += ["--wheelhouse", "/opt/wheels"]
     return args
+
+
+def hostile_wheelhouse(tmp: Path) -> Path:
+    """/opt/wheels (the torch wheel) plus issue 22's input: a setuptools-99 wheel whose code stops the build."""
+    wh = tmp / "wheelhouse"
+    wh.mkdir()
+    for w in Path("/opt/wheels").glob("*.whl") if Path("/opt/wheels").is_dir() else []:
+        (wh / w.name).symlink_to(w)
+    hostile_setuptools_wheel(wh)
+    return wh
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +82,14 @@ def built(mirrors, tools_base, tmp_path_factory):
     def unique(d):  # a value new to this run: a lasting BuildKit cache cannot answer every step of the builds
         d.setdefault("env", {})["TRAINBOX_TEST_RUN"] = uuid.uuid4().hex
 
-    proc = trainbox(build_args(stack_file(tmp, unique), report, tools_base), env, timeout=1200)
+    # the MindSpeed wheel builds with the setuptools-99 wheel in the wheelhouse pip is offered: its code would
+    # stop the build (an isolated build environment took it); the lock's hash-pinned setuptools is used instead
+    wheelhouse = hostile_wheelhouse(tmp)
+    proc = trainbox(build_args(stack_file(tmp, unique), report, tools_base, wheelhouse), env, timeout=1800)
+    assert "setuptools-99" not in proc.stderr, proc.stderr[-4000:]
     assert proc.returncode == 0, proc.stderr[-4000:]
     tag = json.loads(report.read_text())["tag"]
-    yield tag, env, tmp
+    yield tag, env, tmp, wheelhouse
     subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
 
 
@@ -85,7 +101,7 @@ def run_in(tag: str, code: str) -> str:
 
 
 def test_mindspeed_wheel_from_the_patched_tree_and_megatron_tree(built):
-    tag, _, _ = built
+    tag, *_ = built
     out = json.loads(run_in(tag, """if True:
         import importlib.metadata as md, importlib.util, json, sys, pathlib
         import mindspeed
@@ -115,7 +131,7 @@ def test_mindspeed_wheel_from_the_patched_tree_and_megatron_tree(built):
 
 
 def test_doctor_checks_the_installed_commits(built):
-    tag, _, _ = built
+    tag, *_ = built
     proc = subprocess.run(["docker", "run", "--rm", "--network", "none", tag, "trainbox", "doctor", "--json"],
                           capture_output=True, text=True, timeout=120)
     checks = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
@@ -187,14 +203,19 @@ def test_tampered_archive_fails_before_the_build(tmp_path, mirrors):
 
 def test_bundle_builds_with_the_network_off_to_the_same_tag(built, mirrors):
     """fetch --bundle, then image build --bundle with no git config (no mirror) and `--network none`."""
-    tag, env, tmp = built
+    tag, env, tmp, wheelhouse = built
     bundle = tmp / "bundle.tar"
-    args = ["fetch", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle), "--json"]
-    if Path("/opt/wheels").is_dir():
-        args += ["--wheelhouse", "/opt/wheels"]  # the torch wheel: its index is unreachable here
+    # the torch wheel (its index is unreachable here) and the setuptools-99 wheel: only pinned files are bundled
+    args = ["fetch", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle), "--json", "--wheelhouse", str(wheelhouse)]
     proc = trainbox(args, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["schema"] == "trainbox.bundle/1"
+    import tarfile
+
+    with tarfile.open(bundle) as tar:
+        names = tar.getnames()
+    assert not [n for n in names if "setuptools-99" in n]
+    assert [n for n in names if n.startswith("./wheelhouse/setuptools-84.2.1-")], names
     offline = {k: v for k, v in env.items() if not k.startswith("GIT_CONFIG_")}
     offline["TRAINBOX_CACHE"] = str(tmp / "empty-cache")  # nothing from the online build's source cache
     dry = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle), "--base", TOOLS_BASE,
@@ -211,7 +232,7 @@ def test_bundle_builds_with_the_network_off_to_the_same_tag(built, mirrors):
 
 
 def test_a_tampered_bundle_is_refused(built, tmp_path):
-    _, env, tmp = built
+    _, env, tmp, _ = built
     bundle = tmp / "bundle.tar"
     if not bundle.exists():
         pytest.skip("the bundle test did not run")
@@ -230,3 +251,43 @@ def test_a_tampered_bundle_is_refused(built, tmp_path):
     proc = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bad)], env)
     assert proc.returncode != 0
     assert "bundle.json does not match its SHA256SUMS entry" in proc.stderr
+
+
+def test_a_setuptools_99_wheel_added_to_a_bundle_with_its_sums_rewritten_is_refused(built, tmp_path):
+    """Issue 22's HIGH input as a forger would add it: the hostile wheel in the bundle's wheelhouse and SHA256SUMS
+    rewritten to match (so the seal holds). A real `image build --bundle` refuses it in one line, exit 2, naming the
+    file, before the engine is asked for anything: no image, no report."""
+    import hashlib
+    import io
+    import tarfile
+
+    _, env, tmp, wheelhouse = built
+    bundle = tmp / "bundle.tar"
+    if not bundle.exists():
+        pytest.skip("the bundle test did not run")
+    evil = (wheelhouse / "setuptools-99.0.0-py3-none-any.whl").read_bytes()
+    bad = tmp_path / "forged.tar"
+    with tarfile.open(bundle) as src, tarfile.open(bad, "w") as dst:
+        sums = src.extractfile("./SHA256SUMS").read().decode()
+        sums += f"{hashlib.sha256(evil).hexdigest()}  wheelhouse/setuptools-99.0.0-py3-none-any.whl\n"
+        for m in src.getmembers():
+            if m.name == "./SHA256SUMS":
+                m.size = len(sums.encode())
+                dst.addfile(m, io.BytesIO(sums.encode()))
+            else:
+                dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+        ti = tarfile.TarInfo("./wheelhouse/setuptools-99.0.0-py3-none-any.whl")
+        ti.size = len(evil)
+        dst.addfile(ti, io.BytesIO(evil))
+    offline = {k: v for k, v in env.items() if not k.startswith("GIT_CONFIG_")}
+    offline["TRAINBOX_CACHE"] = str(tmp_path / "cache")
+    images = ["docker", "images", "-q", "--no-trunc", "trainbox/cpu-sources"]
+    before = set(subprocess.run(images, capture_output=True, text=True).stdout.split())
+    report = tmp_path / "report.json"
+    proc = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bad), "--base", TOOLS_BASE,
+                     "--force", "-o", str(report)], offline, timeout=600)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1, err[-3000:]
+    assert "wheelhouse/setuptools-99.0.0-py3-none-any.whl is not a file the stack's pins or lock name" in err, err
+    assert not report.exists() and not (tmp_path / "cache" / "build").exists()
+    assert set(subprocess.run(images, capture_output=True, text=True).stdout.split()) <= before

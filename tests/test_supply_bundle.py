@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from trainbox.paths import REPO_ROOT
-from upstream_helpers import MINDSPEED, git, git_env, make_mirrors, rewrite_blob, stack_file
+from upstream_helpers import (MINDSPEED, git, git_env, hostile_setuptools_wheel, make_mirrors, rewrite_blob,
+                              stack_file)
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 WHEELS = Path("/opt/wheels")  # the torch +cpu wheel: its index is unreachable here
@@ -126,6 +127,28 @@ def test_an_added_setuptools_99_wheel_is_refused(bundle, tmp_path):
     bad = rewrite(good, tmp_path / "bad.tar", add={wheel: b"PK\x03\x04 runs its code in the build"})
     err = refused(bad, stack, env, tmp_path)
     assert "1 file(s) not in SHA256SUMS" in err and wheel in err
+
+
+def test_an_added_setuptools_99_wheel_with_the_sums_rewritten_is_refused(bundle, tmp_path):
+    """The same wheel (a real one whose code would stop the build) with SHA256SUMS rewritten to match: the seal
+    holds, but no pin names the file's sha256, so it never reaches pip."""
+    stack, good, env = bundle
+    root = unpacked(good, tmp_path / "u")
+    hostile_setuptools_wheel(root / "wheelhouse")
+    err = refused(repack(root, tmp_path / "bad.tar"), stack, env, tmp_path)
+    assert "wheelhouse/setuptools-99.0.0-py3-none-any.whl is not a file the stack's pins or lock name" in err
+
+
+def test_the_bundle_holds_the_locked_build_requirements(bundle):
+    """The MindSpeed wheel's build requirements are in the bundle as the lock pins them (by sha256), so the
+    offline build installs them --require-hashes."""
+    stack_path, good, _ = bundle
+    from trainbox.stack import load_stack
+
+    stack = load_stack(stack_path)
+    sums = member(good, "SHA256SUMS").decode()
+    for name, d in stack.locked_build_deps("linux/amd64").items():
+        assert f"{d['sha256'][0]}  wheelhouse/{name}-{d['version']}-" in sums, (name, sums)
 
 
 @pytest.mark.parametrize("gone", ["wheelhouse/numpy", "bundle.json", "sources/git/MindSpeed"])
@@ -281,17 +304,38 @@ def test_fetch_bundle_writes_only_a_regular_file(bundle, tmp_path, out):
     assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
 
 
+def _tampered(kind: str, good: Path, tmp: Path) -> tuple[Path, str]:
+    """Each HIGH tamper of the issue as a bundle file, and the words its refusal says."""
+    if kind == "extra wheel":
+        return (rewrite(good, tmp / "bad.tar", add={"wheelhouse/setuptools-99.0.0-py3-none-any.whl": b"PK\x03\x04"}),
+                "not in SHA256SUMS")
+    if kind == "emptied sums":
+        return rewrite(good, tmp / "bad.tar", replace={"SHA256SUMS": b""}), "SHA256SUMS is empty"
+    root = unpacked(good, tmp / "u")
+    if kind == "extra wheel, sums rewritten":
+        hostile_setuptools_wheel(root / "wheelhouse")
+        return repack(root, tmp / "bad.tar"), "is not a file the stack's pins or lock name"
+    if kind == "rewritten object":
+        rewrite_blob(mindspeed_repo(root), MINDSPEED[2], "mindspeed/__init__.py", b"import os\n")
+        return repack(root, tmp / "bad.tar"), "does not hash to its name"
+    _replace_commit(mindspeed_repo(root))
+    if kind == "replace ref":
+        return repack(root, tmp / "bad.tar", sums=member(good, "SHA256SUMS")), "not in SHA256SUMS"
+    return repack(root, tmp / "bad.tar"), "refs/replace would substitute git objects"  # sums rewritten too
+
+
 @pytest.mark.docker
-def test_a_real_image_build_of_the_tampered_bundle_stops_before_the_engine(bundle, tmp_path):
-    """Not a dry run: `image build --bundle` with the added setuptools-99 wheel exits 2 in one line, writes no
-    report and stages no context, so no `docker build` ever started."""
+@pytest.mark.parametrize("kind", ["extra wheel", "extra wheel, sums rewritten", "emptied sums", "rewritten object",
+                                  "replace ref", "replace ref, sums rewritten"])
+def test_a_real_image_build_of_the_tampered_bundle_stops_before_the_engine(bundle, tmp_path, kind):
+    """Not a dry run: `image build --bundle` of each HIGH tamper exits 2 in one line, writes no report and stages
+    no context, so no `docker build` ever started."""
     stack, good, env = bundle
-    bad = rewrite(good, tmp_path / "bad.tar",
-                  add={"wheelhouse/setuptools-99.0.0-py3-none-any.whl": b"PK\x03\x04 runs its code"})
+    bad, words = _tampered(kind, good, tmp_path)
     cache = tmp_path / "cache-after"
     report = tmp_path / "report.json"
     proc = trainbox(["image", "build", str(stack), "--bundle", str(bad), "-o", str(report)],
                     dict(env, TRAINBOX_CACHE=str(cache)))
     err = proc.stderr.strip()
-    assert proc.returncode == 2 and len(err.splitlines()) == 1 and "not in SHA256SUMS" in err, err
+    assert proc.returncode == 2 and len(err.splitlines()) == 1 and words in err, err
     assert not report.exists() and not (cache / "build").exists()

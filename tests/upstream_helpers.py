@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from trainbox.gitobjects import clean_env
-from trainbox.paths import REPO_ROOT, STACKS_DIR
+from trainbox.paths import REPO_ROOT
 
 DATA = Path(__file__).parent / "data"
 UPSTREAM_URLS = {
@@ -90,7 +90,8 @@ def stack_file(tmp_path: Path, edit=None) -> Path:
         edit(data)
     p = tmp_path / "cpu-sources.yaml"
     p.write_text(yaml.safe_dump(data))
-    p.with_suffix(".lock").write_bytes((STACKS_DIR / "cpu.lock").read_bytes())  # the pins it inherits
+    # cpu's pins plus the hash-pinned build requirements of the MindSpeed wheel (`trainbox stack lock`)
+    p.with_suffix(".lock").write_bytes((DATA / "stacks" / "cpu-sources.lock").read_bytes())
     return p
 
 
@@ -113,3 +114,32 @@ def rewrite_blob(repo: Path, commit: str, path: str, content: bytes) -> str:
     loose.chmod(0o644)
     loose.write_bytes(zlib.compress(b"blob %d\0" % len(content) + content))
     return blob
+
+
+def hostile_setuptools_wheel(dest: Path, marker: str = "/setuptools-99-ran") -> Path:
+    """The issue's input: a real, installable `setuptools-99.0.0` wheel whose import writes `marker` and stops the
+    build (a wheel build that took it from a wheelhouse ran its code, and says so)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    code = (f"import pathlib\npathlib.Path({marker!r}).write_text('setuptools-99 ran')\n"
+            "raise SystemExit('setuptools-99 from the wheelhouse ran its code')\n")
+    files = {
+        "setuptools/__init__.py": code,
+        "setuptools/build_meta.py": "from setuptools import *  # noqa\n",
+        "setuptools-99.0.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: setuptools\nVersion: 99.0.0\n",
+        "setuptools-99.0.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                             "Tag: py3-none-any\n",
+    }
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    files["setuptools-99.0.0.dist-info/RECORD"] = "\n".join(record + ["setuptools-99.0.0.dist-info/RECORD,,"]) + "\n"
+    dest.mkdir(parents=True, exist_ok=True)
+    wheel = dest / "setuptools-99.0.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return wheel

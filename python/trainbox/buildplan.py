@@ -287,6 +287,7 @@ def _place(src: Path | bytes, dst: Path) -> None:
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
+    src = src.resolve()  # a wheelhouse entry may link to the wheel: Linux's link(2) would link the link itself
     try:
         os.link(src, dst)  # same file system: instant, and BuildKit sees the same mtime every time
     except OSError:

@@ -4,8 +4,8 @@
 
     bundle.json             stack, platform, pins digest, trainbox version, the stack's manifest
     stack/<name>.yaml/.lock the stack as resolved (extends merged) and its lock, for the record
-    wheelhouse/             every hash-pinned wheel (components and the locked dependency closure) and the
-                            build requirements of wheels built from git trees (setuptools, wheel)
+    wheelhouse/             every hash-pinned wheel: components, the locked dependency closure and the locked
+                            build requirements of wheels built from git trees (setuptools, wheel), nothing else
     sources/                trainbox's cache layout for the git commits (bare repositories holding just them)
                             and the archives (by sha256)
     SHA256SUMS              of every file above
@@ -78,35 +78,20 @@ def _seed_cache(wheelhouse: Path | None, cache_dir: Path) -> None:
             shutil.copy2(w, d / w.name)
 
 
-def _build_requirements(stack, ctx_sources: Path, dest: Path, plat: str, say) -> None:
-    """The PEP 518 build requirements of each wheel built from a git tree with build isolation, downloaded
-    for the stack's Python (pip resolves them inside the build from the wheelhouse, with no index)."""
-    import tomllib
+def _build_pins(stack, plat: str) -> list:
+    """kinds.Pin for each hash-pinned PEP 518 build requirement of the wheels built from git trees (the lock's
+    `build_deps`: the builder installs exactly these, --require-hashes)."""
+    from .kinds import Pin
+    from .sources import index_url
 
-    reqs: set[str] = set()
-    for key, c in stack.installed_components.items():
-        if c.install is False or c.install == "tree" or not c.kind.install_args(c) or not c.git \
-                or not c.build_isolation:
-            continue
-        tree = ctx_sources / key / (c.subdir or "")
-        pp = tree / "pyproject.toml"
-        data = tomllib.loads(pp.read_text()) if pp.is_file() else {}
-        reqs.update((data.get("build-system") or {}).get("requires") or ["setuptools>=40.8.0", "wheel"])
-    if not reqs:
-        return
-    say(f"downloading build requirements {', '.join(sorted(reqs))} for python {stack.python}")
-    machine = {"linux/amd64": "manylinux2014_x86_64", "linux/arm64": "manylinux2014_aarch64"}[plat]
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
-                           "--only-binary=:all:", "--python-version", stack.python, "--platform", machine,
-                           "--platform", "any", "-d", str(dest), *sorted(reqs)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BundleError(f"cannot download the build requirements {sorted(reqs)}: "
-                          f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    return [Pin(key=f"build:{name}", source="pypi", name=name, version=d["version"],
+                index_url=index_url("pypi", stack.indexes), sha256=tuple(d.get("sha256") or ()))
+            for name, d in sorted(stack.locked_build_deps(plat).items())]
 
 
 def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, platform: str | None = None,
                  say=print) -> dict:
-    from .fetch import fetch_sources, stage
+    from .fetch import fetch_sources
     from .index import IndexUnreachable
     from .platforms import host_platform
     from .render import render_stack
@@ -128,7 +113,7 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
         _seed_cache(wheelhouse, cache)
         wh = root / "wheelhouse"
         wh.mkdir(parents=True)
-        for pin in _pypi_pins(stack, plat):
+        for pin in _pypi_pins(stack, plat) + _build_pins(stack, plat):
             try:
                 got = fetch(pin, prefer=pin.sha256, cache_dir=cache)
             except IndexUnreachable as exc:  # the build's advice, for the bundle too
@@ -138,9 +123,6 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
             shutil.copy2(got.path, wh / got.filename)
         srcs = fetch_sources(stack, cache_dir=cache, say=say)
         stack = srcs.stack  # with the fetched commits' tree hashes, for the manifest
-        staged = work / "staged"
-        stage(staged, srcs)
-        _build_requirements(stack, staged / "build" / "sources", wh, plat, say)
         if (cache / "sources" / "git").is_dir():
             shutil.copytree(cache / "sources" / "git", root / "sources" / "git", symlinks=True,
                             ignore=shutil.ignore_patterns("hooks", ".*.lock"))  # nothing from a bundle runs
@@ -237,8 +219,23 @@ def open_bundle(file: Path, stack, dest: Path) -> OpenBundle:
     meta = _read_meta(dest / "bundle.json", file)
     if meta.get("stack") != stack.name or meta.get("pins_digest") != stack.pins_digest():
         raise BundleError(f"--bundle {file}: {_mismatch(meta, stack)}; write a new bundle for it")
+    _check_wheelhouse(stack, meta, dest, file)
     _check_git(stack, dest, file)
     return OpenBundle(dest, meta)
+
+
+def _check_wheelhouse(stack, meta: dict, root: Path, file: Path) -> None:
+    """Every wheelhouse file is one a pin names by sha256 (SHA256SUMS proves a bundle complete, not who wrote
+    it: a setuptools-99 wheel added with the sums rewritten must still not reach pip)."""
+    plat = meta.get("platform")
+    if plat not in stack.platforms:
+        raise BundleError(f"--bundle {file}: made for platform {plat!r}, which stack {stack.name} does not have")
+    pinned = {h for pin in _pypi_pins(stack, plat) + _build_pins(stack, plat) for h in pin.sha256}
+    wh = root / "wheelhouse"
+    for p in sorted(wh.rglob("*")) if wh.is_dir() else []:
+        if p.is_file() and _sha256(p) not in pinned:
+            raise BundleError(f"--bundle {file}: wheelhouse/{p.relative_to(wh).as_posix()} is not a file the "
+                              f"stack's pins or lock name by sha256; refusing the bundle (tampered)")
 
 
 _SUM_LINE = re.compile(r"^([0-9a-f]{64})  ((?:wheelhouse|sources|stack)/[A-Za-z0-9_.+~=/-]+|bundle\.json)$")

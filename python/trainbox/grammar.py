@@ -14,6 +14,7 @@ import re
 import unicodedata
 from urllib.parse import urlsplit
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -94,6 +95,18 @@ def check_version(value: str) -> str:
         Version(value)
     except InvalidVersion:
         raise ValueError(f"version {value!r}: expected one PEP 440 version such as 2.9.0 or 2.9.0+cpu") from None
+    return value
+
+
+def check_requirement(value: str, what: str) -> str:
+    """A PEP 508 requirement by name and version range (setuptools>=61, wheel): no URL and no marker, so the
+    lock resolves it from an index into hash-pinned files."""
+    expected = "a requirement such as setuptools>=61.0 or wheel (a name, optional [extras] and version range)"
+    _match(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-\[\], <>=!~*]*$"), value, what, expected)
+    try:
+        Requirement(value)
+    except InvalidRequirement:
+        raise ValueError(f"{what} {value!r}: expected {expected}") from None
     return value
 
 

@@ -35,6 +35,8 @@ from .sources import COMMIT_RE, DEFAULT_INDEX, Fetched, fetch_git, fetch_pypi, f
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".zip")
 #: Where `install: tree` checkouts live in the image (one directory per component key).
 TREE_ROOT = "/opt/src"
+#: pip's PEP 518 default for a tree without [build-system] (MindSpeed, ms-swift): what `build_requires:` means unset
+DEFAULT_BUILD_REQUIRES = ("setuptools>=40.8.0", "wheel")
 
 
 def _hash_suffix(shas) -> str:
@@ -79,6 +81,10 @@ class Kind:
         """Whether the build runs the component's own build code (no index credentials reach it)."""
         return False
 
+    def needs_build_env(self, c: Any) -> bool:
+        """Its wheel is built in an isolated build environment whose PEP 518 requirements the lock pins."""
+        return False
+
     def pin_warnings(self, c: Any, stack: Any) -> list[str]:
         """What `trainbox stack check` should say about a pin that validates but is not fully pinned."""
         return []
@@ -103,7 +109,7 @@ class Kind:
 class PypiKind(Kind):
     name = "pypi"
     from_index = True
-    foreign = ("git", "commit", "url", "subdir", "build", "wheels")
+    foreign = ("git", "commit", "url", "subdir", "build", "wheels", "build_requires")
 
     def validate(self, c: Any) -> None:
         super().validate(c)
@@ -201,7 +207,7 @@ class PypiKind(Kind):
 
 class UrlKind(Kind):
     name = "url"
-    foreign = ("git", "commit", "subdir", "build", "wheels", "needs")
+    foreign = ("git", "commit", "subdir", "build", "wheels", "needs", "build_requires")
 
     def validate(self, c: Any) -> None:
         super().validate(c)
@@ -273,6 +279,11 @@ class GitKind(Kind):
         self._validate_build(c)
         if c.sha256:
             raise ValueError("`sha256` does not belong to a git component (the commit is its pin)")
+        if c.build_requires is not None and not self.needs_build_env(c):
+            raise ValueError("`build_requires` are the PEP 518 requirements of a wheel built in isolation (install: "
+                             "pip, build_isolation: true); this component builds none")
+        for r in c.build_requires or []:
+            grammar.check_requirement(r, "build_requires")
         if c.install == "tree" and c.version:
             raise ValueError("`version` is checked against the wheel built from the tree; `install: tree` builds none")
 
@@ -331,6 +342,9 @@ class GitKind(Kind):
 
     def compiled(self, c: Any) -> bool:
         return c.install == "build"
+
+    def needs_build_env(self, c: Any) -> bool:
+        return c.install is not False and self.mode(c) == "pip" and c.build_isolation
 
     def builder_packages(self, c: Any) -> list[str]:
         # a plain `docker build` without staged trees fetches the commit with git in the builder

@@ -66,9 +66,22 @@ def _pip_resolve(stack: Stack, platform: str, wheelhouse: Path | None, skip: set
         pin = c.pin_for(platform)
         extras = f"[{','.join(c.extras)}]" if c.extras else ""
         reqs.append(f"{c.dist_name}{extras}=={pin.version}")
-    machine = PLATFORM_MACHINE[platform]
     # an index already found unreachable would only cost pip's retries
     indexes = [u for n, u in stack.indexes.items() if n not in skip] or ["https://pypi.org/simple"]
+    return _pip_report(stack, platform, reqs, indexes, wheelhouse, "dependencies")
+
+
+def _pip_build_resolve(stack: Stack, platform: str, wheelhouse: Path | None) -> dict[str, dict]:
+    """The PEP 518 build requirements' closure on one platform, from the stack's pypi index: {name: {version,
+    sha256}} (the builder installs exactly these, --require-hashes, into the wheel builds' environment)."""
+    return _pip_report(stack, platform, stack.build_requirements(), [stack.indexes["pypi"]], wheelhouse,
+                       "build requirements")
+
+
+def _pip_report(stack: Stack, platform: str, reqs: list[str], indexes: list[str], wheelhouse: Path | None,
+                what: str) -> dict[str, dict]:
+    """pip's resolver (`install --dry-run --report`) for the stack's Python on one platform."""
+    machine = PLATFORM_MACHINE[platform]
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [
@@ -88,7 +101,7 @@ def _pip_resolve(stack: Stack, platform: str, wheelhouse: Path | None, skip: set
         proc = subprocess.run(cmd + reqs, capture_output=True, text=True, env=env, timeout=900)
         if proc.returncode != 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
-            raise TrainboxError(f"pip could not resolve the {platform} dependencies of {stack.name}:\n{tail}")
+            raise TrainboxError(f"pip could not resolve the {platform} {what} of {stack.name}:\n{tail}")
         data = json.loads(report.read_text())
     out = {}
     for item in data.get("install", []):
@@ -100,6 +113,66 @@ def _pip_resolve(stack: Stack, platform: str, wheelhouse: Path | None, skip: set
             sha = val if algo == "sha256" else None
         out[canon(meta["name"])] = {"version": meta["version"], "sha256": [sha] if sha else []}
     return out
+
+
+def _lock_deps(stack: Stack, plat: str, old_plat: dict, resolve_deps: bool, wheelhouse: Path | None,
+               unreachable: list, rep: LockReport) -> dict | None:
+    """The `deps` entry of one platform: the resolved closure, or the old one when it is kept or cannot be
+    resolved from here; None when there is none."""
+    entry: dict = {}
+    if resolve_deps:
+        try:
+            deps = _pip_resolve(stack, plat, wheelhouse, {u.index_name for u in unreachable})
+        except TrainboxError as exc:
+            if unreachable:
+                # not a broken pin: the resolver could not see a pinned artifact's metadata from here
+                names = ", ".join(sorted({u.index_name for u in unreachable}))
+                rep.incomplete.append(f"{plat}: dependencies not locked ({names} unreachable); the image "
+                                      "build resolves them against the hash-checked pins")
+            else:
+                rep.problems.append(str(exc))
+            deps = None
+        if deps is not None:
+            comp_names = {canon(c.dist_name) for c in stack.installed_components.values()}
+            deps = {n: d for n, d in sorted(deps.items()) if n not in comp_names}
+            prev_deps = old_plat.get("deps") or {}
+            for n, d in deps.items():
+                if (prev_deps.get(n) or {}).get("version") != d["version"]:
+                    rep.changes.append(f"{plat} dep {n}: {(prev_deps.get(n) or {}).get('version', '-')} -> "
+                                       f"{d['version']}")
+            for n in prev_deps.keys() - deps.keys():
+                rep.changes.append(f"{plat} dep {n}: removed")
+            entry["deps"] = deps
+        elif old_plat.get("deps"):
+            entry["deps"] = old_plat["deps"]
+    elif old_plat.get("deps"):
+        entry["deps"] = old_plat["deps"]  # --no-deps refreshes hashes only; the closure stays as it was
+    return entry.get("deps")
+
+
+def _lock_build_deps(stack: Stack, plat: str, old_plat: dict, resolve: bool, wheelhouse: Path | None,
+                     rep: LockReport) -> dict | None:
+    """The `build_deps` entry of one platform: resolved when asked or when the lock has none for the stack's
+    build requirements now, else kept; None when the stack builds no wheel in isolation."""
+    if not stack.build_requirements():
+        return None
+    old = old_plat.get("build_deps")
+    same = (stack.lock or {}).get("build_requires") == stack.build_requirements()
+    if old and same and not resolve:
+        return old
+    try:
+        new = _pip_build_resolve(stack, plat, wheelhouse)
+    except TrainboxError as exc:
+        rep.problems.append(str(exc))
+        return old
+    missing = sorted(n for n, d in new.items() if not d["sha256"])
+    if missing:
+        rep.problems.append(f"{plat}: build requirements without a sha256 from the index: {', '.join(missing)}")
+    for n, d in sorted(new.items()):
+        if ((old or {}).get(n) or {}).get("version") != d["version"]:
+            rep.changes.append(f"{plat} build dep {n}: {((old or {}).get(n) or {}).get('version', '-')} -> "
+                               f"{d['version']}")
+    return dict(sorted(new.items()))
 
 
 def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool = True) -> LockReport:
@@ -151,34 +224,15 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
                                    f"({len(shas)} artifact hash{'es' if len(shas) != 1 else ''})")
             comps[key] = {"version": pin.version, "index": pin.index, "sha256": shas}
         entry: dict = {"components": comps}
-        if resolve_deps:
-            try:
-                deps = _pip_resolve(stack, plat, wheelhouse, {u.index_name for u in unreachable})
-            except TrainboxError as exc:
-                if unreachable:
-                    # not a broken pin: the resolver could not see a pinned artifact's metadata from here
-                    names = ", ".join(sorted({u.index_name for u in unreachable}))
-                    rep.incomplete.append(f"{plat}: dependencies not locked ({names} unreachable); the image "
-                                          "build resolves them against the hash-checked pins")
-                else:
-                    rep.problems.append(str(exc))
-                deps = None
-            if deps is not None:
-                comp_names = {canon(c.dist_name) for c in stack.installed_components.values()}
-                deps = {n: d for n, d in sorted(deps.items()) if n not in comp_names}
-                prev_deps = old_plat.get("deps") or {}
-                for n, d in deps.items():
-                    if (prev_deps.get(n) or {}).get("version") != d["version"]:
-                        rep.changes.append(f"{plat} dep {n}: {(prev_deps.get(n) or {}).get('version', '-')} -> "
-                                           f"{d['version']}")
-                for n in prev_deps.keys() - deps.keys():
-                    rep.changes.append(f"{plat} dep {n}: removed")
-                entry["deps"] = deps
-            elif old_plat.get("deps"):
-                entry["deps"] = old_plat["deps"]
-        elif old_plat.get("deps"):
-            entry["deps"] = old_plat["deps"]  # --no-deps refreshes hashes only; the closure stays as it was
+        deps = _lock_deps(stack, plat, old_plat, resolve_deps, wheelhouse, unreachable, rep)
+        if deps is not None:
+            entry["deps"] = deps
+        build = _lock_build_deps(stack, plat, old_plat, resolve_deps, wheelhouse, rep)
+        if build is not None:
+            entry["build_deps"] = build
         new["platforms"][plat] = entry
+    if stack.build_requirements():
+        new["build_requires"] = stack.build_requirements()
     rep.lock = new
     return rep
 

@@ -57,7 +57,16 @@ def _require_lines(stack: Stack) -> list[str]:
 
 def _dep_lines(stack: Stack) -> list[str]:
     """The locked dependency closure, or [] when some platform has none (then the build resolves deps)."""
-    per_plat = {p: stack.locked_deps(p) for p in stack.platforms}
+    return _locked_lines(stack, {p: stack.locked_deps(p) for p in stack.platforms})
+
+
+def _build_req_lines(stack: Stack) -> list[str]:
+    """The hash-pinned PEP 518 build requirements of the wheels built from git trees, or [] when not locked."""
+    return _locked_lines(stack, {p: stack.locked_build_deps(p) for p in stack.platforms})
+
+
+def _locked_lines(stack: Stack, per_plat: dict[str, dict[str, dict]]) -> list[str]:
+    """`name==version[; marker] --hash=...` lines for a lock section, or [] when some platform has none."""
     if not all(per_plat.values()):
         return []
     groups: dict[tuple, list[str]] = {}
@@ -119,8 +128,13 @@ def _sourced(stack: Stack) -> dict[str, list[str]]:
     """{component: install_source.py arguments} for the components whose source the build context stages (the
     template quotes each one as a shell word)."""
     out = {}
+    build_reqs = _build_req_lines(stack)
     for key, c in sorted(stack.installed_components.items()):
         args = c.kind.install_args(c)
+        if args and c.kind.needs_build_env(c):
+            # the wheel's build environment: exactly the locked build requirements, --require-hashes (without a
+            # lock pip would fill an isolated one with whatever version the wheelhouse or index offers)
+            args = [*args, *(a for line in build_reqs for a in ("--build-req", line))]
         if args:
             out[key] = list(args)
     return out

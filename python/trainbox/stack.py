@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from .kinds import Kind, kind_of
+from .kinds import DEFAULT_BUILD_REQUIRES, Kind, kind_of
 from .runtime.errors import TrainboxError
 from . import grammar
 from .dists import canon  # noqa: F401 - re-exported: stack.canon is used across the host side
@@ -119,6 +119,8 @@ class Component(_Strict):
     # build (its own build commands compile it: kernels against a toolkit of the base)
     install: bool | Literal["pip", "tree", "build"] = True
     build_isolation: bool = True  # git, install: pip: false builds with the venv's own setuptools
+    # git, install: pip: PEP 518 build requirements, hash-pinned by the lock (`build_deps`); None: pip's default
+    build_requires: list[str] | None = None
     build: list[str] = Field(default_factory=list)  # git, install: build: shell commands run in the tree
     wheels: str | None = None  # git, install: build: the wheels they leave, a glob in the tree (dist/*.whl)
     # toolkits the build needs from the base; on a substitute base (which has none) the component is left out
@@ -513,12 +515,32 @@ class Stack(_Strict):
                 per_plat.setdefault(f"components.{key}: locked but no longer an installed pypi component", []
                                     ).append(plat)
         why += [f"{msg} ({', '.join(plats)})" for msg, plats in per_plat.items()]
+        why += self._build_staleness(lock)
         if not why and lock.get("pins_digest") != self.pins_digest():
             why.append("the pinned requirements (extras or names) changed since the lock was computed")
         return list(dict.fromkeys(why))
 
+    def _build_staleness(self, lock: dict) -> list[str]:
+        """The wheels built from git trees need their PEP 518 requirements hash-pinned in the lock."""
+        reqs = self.build_requirements()
+        plats = [p for p in self.platforms if not ((lock.get("platforms") or {}).get(p) or {}).get("build_deps")]
+        if reqs and lock.get("build_requires") != reqs:
+            return [f"build_requires: locked for {lock.get('build_requires') or '(none)'}, the stack's git wheels "
+                    f"build with {reqs}"]
+        return [f"build_deps: not locked for {', '.join(plats)}"] if reqs and plats else []
+
     def _pypi(self) -> dict[str, "Component"]:
         return {k: c for k, c in self.installed_components.items() if c.source == "pypi"}
+
+    def build_requirements(self) -> list[str]:
+        """The PEP 518 requirements of the wheels built from git trees (the lock pins them as `build_deps`)."""
+        return sorted({r for c in self.installed_components.values() if c.kind.needs_build_env(c)
+                       for r in (DEFAULT_BUILD_REQUIRES if c.build_requires is None else c.build_requires)})
+
+    def locked_build_deps(self, platform: str) -> dict[str, dict]:
+        """The hash-pinned build requirements for a platform, from a fresh lock; {} otherwise."""
+        fresh = self.build_requirements() and self.lock_is_fresh()
+        return ((self.lock.get("platforms", {}).get(platform) or {}).get("build_deps") or {}) if fresh else {}
 
     def locked_deps(self, platform: str) -> dict[str, dict]:
         """Resolved dependencies (not components) for a platform, from a fresh lock; {} otherwise."""

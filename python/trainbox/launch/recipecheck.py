@@ -1,6 +1,6 @@
 """`trainbox launch check --args`: a recipe's command, as its launcher would start it, through the framework's
-own argument parser, in the recipe's image (or against a checkout on this host), without starting the job
-(host module). The parse itself is trainbox.runtime.argcheck, which ships in every image.
+own argument parser, in the recipe's image (or against a checkout mounted read-only into a container: never on
+this host), without starting the job (host module). The parse itself is trainbox.runtime.argcheck, which ships in every image.
 
 Two checks per recipe:
   imports  the entry's import closure resolves in the image (trainbox.runtime.importclosure): a package the image
@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from dataclasses import dataclass, field
 
 from ..recipe import REF_RE, Recipe, all_inputs, parse_words
@@ -162,43 +160,65 @@ def _run_checks(check: ArgsCheck, run_one, skip_imports: str | None = None) -> d
     return out
 
 
-def run_in_image(check: ArgsCheck, image: str, timeout: float = 300) -> dict:
-    """Both checks in a throwaway container with no network, the image's own entrypoint in front."""
+#: where `--code` mounts trainbox's own runtime (argcheck) in the container, read-only
+CHECK_PYTHON = "/opt/trainbox-check/python"
+
+
+def _container(image: str, check: ArgsCheck, opts: list[str], stub_missing: bool, timeout: float):
+    """run_one for _run_checks: argcheck in a throwaway container (no network, no capabilities), the image's own
+    entrypoint in front."""
     from ..engine import find_client
 
     client = find_client()
-    opts = ["run", "--rm", "--network", "none", "--label", f"{CHECK_LABEL}={check.recipe}"]
-    for key, value in sorted(check.env.items()):
-        opts += ["-e", f"{key}={value}"]
+    opts = ["run", "--rm", "--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+            "--label", f"{CHECK_LABEL}={check.recipe}", *opts]
     if check.workdir:
         opts += ["-w", check.workdir]
 
     def one(imports: bool) -> dict:
-        proc = client.run(*opts, image, *check.argv(imports), timeout=timeout, check=False)
+        proc = client.run(*opts, image, *check.argv(imports, stub_missing=stub_missing and not imports),
+                          timeout=timeout, check=False)
         return _result(proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"),
                        proc.returncode, f"the {'imports' if imports else 'args'} check in {image}")
 
-    return {**_run_checks(check, one), "image": image}
+    return one
 
 
-def run_on_host(check: ArgsCheck, stub_missing: bool = False, timeout: float = 300) -> dict:
-    """Both checks with this host's Python against a checkout (`--code DIR`); `stub_missing`: modules this host
-    lacks become stand-ins too (the parser stays the framework's own)."""
-    env = {**os.environ, **check.env}
-    # the recipe's PYTHONPATH (its checkout) first, then this process's, which finds trainbox.runtime
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (check.env.get("PYTHONPATH", ""),
-                                                    os.environ.get("PYTHONPATH", ""), here) if p)
-    cwd = check.workdir if check.workdir and os.path.isdir(check.workdir) else None
+def run_in_image(check: ArgsCheck, image: str, timeout: float = 300) -> dict:
+    """Both checks in a throwaway container with no network, the image's own entrypoint in front."""
+    env = [a for key, value in sorted(check.env.items()) for a in ("-e", f"{key}={value}")]
+    return {**_run_checks(check, _container(image, check, env, False, timeout)), "image": image}
 
-    def one(imports: bool) -> dict:
-        argv = [sys.executable, *check.argv(imports, stub_missing=stub_missing and not imports)[1:]]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
-        return _result(proc.stdout, proc.stderr, proc.returncode,
-                       f"the {'imports' if imports else 'args'} check")
 
-    skip = "--stub-missing: this host lacks the image's packages" if stub_missing else None
-    return {**_run_checks(check, one, skip), "image": None}
+def run_with_code(check: ArgsCheck, code_dir: str, image: str | None = None, stub_missing: bool = False,
+                  timeout: float = 300) -> dict:
+    """Both checks against a checkout (`--code DIR`), in a container: the recipe's image (`--image`) or a plain
+    Python one (trainbox's Debian base), with the checkout mounted read-only at its own path, trainbox's runtime
+    beside it, the network off. Never on this host: the recipe's environment (a PYTHONPATH it chooses, and so a
+    sitecustomize.py) and the checkout's code run only in there. `stub_missing`: modules the image lacks become
+    stand-ins too (the parser stays the framework's own)."""
+    from ..base import DEFAULT_TAG
+    from ..paths import REPO_ROOT
+
+    image = image or DEFAULT_TAG
+    for path in (code_dir, str(REPO_ROOT / "python")):
+        if "," in path or not os.path.isabs(path):
+            raise TrainboxError(f"--code {code_dir}: an absolute path without ',' is needed to mount it")
+    pythonpath = ":".join(p for p in (check.env.get("PYTHONPATH", ""), CHECK_PYTHON) if p)
+    opts = ["--read-only", "--tmpfs", "/tmp",
+            "--mount", f"type=bind,source={code_dir},target={code_dir},readonly",
+            "--mount", f"type=bind,source={REPO_ROOT / 'python'},target={CHECK_PYTHON},readonly"]
+    for key, value in sorted({**check.env, "PYTHONPATH": pythonpath}.items()):
+        opts += ["-e", f"{key}={value}"]
+    skip = "--stub-missing: the image lacks the workload's packages" if stub_missing else None
+    if not (check.imports and not skip) and not check.parse:
+        return {**_run_checks(check, None, skip), "image": image}  # nothing to run: no engine needed
+    from ..engine import find_client
+
+    if not find_client().image_exists(image):
+        raise TrainboxError(f"--code runs the parser in a container: no image {image}; make it with `trainbox base "
+                            "bootstrap`, or pass --image with the recipe's image")
+    return {**_run_checks(check, _container(image, check, opts, stub_missing, timeout), skip), "image": image}
 
 
 def summary(result: dict) -> str:
@@ -224,4 +244,4 @@ def summary(result: dict) -> str:
 
 
 __all__ = ["ArgsCheck", "CHECK_LABEL", "FAIL", "NOT_CHECKED", "OK", "entry_words", "expand", "plan", "run_in_image",
-           "run_on_host", "summary"]
+           "run_with_code", "summary"]

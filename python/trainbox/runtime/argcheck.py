@@ -11,7 +11,7 @@ any training, device or network code runs. Flags the parser does not define fail
 Some frameworks import, at module level, what cannot load without the device (torch_npu without CANN):
 `--stub MOD` replaces such a module (and its submodules) with an inert stand-in, and only a module of the one
 device-only list (trainbox.runtime.deviceonly) may be named. `--stub-missing` stands in for every module that
-is not installed: for a host without the image's packages (`launch check --code`), whose report then says the
+is not installed: for a plain image without the workload's packages (`launch check --code`), whose report says the
 imports were not checked. The report names every stand-in, since a parser option whose `choices` or `type`
 come from a stubbed module is accepted unchecked.
 

@@ -9,8 +9,9 @@ bind-mounts that directory, so no layer ever holds `.git` or a credential. Witho
 `docker build` of the committed Dockerfile) a git component is fetched here with git, by commit, and the fetched
 HEAD is checked against the pin.
 
-    --mode pip      apply the patch series to a copy of the tree, build a wheel from it (or from --subdir),
-                    install it --no-deps and record the commit in its direct_url.json (PEP 610)
+    --mode pip      apply the patch series to a copy of the tree, build a wheel from it (or from --subdir; with
+                    --build-req in an environment of exactly those hash-pinned build requirements), install it
+                    --no-deps and record the commit in its direct_url.json (PEP 610)
     --mode tree     apply the series, put the tree (no .git) at /opt/src/<component>, add it to sys.path (.pth)
     --mode archive  check the staged archive's sha256, install the wheels it holds --no-deps
     --mode sdist    check the staged sdist (none staged: --dist==--version downloaded by pip) against one of --sha256
@@ -72,8 +73,41 @@ def _git_fetch(url: str, commit: str, dest: Path) -> None:
         subprocess.run(["git", "--git-dir", str(repo), "archive", "--format=tar", commit], stdout=tf, check=True)
         tf.seek(0)
         with tarfile.open(fileobj=tf) as tar:
-            tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            extract_tree(tar, dest, f"{url}@{commit}")
     shutil.rmtree(repo)
+
+
+def extract_tree(tar: tarfile.TarFile, dest: Path, what: str) -> None:
+    """Unpack a source tree with our own member checks, whatever the builder's Python (Debian's 3.11.2 has no
+    extraction filter): files, directories and symlinks only, each inside `dest`, none below a symlink (a link
+    is kept as a link, never followed out of the tree: absolute links, which real trees ship, stay as they are),
+    no name twice. Nothing is written when a member is refused."""
+    members, links, seen = tar.getmembers(), set(), set()
+    for m in members:
+        bad = _member_problem(m, links, seen)
+        if bad:
+            raise SourceFailed(f"{what}: archive member {m.name!r} refused: {bad}; nothing was unpacked")
+        name = m.name.removeprefix("./").rstrip("/")
+        seen.add(name)
+        if m.issym():
+            links.add(name)
+        m.mode &= 0o755  # no setuid/setgid/sticky bits, nothing group- or world-writable
+    tar.extractall(dest, members=members, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+
+
+def _member_problem(m: tarfile.TarInfo, links: set[str], seen: set[str]) -> str:
+    name = m.name.removeprefix("./").rstrip("/")
+    parts = name.split("/")
+    if name in ("", ".") and m.isdir():
+        return ""  # the tree's own root
+    if m.name.startswith("/") or ".." in parts or "" in parts:
+        return "its name leaves the tree"
+    if not (m.isfile() or m.isdir() or m.issym()):
+        return "it is a hard link, device or fifo"
+    below = next(("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in links), None)
+    if below:
+        return f"it lies below the symlink {below!r} (writing it would follow the link)"
+    return "it is given twice" if name in seen else ""
 
 
 def _tree(args: argparse.Namespace, work: Path) -> Path:
@@ -113,12 +147,30 @@ def _purelib() -> Path:
     return Path(sysconfig.get_paths()["purelib"])
 
 
+def _build_env(args: argparse.Namespace, tmp: Path) -> tuple[list[str], dict | None]:
+    """pip wheel's flags and environment. With --build-req (the lock's hash-pinned PEP 518 requirements) the
+    build environment holds exactly those, installed --require-hashes, and pip builds without isolation in it:
+    an isolated build would install whatever version of setuptools the wheelhouse or index offers, unchecked
+    (a setuptools-99 wheel added to a wheelhouse ran its code). Without a lock: pip's own isolation."""
+    if not args.build_isolation:
+        return ["--no-build-isolation"], None
+    if not args.build_req:
+        return [], None
+    reqs, env_dir = tmp / "build-requirements.txt", tmp / "build-env"
+    reqs.write_text("".join(line + "\n" for line in args.build_req))
+    _run([sys.executable, "-m", "pip", "install", "--no-deps", "--require-hashes", "--no-compile",
+          "--disable-pip-version-check", "--target", str(env_dir), "-r", str(reqs)],
+         "installing the hash-pinned build requirements")
+    env = dict(os.environ, PYTHONPATH=str(env_dir))  # before the venv's own site-packages
+    return ["--no-build-isolation", "--use-pep517", "--check-build-dependencies"], env
+
+
 def _install_wheel(args: argparse.Namespace, tree: Path, tmp: Path) -> None:
     src = tree / args.subdir if args.subdir else tree
-    flags = [] if args.build_isolation else ["--no-build-isolation"]
+    flags, env = _build_env(args, tmp)
     out = tmp / "wheel"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", *flags, "-w", str(out),
-          str(src)], f"building a wheel from {args.git}@{args.commit}")
+          str(src)], f"building a wheel from {args.git}@{args.commit}", env=env)
     wheels = sorted(out.glob("*.whl"))
     if len(wheels) != 1:
         raise SourceFailed(f"building a wheel from {args.git}@{args.commit} gave {len(wheels)} wheels")
@@ -269,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dist", help="sdist: the distribution name (downloaded by pip when nothing is staged)")
     ap.add_argument("--patches", type=Path, help="series directory to apply before building")
     ap.add_argument("--no-build-isolation", dest="build_isolation", action="store_false")
+    ap.add_argument("--build-req", action="append", default=[], metavar="LINE",
+                    help="--mode pip: a hash-pinned build requirement (`name==version --hash=sha256:...`)")
     ap.add_argument("--build", action="append", default=[], metavar="CMD", help="--mode build: a build command")
     ap.add_argument("--wheels", default="dist/*.whl", help="--mode build: the wheels it leaves (glob in the tree)")
     ap.add_argument("--needs", action="append", default=[], choices=sorted(TOOLKITS),

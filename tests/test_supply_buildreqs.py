@@ -1,0 +1,122 @@
+"""Issue 22 (HIGH): PEP 518 build requirements are hash-pinned like everything else.
+
+The input that got through: a `setuptools-99.0.0` wheel added to the wheelhouse the builder offers pip. pip's
+isolated build environment takes the newest setuptools it finds, unchecked, and ran that wheel's code. Now the lock
+resolves each stack's build requirements (`build_requires`, pip's default for a tree without [build-system]) into
+hash-pinned `build_deps`, the render passes them to the builder's install_source, and the wheel is built without
+isolation in an environment holding exactly those files (`pip install --require-hashes`).
+
+Here: the lock and the render (offline), and install_source itself on this host in a throwaway venv with the
+network off for pip (PIP_NO_INDEX), the hostile wheel beside the pinned ones. The same input through a real engine
+build (online, and a bundle with its SHA256SUMS rewritten): tests/test_sources_docker.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainbox.paths import REPO_ROOT
+from trainbox.render import render_stack
+from trainbox.stack import StackError, load_stack
+from upstream_helpers import DATA, hostile_setuptools_wheel, stack_file
+
+LOCK = DATA / "stacks" / "cpu-sources.lock"
+
+
+def test_the_lock_pins_the_build_requirements_and_the_render_passes_them(tmp_path):
+    stack = load_stack(stack_file(tmp_path))
+    assert stack.build_requirements() == ["setuptools>=40.8.0", "wheel"] and stack.lock_is_fresh()
+    deps = stack.locked_build_deps("linux/amd64")
+    assert {"setuptools", "wheel"} <= set(deps) and all(len(d["sha256"]) == 1 for d in deps.values())
+    text = render_stack(stack).dockerfile
+    line = next(ln for ln in text.splitlines() if "--component mindspeed" in ln)
+    rest = text[text.index(line):].split("\n\n")[0]
+    for name, d in deps.items():
+        assert f"--build-req '{name}=={d['version']} --hash=sha256:{d['sha256'][0]}'" in rest, rest
+
+
+def test_a_lock_without_build_deps_is_stale_and_names_them(tmp_path):
+    p = stack_file(tmp_path)
+    lock = yaml.safe_load(p.with_suffix(".lock").read_text())
+    lock.pop("build_requires")
+    p.with_suffix(".lock").write_text(yaml.safe_dump(lock))
+    stack = load_stack(p)
+    assert not stack.lock_is_fresh() and stack.locked_build_deps("linux/amd64") == {}
+    assert any("build_requires: locked for (none)" in w for w in stack.lock_staleness())
+
+
+@pytest.mark.parametrize("value, words", [("setuptools @ https://x.invalid/s.whl", "expected a requirement"),
+                                          ("setuptools; os_name=='nt'", "expected a requirement"),
+                                          ("setup tools", "expected a requirement")])
+def test_build_requires_takes_names_and_version_ranges_only(tmp_path, value, words):
+    def edit(d):
+        d["components"]["mindspeed"]["build_requires"] = [value]
+    with pytest.raises(StackError, match=words):
+        load_stack(stack_file(tmp_path, edit))
+
+
+def test_build_requires_belongs_to_wheels_built_in_isolation(tmp_path):
+    def edit(d):
+        d["components"]["megatron-lm"]["build_requires"] = ["setuptools"]
+    with pytest.raises(StackError, match="megatron-lm.*build_requires"):
+        load_stack(stack_file(tmp_path, edit))
+
+
+@pytest.fixture(scope="module")
+def offline_pip(tmp_path_factory):
+    """A venv for install_source to install into, and a wheelhouse: the lock's build requirements (downloaded
+    by their pinned hashes) plus the hostile setuptools-99 wheel."""
+    tmp = tmp_path_factory.mktemp("buildreqs")
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    wheelhouse = tmp / "wheelhouse"
+    lines = _pinned_lines()
+    reqs = tmp / "pins.txt"
+    reqs.write_text("".join(line + "\n" for line in lines))
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "-q",
+                           "-d", str(wheelhouse), "-r", str(reqs)], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PIP_CONSTRAINT=""))
+    if proc.returncode != 0:
+        pytest.skip(f"PyPI unreachable: {proc.stderr.strip().splitlines()[-1:]}")
+    return venv, wheelhouse, lines
+
+
+def _pinned_lines() -> list[str]:
+    deps = yaml.safe_load(LOCK.read_text())["platforms"]["linux/amd64"]["build_deps"]
+    return [f"{n}=={d['version']} --hash=sha256:{d['sha256'][0]}" for n, d in sorted(deps.items())]
+
+
+def _tree(tmp: Path) -> Path:
+    """A tree without [build-system] (as MindSpeed's and ms-swift's): pip's default build requirements."""
+    tree = tmp / "sources" / "demo"
+    tree.mkdir(parents=True)
+    (tree / "setup.py").write_text("from setuptools import setup\nsetup(name='demo', version='1.0', "
+                                   "py_modules=['demo'])\n")
+    (tree / "demo.py").write_text("X = 1\n")
+    (tree / ".trainbox-source.json").write_text('{"git": "https://example.invalid/demo.git", "commit": "%s"}'
+                                                % ("a" * 40))
+    return tree
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_a_setuptools_99_wheel_in_the_wheelhouse_never_runs(offline_pip, tmp_path):
+    venv, wheelhouse, lines = offline_pip
+    marker = tmp_path / "setuptools-99-ran"
+    hostile_setuptools_wheel(wheelhouse, str(marker))
+    _tree(tmp_path)
+    argv = [str(venv / "bin" / "python"), "-m", "trainbox.runtime.install_source", "--component", "demo",
+            "--mode", "pip", "--git", "https://example.invalid/demo.git", "--commit", "a" * 40,
+            "--sources-dir", str(tmp_path / "sources"), *(a for ln in lines for a in ("--build-req", ln))]
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python"), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheelhouse),
+               PIP_CONSTRAINT="", PIP_CONFIG_FILE=os.devnull)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not marker.exists(), "the setuptools-99 wheel ran its code"
+    assert "installed demo-1.0" in proc.stdout
