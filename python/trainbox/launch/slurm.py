@@ -52,9 +52,26 @@ def _ports(job: Job) -> list[tuple[str, int]]:
     return [(n, SLURM_PORT_BASES[n]) for n in PORT_INPUTS if n in inputs and n not in job.sets]
 
 
+def enroot_image(image: str) -> str:
+    """The image as pyxis's --container-image takes it: enroot's URI without the scheme,
+    [REGISTRY#]IMAGE[:TAG][@DIGEST] (pyxis README; enroot src/docker.sh). The registry is split off with '#':
+    enroot 3.x reads REG/IMAGE:TAG as a Docker Hub image named REG/IMAGE (and refuses a REG:PORT), enroot >= 4.0
+    takes either form, and a digest (IMAGE@sha256:...) from 4.0 on. A Docker Hub name, a '#' form or a
+    squashfs path (/...) is left as it is."""
+    from ..engine import registry_of
+
+    if "#" in image or image.startswith("/"):
+        return image
+    registry = registry_of(image)
+    if registry == "registry-1.docker.io":
+        return image
+    return registry + "#" + image[len(registry) + 1:]
+
+
 def _header(job: Job, pyxis: bool) -> str:
-    how = ("pyxis >= 0.12 + enroot (srun --container-image; the image in enroot's form, REGISTRY#IMAGE:TAG or "
-           "a .sqsh path), an enroot hook that adds the Ascend/NVIDIA devices"
+    how = ("pyxis >= 0.12 + enroot (srun --container-image; the image in enroot's form, REGISTRY#IMAGE:TAG, "
+           "REGISTRY#IMAGE@sha256:... with enroot >= 4.0, or a .sqsh path), an enroot hook that adds the "
+           "Ascend/NVIDIA devices"
            if pyxis else "Docker on every node (the submitting user may run `docker`), nodes that reach each other")
     return "\n".join([
         f"{job.name}: {oneline(job.recipe.description)}",
@@ -87,7 +104,8 @@ def render_sbatch(job: Job, *, pyxis: bool = False, sbatch_args=()) -> str:
     return render_template(
         "slurm.sbatch.j2", header=_header(job, pyxis), job_name=f"trainbox-{job.name}", recipe_name=job.name,
         nodes=job.nodes, exclusive=job.device != "cpu", ports=ports, port_slots=PORT_SLOTS,
-        port_stride=PORT_STRIDE, eof=eof, job_script=script + "\n", pyxis=pyxis, image=job.image,
+        port_stride=PORT_STRIDE, eof=eof, job_script=script + "\n", pyxis=pyxis,
+        image=enroot_image(job.image) if pyxis else job.image,
         run_args=" ".join(shlex.quote(a) for a in args), stop_seconds=20, script_in_image=JOB_SCRIPT_IN_IMAGE,
         env=sorted(job.env.items()), create=job.create,
         pyxis_mounts=",".join(f"{p}:{p}" + (":ro" if ro else "") for p, ro in _pyxis_mounts(job)),
