@@ -171,6 +171,10 @@ class Check(_Strict):
     # themselves after the parse (ms-swift raises on `remaining_argv`)
     strict: bool = False
     why: str | None = None  # one line, required with args: none
+    # the MindCluster node type (accelerator-type label) `launch check --target ascendjob|volcano` renders this
+    # recipe's multi-node manifests for, where the chip's default does not fit its layout (8 cards a pod cannot
+    # span A3 super-pod nodes); `launch render` takes the same value as --accelerator-type
+    accelerator_type: str | None = None
 
     @field_validator("stub")
     @classmethod
@@ -222,6 +226,21 @@ class Torchrun(_Strict):
     standalone: bool = False
 
 
+class Scaling(_Strict):
+    """Whether the job's world size may change (`--nodes`, `--nproc-per-node`, `--devices`). `scales`: dp
+    absorbs it; `fixed`: the workload fixes its own layout (a script's hard-coded DeviceMesh), and `mesh` says
+    where, in one line, for the refusal."""
+
+    world_size: Literal["scales", "fixed"] = "scales"
+    mesh: str | None = None
+
+    @model_validator(mode="after")
+    def _why(self):
+        if self.world_size == "fixed" and not (self.mesh and self.mesh.strip()):
+            raise ValueError("world_size: fixed needs mesh: where the workload fixes its layout, in one line")
+        return self
+
+
 class Ray(_Strict):
     # Extra environment variables carried in the job's runtime env (the recipe's and the stack's env, the
     # NOSET flags and allocator settings are always carried).
@@ -244,6 +263,7 @@ class Recipe(_Strict):
     preflight: list[Preflight] = Field(default_factory=list)
     code: Code | None = None
     check: Check = Field(default_factory=Check)
+    scaling: Scaling = Field(default_factory=Scaling)
     workdir: str | None = None
     command: list[str | list[str]]
     torchrun: Torchrun = Field(default_factory=Torchrun)
@@ -538,6 +558,7 @@ def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes
     if "name" in data and data["name"] != path.stem:
         raise RecipeError(f"{path}: name: expected {path.stem!r} (the file name), got {data['name']!r}")
     data["name"] = path.stem
+    _check_scaling(path.stem, data, nodes, nproc_per_node)
     if nodes is not None:
         if not 1 <= nodes <= MAX_NODES:
             raise RecipeError(f"--nodes {nodes}: expected 1 to {MAX_NODES}")
@@ -561,6 +582,22 @@ def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes
     recipe.source_file = path
     check_references(recipe, path)
     return recipe
+
+
+def _check_scaling(name: str, data: dict, nodes: int | None, nproc_per_node: int | None) -> None:
+    """A recipe whose workload fixes its own layout refuses another world size, in one line naming where."""
+    scaling = data.get("scaling")
+    if not isinstance(scaling, dict) or scaling.get("world_size") != "fixed":
+        return
+    own_nodes, own_per_node = data.get("nodes", 1), data.get("devices_per_node")
+    asked = []
+    if nodes is not None and nodes != own_nodes:
+        asked.append(f"{nodes} node(s) (--nodes)")
+    if nproc_per_node is not None and nproc_per_node != own_per_node:
+        asked.append(f"{nproc_per_node} per node (--nproc-per-node/--devices)")
+    if asked:
+        raise RecipeError(f"recipe {name}: its world size is fixed at {own_nodes} node(s) x {own_per_node}, not "
+                          f"{' and '.join(asked)}: {' '.join(str(scaling.get('mesh')).split())}")
 
 
 def check_references(recipe: Recipe, path: Path) -> None:

@@ -34,7 +34,11 @@ def register(sub) -> None:
 
     c = s.add_parser("check", help="validate recipes and check their rendered scripts (bash -n, shellcheck)")
     c.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipe names or files (default: all)")
-    c.add_argument("--nodes", type=int, help="also render for this many nodes")
+    c.add_argument("--nodes", type=int, help="also render for this many nodes (--target: instead of 2)")
+    c.add_argument("--nproc-per-node", type=int, metavar="N", help="devices (CPU: processes) per node, as `run` "
+                   "takes it: the scaled variant is checked (a recipe with a fixed world size refuses it)")
+    c.add_argument("--devices", metavar="LIST", help="host cards as `run` takes them, e.g. 4-7 (4 processes a node "
+                   "where the recipe scales)")
     c.add_argument("--target", dest="targets", action="append", metavar="TARGET",
                    help="also check this target's output (repeatable): sbatch scripts get bash -n and shellcheck, "
                         "manifests a YAML parse (their schema checks need the CRDs: tests/test_k8s_manifests.py)")
@@ -184,16 +188,17 @@ def cmd_check(args) -> int:
     out = sys.stderr if args.json else sys.stdout
     for name in names:
         problems = []
-        for nodes in [None] + ([args.nodes] if args.nodes else []):
+        scaled = {"nodes": args.nodes, "nproc_per_node": args.nproc_per_node, "devices": args.devices}
+        for scale in [{}] + ([scaled] if any(v is not None for v in scaled.values()) else []):
             try:
-                _recipe, _stack, script = render(name, {"MASTER_ADDR": "node0"} if nodes and nodes > 1 else None,
-                                                 nodes=nodes)
+                _recipe, _stack, script = render(name, {"MASTER_ADDR": "node0"} if (scale.get("nodes") or 1) > 1
+                                                 else None, **scale)
             except TrainboxError as exc:
                 problems.append(str(exc))
                 continue
             problems += check_script(script, shellcheck)
         for target in args.targets or []:
-            problems += _check_target(name, target, args.nodes or 2, shellcheck)
+            problems += _check_target(name, target, args, shellcheck)
         row = {"recipe": name, "ok": not problems, "problems": problems}
         if args.args and not problems:
             row["args"] = _check_args(name, args)
@@ -241,22 +246,31 @@ def _check_args(name: str, args) -> dict:
     return result
 
 
-def _check_target(name: str, target: str, nodes: int, shellcheck: str | None) -> list[str]:
-    """One recipe's output for a cluster target, inputs left unset (a lint, not a job)."""
+def _check_target(name: str, target: str, args, shellcheck: str | None) -> list[str]:
+    """One recipe's output for a cluster target, inputs left unset (a lint, not a job): on --nodes/--devices/
+    --nproc-per-node as given, else on 2 nodes where the recipe's world size may change (its own where it is
+    fixed); NPU manifests on the recipe's `check.accelerator_type` when it names one."""
     import yaml
 
     from ..launch import check_script
-    from ..launch.targets import TARGETS, render_target, resolve_for
+    from ..launch.targets import TARGETS, RenderOptions, render_target, resolve_for
+    from ..recipe import load_recipe
     from ..runtime.errors import TrainboxError
 
     try:
-        job = resolve_for(target, name, nodes=nodes, image="trainbox/check:1", lint=True)
+        recipe = load_recipe(name)
+        nodes = args.nodes or (None if recipe.scaling.world_size == "fixed" else 2)
+        job = resolve_for(target, name, nodes=nodes, nproc_per_node=args.nproc_per_node, devices=args.devices,
+                          image="trainbox/check:1", lint=True)
+        options = RenderOptions()
         if TARGETS[target][2] == "yaml":
             from ..launch.k8s import applies
 
             if not applies(job, target):
                 return []  # e.g. an AscendJob for a CUDA recipe: not a problem of the recipe
-        text = render_target(job, target)
+            if job.device == "npu":
+                options = RenderOptions(accelerator_type=recipe.check.accelerator_type)
+        text = render_target(job, target, options)
     except TrainboxError as exc:
         return [f"{target}: {exc}"]
     if TARGETS[target][2] == "yaml":

@@ -141,8 +141,8 @@ def _cards(recipe: Recipe, stack: StackInfo, devices: str | None) -> list[int] |
         return None
     cards = parse_devices(devices) if devices is not None else list(range(recipe.devices_per_node))
     if len(cards) != recipe.devices_per_node:
-        raise TrainboxError(f"--devices {devices}: names {len(cards)} card(s), but recipe {recipe.name} uses "
-                            f"{recipe.devices_per_node} per node (--nproc-per-node changes that)")
+        raise TrainboxError(f"--devices {devices}: names {len(cards)} card(s), but --nproc-per-node asks for "
+                            f"{recipe.devices_per_node} per node (give one of them, or the same count)")
     return cards
 
 
@@ -235,6 +235,11 @@ def resolve(recipe_name: str, *, sets: dict[str, str] | None = None, stack_name:
     `provided`: inputs the target's scheduler gives each node (Slurm, an operator: MASTER_ADDR)."""
     recipe = load_recipe(recipe_name, nodes=nodes, nproc_per_node=nproc_per_node)
     stack = load_stack_info(stack_name or recipe.stack)
+    if devices is not None and nproc_per_node is None and stack.device != "cpu":
+        # --devices 4-7 means 4 processes a node (where the recipe's world size may change)
+        count = len(parse_devices(devices))
+        if count != recipe.devices_per_node:
+            recipe = load_recipe(recipe_name, nodes=nodes, nproc_per_node=count)
     _check_stack(recipe, stack, stack_name)
     sets = dict(sets or {})
     vals = split_sets(recipe, stack, sets)
