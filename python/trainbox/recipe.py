@@ -22,6 +22,7 @@ from .runtime.errors import TrainboxError
 from .paths import LAUNCHERS_DIR
 from .grammar import ENV_NAME_RE, MAX_DEVICES_PER_NODE, MAX_NODES, check_name, check_text
 from .documents import format_validation, merge, named_file, read_yaml
+from .ports import RUN_BASES
 
 RECIPES_DIR = LAUNCHERS_DIR / "recipes"
 NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -414,15 +415,17 @@ def builtin_inputs(recipe: Recipe) -> dict[str, Input]:
         "MASTER_ADDR": Input(description="address of node 0, reachable from every node",
                              kind="host", default="127.0.0.1" if single else None),
         "MASTER_PORT": Input(description="rendezvous port on node 0; also the job's identity on the host "
-                                         "(HCCL port ranges are derived from it)", kind="port", default=29500),
+                                         "(HCCL port ranges are derived from it)", kind="port",
+                             default=RUN_BASES["MASTER_PORT"]),
         "TRAINBOX_LAUNCHERS": Input(description="the launchers/ directory (jobs/ scripts live under it)",
                                     kind="path", default=IMAGE_LAUNCHERS_DIR),
     }
     if recipe.launcher == "ray":
         out["RAY_PORT"] = Input(description="Ray head (GCS) port; the Ray agents' ports are RAY_PORT+1 .. "
-                                            "RAY_PORT+7", kind="port", default=6379)
+                                            "RAY_PORT+7", kind="port", default=RUN_BASES["RAY_PORT"])
         out["RAY_DASHBOARD_PORT"] = Input(description="Ray dashboard / job API port, bound to 127.0.0.1 on "
-                                                      "the head", kind="port", default=8265)
+                                                      "the head", kind="port",
+                                              default=RUN_BASES["RAY_DASHBOARD_PORT"])
         out["NODE_IP"] = Input(description="this node's address for Ray (empty: Ray picks one)", kind="host",
                                default="", required=False)
     return out
@@ -558,7 +561,7 @@ def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes
     if "name" in data and data["name"] != path.stem:
         raise RecipeError(f"{path}: name: expected {path.stem!r} (the file name), got {data['name']!r}")
     data["name"] = path.stem
-    _check_scaling(path.stem, data, nodes, nproc_per_node)
+    own = (data.get("nodes", 1), data.get("devices_per_node"))
     if nodes is not None:
         if not 1 <= nodes <= MAX_NODES:
             raise RecipeError(f"--nodes {nodes}: expected 1 to {MAX_NODES}")
@@ -573,6 +576,7 @@ def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes
         data["devices_per_node"] = nproc_per_node
         if isinstance(data.get("parallel"), dict):
             data["parallel"] = {k: v for k, v in data["parallel"].items() if k != "dp"}
+    _check_scaling(path.stem, data.get("scaling"), own, (nodes, nproc_per_node))
     if not RECIPE_NAME_RE.match(path.stem):
         raise RecipeError(f"{path}: recipe file names are lower-case words joined by '-' (got {path.stem!r})")
     try:
@@ -584,12 +588,11 @@ def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes
     return recipe
 
 
-def _check_scaling(name: str, data: dict, nodes: int | None, nproc_per_node: int | None) -> None:
+def _check_scaling(name: str, scaling, own: tuple, given: tuple) -> None:
     """A recipe whose workload fixes its own layout refuses another world size, in one line naming where."""
-    scaling = data.get("scaling")
     if not isinstance(scaling, dict) or scaling.get("world_size") != "fixed":
         return
-    own_nodes, own_per_node = data.get("nodes", 1), data.get("devices_per_node")
+    (own_nodes, own_per_node), (nodes, nproc_per_node) = own, given
     asked = []
     if nodes is not None and nodes != own_nodes:
         asked.append(f"{nodes} node(s) (--nodes)")

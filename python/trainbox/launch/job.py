@@ -16,14 +16,16 @@ from dataclasses import dataclass, field
 from .. import grammar
 from ..recipe import VISIBLE_DEVICES_VARS, Recipe, all_inputs, check_value, load_recipe, refs
 from ..runtime.errors import TrainboxError
+from ..ports import RUN_BASES, STRIDE
 from ..sets import parse_assignments
 
 # Host paths a bind mount must not cover inside the container.
 _PROTECTED_TARGETS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
                       "/sbin", "/sys", "/tmp", "/usr", "/var", "/usr/local", "/opt/trainbox"}
-# Ports a job owns on a host, and how far apart two jobs' ports are (a Ray head uses RAY_PORT .. RAY_PORT+7).
-PORT_INPUTS = {"MASTER_PORT": 29500, "RAY_PORT": 6379, "RAY_DASHBOARD_PORT": 8265}
-PORT_STRIDE = 10
+# Ports a job owns on a host (their slot-0 values, the recipes' defaults), and how far apart two jobs' ports are:
+# trainbox.ports, the one plan for `trainbox run` and Slurm.
+PORT_INPUTS = dict(RUN_BASES)
+PORT_STRIDE = STRIDE
 # What a cluster scheduler tells each node (the sbatch script, the Kubernetes operators).
 SCHEDULER_PROVIDES = ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 

@@ -13,17 +13,16 @@ import hashlib
 import re
 import shlex
 
+from ..ports import SLURM_BASES, SLURM_SLOTS
 from ..runtime.errors import TrainboxError
 from .docker import JOB_SCRIPT_IN_IMAGE, NPU_DRIVER_MOUNTS, NPU_MULTINODE_MOUNTS, run_args
 from .job import PORT_INPUTS, PORT_STRIDE, Job
 from .script import HOST_NEEDS, oneline, render_script, render_template
 
-# Per-job ports: base + 10 * (job id % PORT_SLOTS): RAY_PORT 6400-9397 (a Ray head takes 8), the dashboard
-# 10300-13290, MASTER_PORT 13400-16390. None of them overlaps another, and all lie below every per-job HCCL block
-# (20480-32767: the socket ranges and, on A2, the HCCL_IF_BASE_PORT blocks, runtime.npu) and below HCCL's own
-# default NPU port 16666, so no job's port is inside any job's HCCL block (tests/test_port_plan.py).
-PORT_SLOTS = 300
-SLURM_PORT_BASES = {"MASTER_PORT": 13400, "RAY_PORT": 6400, "RAY_DASHBOARD_PORT": 10300}
+# Per-job ports: base + STRIDE * (job id % SLURM_SLOTS), from trainbox.ports (the plan `trainbox run` shares):
+# none of them overlaps another job's ports or falls inside any job's HCCL block (tests/test_port_plan.py).
+PORT_SLOTS = SLURM_SLOTS
+SLURM_PORT_BASES = SLURM_BASES
 SLURM_VARS_OWNED = ("NODE_RANK", "MASTER_ADDR")
 # --sbatch-arg: one long option a line, its value without spaces, quotes or backslashes (an #SBATCH line is read
 # by sbatch, not by a shell); the options that shape the job stay trainbox's
