@@ -95,6 +95,13 @@ def register(sub) -> None:
     exits(run, "the job failed: run exits with the job's own status (the container's), so any code from 1 up")
     run.set_defaults(func=cmd_run)
 
+    lg = sub.add_parser("logs", help="print the output `trainbox run` kept of a finished job (the container is gone)")
+    lg.add_argument("recipe", nargs="?", metavar="RECIPE", help="the newest run of this recipe (default: the newest "
+                    "run of any)")
+    lg.add_argument("--list", action="store_true", help="list the kept logs (path per line, oldest first)")
+    exits(lg, "no kept log (of that recipe)")
+    lg.set_defaults(func=cmd_logs)
+
 
 def _cluster_args(r) -> None:
     r.add_argument("--accelerator-type", metavar="TYPE",
@@ -104,10 +111,15 @@ def _cluster_args(r) -> None:
     r.add_argument("--name", help="Kubernetes targets: the job's name (its ConfigMap is NAME-launcher; default: the "
                    "recipe's name and a random suffix, so a second submission does not collide)")
     r.add_argument("--namespace", help="Kubernetes targets: metadata.namespace of the job and its ConfigMap")
+    r.add_argument("--cpu", metavar="QTY", help="Kubernetes targets: CPU request per pod, e.g. 32 or 500m (default: "
+                   "4 per NPU/GPU, 1 per CPU process; requests only, no limit)")
+    r.add_argument("--memory", metavar="QTY", help="Kubernetes targets: memory request per pod, e.g. 128Gi (default: "
+                   "16Gi per NPU/GPU, 2Gi per CPU process; no limit: a peak must not OOM-kill the job)")
     r.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="--OPTION=VALUE",
                    help="slurm targets: an extra #SBATCH line, e.g. --sbatch-arg=--partition=train (repeatable)")
     r.add_argument("--strict", action="store_true", help="fail (exit 2) where a warning would do: a cluster render "
-                   "whose image no node but this one can pull (a local tag without a registry)")
+                   "whose image no node but this one can pull (a local tag without a registry), a RayJob whose NPU "
+                   "image lacks the baked CANN environment (Ray pods do not run the entrypoint)")
 
 
 def _scale_args(p) -> None:
@@ -124,7 +136,7 @@ def cmd_render(args) -> int:
                       stack_name=args.stack, nodes=args.nodes, nproc_per_node=args.nproc_per_node,
                       devices=args.devices)
     recipe, script = job.recipe, render_target(job, args.target, RenderOptions(
-        args.accelerator_type, args.name, args.namespace, tuple(args.sbatch_args)))
+        args.accelerator_type, args.name, args.namespace, tuple(args.sbatch_args), args.cpu, args.memory))
     _image_reachable(job, args.target, args.strict)
     if args.output:
         from ..runtime.errors import TrainboxError
@@ -148,13 +160,16 @@ def cmd_render(args) -> int:
 
 
 def _image_reachable(job, target: str, strict: bool) -> None:
+    """Warn (under --strict: refuse) where the cluster could not run the render's image as it is: no node but
+    this one can pull it, or a RayJob's pods (no entrypoint) would lack the CANN environment."""
+    from ..launch.images import entrypoint_free_problem
     from ..launch.targets import unpullable
     from ..runtime.errors import TrainboxError
 
-    problem = unpullable(job, target)
-    if problem and strict:
-        raise TrainboxError(f"--strict: {problem}")
-    if problem:
+    problems = [unpullable(job, target), entrypoint_free_problem(job) if target == "rayjob" else None]
+    for problem in filter(None, problems):
+        if strict:
+            raise TrainboxError(f"--strict: {problem}")
         print(f"warning: {problem}", file=sys.stderr)
 
 
@@ -376,6 +391,23 @@ def cmd_run(args) -> int:
         sys.stdout.write(format_plan(plan))
         return 0
     return execute(plan, args.node_rank)
+
+
+def cmd_logs(args) -> int:
+    from ..launch.docker import kept_logs, logs_dir
+    from ..runtime.errors import TrainboxError
+
+    logs = kept_logs(args.recipe)
+    if args.list:
+        for path in logs:
+            print(path)
+        return 0
+    if not logs:
+        raise TrainboxError(f"no kept log{' of ' + args.recipe if args.recipe else ''} in {logs_dir()} "
+                            "(`trainbox run` keeps one per run; a Slurm job's output is its trainbox-*.out file)")
+    sys.stdout.write(logs[-1].read_text(errors="replace"))
+    print(f"trainbox logs: {logs[-1]}", file=sys.stderr)
+    return 0
 
 
 def _run_on_slurm(args) -> int:
