@@ -32,31 +32,7 @@ def register(sub) -> None:
     exits(r)
     r.set_defaults(func=cmd_render)
 
-    c = s.add_parser("check", help="validate recipes and check their rendered scripts (bash -n, shellcheck)")
-    c.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipe names or files (default: all)")
-    c.add_argument("--nodes", type=int, help="also render for this many nodes (--target: instead of 2)")
-    c.add_argument("--nproc-per-node", type=int, metavar="N", help="devices (CPU: processes) per node, as `run` "
-                   "takes it: the scaled variant is checked (a recipe with a fixed world size refuses it)")
-    c.add_argument("--devices", metavar="LIST", help="host cards as `run` takes them, e.g. 4-7 (4 processes a node "
-                   "where the recipe scales)")
-    c.add_argument("--target", dest="targets", action="append", metavar="TARGET",
-                   help="also check this target's output (repeatable): sbatch scripts get bash -n and shellcheck, "
-                        "manifests a YAML parse (their schema checks need the CRDs: tests/test_k8s_manifests.py)")
-    c.add_argument("--args", action="store_true",
-                   help="also run each recipe's command through its framework's own argument parser, in the image "
-                        "(the entry's import closure must resolve in the image; nothing trains, no device or "
-                        "network is used). A recipe that cannot be checked (its entry is not in the image) is "
-                        "reported `not checked` with the reason, never ok; it does not change the exit status")
-    c.add_argument("--image", help="with --args: the image to check in (default: trainbox/STACK:latest)")
-    c.add_argument("--code", metavar="DIR", help="with --args: check against this checkout of the workload on this "
-                   "host instead of an image (the recipe's code input)")
-    c.add_argument("--stub-missing", action="store_true",
-                   help="with --code: modules this host lacks become stand-ins (the parser stays the framework's)")
-    c.add_argument("--set", dest="sets", action="append", metavar="NAME=VALUE",
-                   help="with --args: a recipe input for the rendered command (others: defaults or stand-ins)")
-    add_json(c, "one result per recipe")
-    exits(c, "a recipe fails to validate, render, bash -n or shellcheck (with --args: its imports or arguments)")
-    c.set_defaults(func=cmd_check)
+    _register_check(s)
 
     ls = s.add_parser("list", help="the recipes, with stack, launcher and devices")
     add_json(ls, "the recipes")
@@ -94,7 +70,38 @@ def register(sub) -> None:
     add_json(run, "the plan (image, script, docker argv per node; with --dry-run)")
     exits(run, "the job failed: run exits with the job's own status (the container's), so any code from 1 up")
     run.set_defaults(func=cmd_run)
+    _register_logs(sub)
 
+
+def _register_check(s) -> None:
+    c = s.add_parser("check", help="validate recipes and check their rendered scripts (bash -n, shellcheck)")
+    c.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipe names or files (default: all)")
+    c.add_argument("--nodes", type=int, help="also render for this many nodes (--target: instead of 2)")
+    c.add_argument("--nproc-per-node", type=int, metavar="N", help="devices (CPU: processes) per node, as `run` "
+                   "takes it: the scaled variant is checked (a recipe with a fixed world size refuses it)")
+    c.add_argument("--devices", metavar="LIST", help="host cards as `run` takes them, e.g. 4-7 (4 processes a node "
+                   "where the recipe scales)")
+    c.add_argument("--target", dest="targets", action="append", metavar="TARGET",
+                   help="also check this target's output (repeatable): sbatch scripts get bash -n and shellcheck, "
+                        "manifests a YAML parse (their schema checks need the CRDs: tests/test_k8s_manifests.py)")
+    c.add_argument("--args", action="store_true",
+                   help="also run each recipe's command through its framework's own argument parser, in the image "
+                        "(the entry's import closure must resolve in the image; nothing trains, no device or "
+                        "network is used). A recipe that cannot be checked (its entry is not in the image) is "
+                        "reported `not checked` with the reason, never ok; it does not change the exit status")
+    c.add_argument("--image", help="with --args: the image to check in (default: trainbox/STACK:latest)")
+    c.add_argument("--code", metavar="DIR", help="with --args: check against this checkout of the workload on this "
+                   "host instead of an image (the recipe's code input)")
+    c.add_argument("--stub-missing", action="store_true",
+                   help="with --code: modules this host lacks become stand-ins (the parser stays the framework's)")
+    c.add_argument("--set", dest="sets", action="append", metavar="NAME=VALUE",
+                   help="with --args: a recipe input for the rendered command (others: defaults or stand-ins)")
+    add_json(c, "one result per recipe")
+    exits(c, "a recipe fails to validate, render, bash -n or shellcheck (with --args: its imports or arguments)")
+    c.set_defaults(func=cmd_check)
+
+
+def _register_logs(sub) -> None:
     lg = sub.add_parser("logs", help="print the output `trainbox run` kept of a finished job (the container is gone)")
     lg.add_argument("recipe", nargs="?", metavar="RECIPE", help="the newest run of this recipe (default: the newest "
                     "run of any)")
