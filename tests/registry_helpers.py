@@ -79,6 +79,43 @@ def local_registry(wait_s: float = 30):
             log.close()
 
 
+def docker_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    import docker_helpers as dh
+
+    return subprocess.run([dh.docker_client().docker, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def remove_all_names(image_id: str) -> None:
+    """Untag every tag of the image, then drop any digest reference left (a push to another registry leaves one),
+    so that only a registry has it. Fails when the image stays (a container of another session still uses it)."""
+    import json
+
+    for key in ("RepoTags", "RepoDigests"):
+        proc = docker_cli("image", "inspect", "--format", "{{json ." + key + "}}", image_id)
+        refs = json.loads(proc.stdout) if proc.returncode == 0 else []
+        if refs:
+            rm = docker_cli("image", "rm", *refs)
+            assert rm.returncode == 0, rm.stderr
+    assert docker_cli("image", "inspect", image_id).returncode != 0, "the image is still here"
+
+
+@contextlib.contextmanager
+def names_restored(pushed):
+    """What a test removes of a pushed image comes back afterwards (from the registry, which still runs), with
+    its local names; no name of the registry stays on it (renders elsewhere would pin that registry)."""
+    import json
+
+    names = json.loads(docker_cli("image", "inspect", "--format", "{{json .RepoTags}}", pushed.image_id).stdout)
+    try:
+        yield names
+    finally:
+        if docker_cli("image", "inspect", pushed.image_id).returncode != 0:
+            docker_cli("pull", pushed.ref)
+        for name in names:
+            docker_cli("tag", pushed.image_id, name)
+        docker_cli("image", "rm", pushed.tag, pushed.ref)
+
+
 if __name__ == "__main__":  # make registry: serve until interrupted
     with local_registry() as where:
         print(f"registry at {where} (trainbox image push STACK --registry {where}); Ctrl-C stops it", flush=True)

@@ -71,3 +71,39 @@ def test_a_local_image_on_many_nodes_warns_and_strict_refuses():
     assert warn.returncode == 0 and "warning: image trainbox/cpu:latest is a local tag" in warn.stderr
     strict = subprocess.run(cmd + ["--strict"], capture_output=True, text=True, timeout=120)
     assert strict.returncode == 2 and "--strict: image trainbox/cpu:latest" in strict.stderr and not strict.stdout
+
+
+# --- resource requests: cpu and memory per pod, defaults by device, requests only ---------------------------------
+def _requests(target="pytorchjob", name="cpu-ddp", **opts):
+    from k8s_schema import pod_templates
+
+    job = resolve_for(target, name, nodes=2, image="registry.example/trainbox/x@sha256:" + "1" * 64,
+                      sets={"TARGET_MODEL_PATH": "/m", "TRAIN_DATA_PATH": "/d", "OUTPUT_DIR": "/o"}
+                      if name.startswith("specforge") else None)
+    obj = list(yaml.safe_load_all(render_target(job, target, RenderOptions(**opts))))[1]
+    return [c["resources"] for t in pod_templates(obj) for c in t["spec"]["containers"]]
+
+
+def test_pods_request_cpu_and_memory_by_default_and_no_limit_on_them():
+    for res in _requests():  # cpu-ddp: 2 processes a node -> 1 core and 2Gi each
+        assert res["requests"] == {"cpu": "2", "memory": "4Gi"} and "limits" not in res
+    for res in _requests("ascendjob", "specforge-domino-qwen35-4b-npu", accelerator_type="module-a3-16"):
+        assert res["requests"] == {"huawei.com/Ascend910": 8, "cpu": "32", "memory": "128Gi"}
+        assert res["limits"] == {"huawei.com/Ascend910": 8}  # cards only: a memory limit would OOM-kill a peak
+
+
+@pytest.mark.parametrize("target", ["pytorchjob", "volcano", "rayjob"])
+def test_cpu_and_memory_options_set_every_pod(target):
+    name = "ray-cpu" if target == "rayjob" else "cpu-ddp"
+    for res in _requests(target, name, cpu="500m", memory="96Gi"):
+        assert res["requests"]["cpu"] == "500m" and res["requests"]["memory"] == "96Gi"
+
+
+@pytest.mark.parametrize("opt, bad", [("cpu", "2 cores"), ("cpu", "-1"), ("memory", "1GB"), ("memory", "64gi"),
+                                      ("memory", "1e9\nx: y")])
+def test_bad_quantities_are_refused_in_one_line(opt, bad):
+    with pytest.raises(TrainboxError, match=f"--{opt} .*Kubernetes quantity"):
+        _requests(**{opt: bad})
+    proc = subprocess.run([sys.executable, "-m", "trainbox.cli", "launch", "render", "cpu-ddp", "--target", "slurm",
+                           f"--{opt}", "1"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and f"--{opt}: an option of the Kubernetes targets" in proc.stderr

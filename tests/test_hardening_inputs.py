@@ -128,7 +128,7 @@ def test_yaml_merge_keys_may_still_override(tmp_path):
 def test_nodes_are_bounded():
     with pytest.raises(RecipeError, match="--nodes 10000000: expected 1 to 1024"):
         load_recipe("twinkle-megatron-tp-8npu", nodes=10000000)
-    assert load_recipe("twinkle-megatron-tp-8npu", nodes=1024).nodes == 1024
+    assert load_recipe("swift-megatron-qwen35-8npu", nodes=1024).nodes == 1024
 
 
 def test_recipe_nodes_and_devices_fields_are_bounded(tmp_path):

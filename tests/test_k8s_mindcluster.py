@@ -12,7 +12,8 @@ from trainbox.recipe import all_inputs, load_recipe
 from trainbox.runtime.errors import TrainboxError
 
 A3 = "specforge-domino-qwen35-4b-npu"  # torchrun, 8 cards a node, an A3 stack whose data parallelism scales
-A2 = "twinkle-megatron-tp-8npu"  # torchrun, 8 cards a node, a 910B (A2) stack
+# torchrun, 8 cards a node, scaling, on a 910B (A2) stack (the 910B Twinkle recipes fix their mesh to one node)
+A2, A2_STACK = "specforge-domino-qwen35-4b-npu", {"stack_name": "npu-910b"}
 A2_SMALL = "swift-megatron-qwen35-8npu"  # a 910B recipe that also runs on 2 cards (card-910b-2 servers)
 
 
@@ -60,8 +61,7 @@ def test_one_node_super_pod_job_has_sp_block_equal_to_its_cards():
 
 def test_sp_block_only_on_super_pod_nodes():
     # full-NPU scheduling guide, the sp-block row: "only on Atlas 900 A3 SuperPoD"
-    for accelerator in ("module-a3-16", None):
-        obj = _render(A2 if accelerator is None else A3, "ascendjob", accelerator, nodes=2)
+    for obj in (_render(A3, "ascendjob", "module-a3-16", nodes=2), _render(A2, "ascendjob", nodes=2, **A2_STACK)):
         assert "sp-block" not in obj["metadata"]["annotations"]
 
 
@@ -70,7 +70,7 @@ def test_sp_block_only_on_super_pod_nodes():
 def test_every_documented_node_type_can_be_chosen(accelerator):
     chip, cards = ACCELERATOR_TYPES[accelerator]
     name = A3 if chip == "a3" else A2 if cards >= 8 else A2_SMALL
-    kw = {"nproc_per_node": cards} if cards < 8 else {}
+    kw = {"nproc_per_node": cards} if cards < 8 else A2_STACK if chip == "910b" else {}
     obj = _render(name, "ascendjob", accelerator, **kw)
     for t in _templates(obj):
         assert t["spec"]["nodeSelector"] == {"accelerator-type": accelerator}
@@ -85,7 +85,7 @@ def test_a_node_type_of_another_chip_or_too_few_cards_is_refused():
     with pytest.raises(TrainboxError, match="a3 stack runs on nodes labelled"):
         _render(A3, "ascendjob", "module-910b-8")
     with pytest.raises(TrainboxError, match="its nodes have 2 cards"):
-        _render(A2, "ascendjob", "card-910b-2")
+        _render(A2, "ascendjob", "card-910b-2", **A2_STACK)
     with pytest.raises(TrainboxError, match="only for Ascend"):
         _render("cpu-ddp", "volcano", "module-910b-8")
 
@@ -93,7 +93,7 @@ def test_a_node_type_of_another_chip_or_too_few_cards_is_refused():
 # --- Volcano Job and PyTorchJob on NPU: ring-controller label, visible devices from Volcano's annotation ----------
 @pytest.mark.parametrize("target", ["volcano", "pytorchjob", "ascendjob"])
 def test_npu_pods_carry_ring_controller_and_the_annotation_env(target):
-    obj = _render(A2, target, nodes=2)
+    obj = _render(A2, target, nodes=2, **A2_STACK)
     # ascend-common api/consts.go AtlasTaskLabel = "ring-controller.atlas"; JobKind910BValue = "ascend-910b"
     assert obj["metadata"]["labels"]["ring-controller.atlas"] == "ascend-910b"
     for t in _templates(obj):

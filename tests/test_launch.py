@@ -116,7 +116,8 @@ def test_cpu_argv_has_no_devices_and_a_private_shm():
 
 
 def test_device_count_must_match_the_recipe():
-    with pytest.raises(TrainboxError, match="names 2 card.s., but recipe relax-qwen3-4b-4npu-colocate uses 4"):
+    # --devices alone sets the count (test_scaling.py); 2 cards cannot hold this recipe's tp 4
+    with pytest.raises(TrainboxError, match="does not divide the 2 training devices"):
         npu_plan("0-1")
 
 
@@ -218,10 +219,12 @@ def pasted(text: str) -> list[str]:
     return out.stdout.decode().split("\0")[:-1]
 
 
+SPECFORGE = {"TARGET_MODEL_PATH": "/m", "TRAIN_DATA_PATH": "/d", "OUTPUT_DIR": "/o"}  # torchrun, scales
+
+
 def test_multi_node_plan_has_one_command_per_node(capsys):
-    plan = plan_run("twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODELSCOPE_CACHE": "/m",
-                                                      "MASTER_ADDR": "10.1.2.3"}, nodes=2, image="i",
-                    dry_run=True)
+    plan = plan_run("specforge-domino-qwen35-4b-npu", sets={**SPECFORGE, "MASTER_ADDR": "10.1.2.3"}, nodes=2,
+                    image="i", dry_run=True)
     assert len(plan.argv_per_node) == 2
     for rank, argv in enumerate(plan.argv_per_node):
         assert envs(argv)["NODE_RANK"] == str(rank)
@@ -231,7 +234,7 @@ def test_multi_node_plan_has_one_command_per_node(capsys):
     assert words == plan.argv_per_node[0][1:] + plan.argv_per_node[1][1:]
     assert "--master-addr \"$MASTER_ADDR\"" in plan.script and "--node-rank \"$NODE_RANK\"" in plan.script
     with pytest.raises(TrainboxError, match="needs these inputs:\n  --set MASTER_ADDR"):
-        plan_run("twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODELSCOPE_CACHE": "/m"}, nodes=2, dry_run=True)
+        plan_run("specforge-domino-qwen35-4b-npu", sets=SPECFORGE, nodes=2, dry_run=True)
 
 
 def test_render_command_writes_an_executable_script(tmp_path, capsys):

@@ -165,7 +165,7 @@ def test_hostile_values_arrive_intact_and_nothing_executes(name, mode, tmp_path,
         assert len(head) == 1
         argv = head[0]["argv"]
         assert argv[argv.index("--dashboard-host") + 1] == "127.0.0.1"
-        assert argv[argv.index("--port") + 1] == "6379"
+        assert argv[argv.index("--port") + 1] == "9500"  # trainbox.ports RUN_BASES
         assert [r for r in records if r["kind"] == "terminated"], "our Ray head was not stopped"
         submit = [r for r in records if r["argv"][:2] == ["job", "submit"]][0]
         renv = json.loads(submit["argv"][submit["argv"].index("--runtime-env-json") + 1])["env_vars"]

@@ -73,16 +73,18 @@ def _mounts(argv: list[str]) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv) if a == "--mount"]
 
 
+# a 910B recipe whose world size scales (the Twinkle cookbook recipes fix theirs to one node)
+MULTI, MULTI_SETS = "swift-megatron-qwen35-8npu", {"MODEL_DIR": "/s", "DATASET": "/m", "OUTPUT_DIR": "/o"}
+
+
 def test_multi_node_npu_docker_runs_mount_hccn_tool_and_conf():
     for path in NPU_MULTINODE_MOUNTS:
         want = f"type=bind,source={path},target={path},readonly"
-        two = plan_run("twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODELSCOPE_CACHE": "/m",
-                                                         "MASTER_ADDR": "10.1.2.3"}, nodes=2, image="i", dry_run=True)
+        two = plan_run(MULTI, sets={**MULTI_SETS, "MASTER_ADDR": "10.1.2.3"}, nodes=2, image="i", dry_run=True)
         for argv in two.argv_per_node:
             assert want in _mounts(argv), argv
         assert any("hccn.conf" in n for n in two.notes)
-        one = plan_run("twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODELSCOPE_CACHE": "/m"}, image="i",
-                       dry_run=True)
+        one = plan_run(MULTI, sets=MULTI_SETS, image="i", dry_run=True)
         assert not any(path in m for m in _mounts(one.argv_per_node[0]))
     cpu = plan_run("cpu-ddp", sets={"MASTER_ADDR": "10.1.2.3"}, nodes=2, image="i", dry_run=True)
     assert not any("hccn" in m for m in _mounts(cpu.argv_per_node[0]))
@@ -90,9 +92,7 @@ def test_multi_node_npu_docker_runs_mount_hccn_tool_and_conf():
 
 @pytest.mark.parametrize("target", ["slurm", "slurm-pyxis", "ascendjob"])
 def test_multi_node_npu_cluster_targets_mount_hccn_tool_and_conf(target):
-    two = render_target(resolve_for(target, "twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODELSCOPE_CACHE": "/m"},
-                                    nodes=2, image="img:1"), target)
-    one = render_target(resolve_for(target, "twinkle-megatron-tp-8npu", sets={"CODE_DIR": "/s", "MODELSCOPE_CACHE": "/m"},
-                                    nodes=1, image="img:1"), target)
+    two = render_target(resolve_for(target, MULTI, sets=MULTI_SETS, nodes=2, image="img:1"), target)
+    one = render_target(resolve_for(target, MULTI, sets=MULTI_SETS, nodes=1, image="img:1"), target)
     for path in NPU_MULTINODE_MOUNTS:
         assert path in two and path not in one, target

@@ -84,16 +84,16 @@ def test_ports_derive_from_the_cards():
 
     _, low = env_of("0-3")
     script, high = env_of("4-7")
-    assert "MASTER_PORT" not in low and high["MASTER_PORT"] == "29540"
-    assert high["RAY_PORT"] == "6419" and high["RAY_DASHBOARD_PORT"] == "8305"
-    assert "MASTER_PORT=29540" in script
+    assert "MASTER_PORT" not in low and high["MASTER_PORT"] == "16440"  # trainbox.ports: 16400 + 10 * 4
+    assert high["RAY_PORT"] == "9540" and high["RAY_DASHBOARD_PORT"] == "9840"
+    assert "MASTER_PORT=16440" in script
 
 
 def test_render_takes_devices_and_says_what_the_host_must_provide(tmp_path):
     out = subprocess.run([sys.executable, "-m", "trainbox.cli", "launch", "render", "relax-qwen3-4b-4npu-colocate",
                           "--devices", "4-7"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "MASTER_PORT=29540" in out.stdout
+    assert "MASTER_PORT=16440" in out.stdout
     assert "# The host must provide: Ascend driver" in out.stdout
 
 
@@ -113,7 +113,7 @@ def test_cpu_process_count_and_nodes_are_first_class():
     with pytest.raises(TrainboxError, match="--nproc-per-node sets"):
         resolve("cpu-ddp", devices="0-1")
     with pytest.raises(TrainboxError, match="does not divide"):
-        resolve("twinkle-megatron-tp-8npu", nproc_per_node=3, require_inputs=False)
+        resolve("swift-megatron-qwen35-8npu", nproc_per_node=3, require_inputs=False)
 
 
 class _FakeClient:

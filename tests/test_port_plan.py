@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from trainbox.launch.targets import render_target, resolve_for
 from trainbox.runtime.dist import hccl_socket_port_env
 from trainbox.runtime.npu import HCCL_IF_BASE_WIDTH, HCCL_WIDTH
@@ -94,9 +92,15 @@ def test_no_run_job_port_is_inside_any_run_or_slurm_jobs_hccl_block_and_slurm_po
     assert not [p for j in slurm for p in _ports(j) if p in run_blocks]
 
 
-@pytest.mark.xfail(strict=True, reason="`trainbox run` keeps torchrun's MASTER_PORT 29500 (+10 per card slot), "
-                   "inside the A2 HCCL_IF_BASE_PORT region: a Slurm job whose MASTER_PORT % 128 is 26 on the same "
-                   "host puts its HCCL block over port 29510. Moving the recipe default (recipe.py, job.py) fixes it")
 def test_no_run_job_port_is_inside_a_slurm_jobs_hccl_block():
+    # was red while `trainbox run` kept torchrun's 29500 (+10 per card slot): a Slurm job whose MASTER_PORT % 128
+    # is 26 put its A2 HCCL_IF_BASE_PORT block over port 29510
     slurm_blocks = _blocks_of(_slurm_jobs())
     assert not [p for j in _docker_jobs() for p in _ports(j) if p in slurm_blocks]
+
+
+def test_run_and_slurm_ports_never_meet():
+    """A `trainbox run` job and a Slurm job on the same host: no port of one is a port of the other."""
+    run = set().union(*(_ports(j) for j in _docker_jobs()))
+    slurm = set().union(*(_ports(j) for j in _slurm_jobs()))
+    assert not run & slurm, sorted(run & slurm)[:5]

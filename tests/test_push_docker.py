@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import docker_helpers as dh
-from registry_helpers import local_registry
+from registry_helpers import docker_cli, local_registry, names_restored, remove_all_names
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -24,10 +24,6 @@ def registry():
             yield where
     except FileNotFoundError as exc:
         dh._unavailable(str(exc))
-
-
-def _docker(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([dh.docker_client().docker, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def _rendered_refs(target: str, image: str) -> list[str]:
@@ -49,26 +45,17 @@ def test_push_pull_by_digest_run(registry, tmp_path):
     outcome = dh.build_cpu_outcome()
     lines: list[str] = []
     pushed = push("cpu", registry, say=lines.append, report=outcome.report_path)
-    names = json.loads(_docker("image", "inspect", "--format", "{{json .RepoTags}}", pushed.image_id).stdout)
-    try:
+    with names_restored(pushed):
         assert pushed.ref == f"{registry}/trainbox/cpu@{pushed.digest}" and pushed.digest.startswith("sha256:")
         assert any("Pushed" in ln or "Layer already exists" in ln for ln in lines), lines
         refs = _check_records(pushed, outcome)
-        # delete every local name of the image, so only the registry has it (the names come back afterwards)
-        _remove_all_names(pushed.image_id)
-        pull = _docker("pull", refs[0])
+        remove_all_names(pushed.image_id)  # only the registry has it now
+        pull = docker_cli("pull", refs[0])
         assert pull.returncode == 0, pull.stderr
-        assert _docker("image", "inspect", "--format", "{{.Id}}", refs[0]).stdout.strip() == pushed.image_id
+        assert docker_cli("image", "inspect", "--format", "{{.Id}}", refs[0]).stdout.strip() == pushed.image_id
         run = dh.run_in_image(refs[0], "python", "-c", "import torch, trainbox; print('ran', torch.__version__)",
                               timeout=300)
         assert run.returncode == 0 and "ran " in run.stdout, run.stdout + run.stderr
-    finally:
-        if _docker("image", "inspect", pushed.image_id).returncode != 0:
-            _docker("pull", pushed.ref)  # the registry still runs: what the test removed comes back from it
-        for name in names:
-            _docker("tag", pushed.image_id, name)
-        # the registry goes with the test: no name of it may stay on the image (renders elsewhere would pin it)
-        _docker("image", "rm", pushed.tag, pushed.ref)
 
 
 def _check_records(pushed, outcome) -> list[str]:
@@ -85,17 +72,6 @@ def _check_records(pushed, outcome) -> list[str]:
     assert refs == [pushed.ref, pushed.ref], refs
     assert unpullable(resolve_for("slurm", "cpu-ddp", nodes=2, image=pushed.source), "slurm") is None
     return refs
-
-
-def _remove_all_names(image_id: str) -> None:
-    """Untag every tag, then drop any digest reference left (a push to another registry leaves one)."""
-    for key in ("RepoTags", "RepoDigests"):
-        proc = _docker("image", "inspect", "--format", "{{json ." + key + "}}", image_id)
-        refs = json.loads(proc.stdout) if proc.returncode == 0 else []
-        if refs:
-            rm = _docker("image", "rm", *refs)
-            assert rm.returncode == 0, rm.stderr
-    assert _docker("image", "inspect", image_id).returncode != 0, "the image is still here"
 
 
 def test_push_refuses_a_bad_registry_before_the_engine(tmp_path):
@@ -128,7 +104,7 @@ def test_push_command_json_names_the_digest_the_registry_serves(registry):
             assert resp.headers["Docker-Content-Digest"] == out["digest"]
         assert "pushing " in proc.stderr  # progress goes to stderr under --json
     finally:
-        _docker("image", "rm", out["tag"], out["ref"])
+        docker_cli("image", "rm", out["tag"], out["ref"])
 
 
 def test_push_without_a_registry_is_a_usage_error(monkeypatch):

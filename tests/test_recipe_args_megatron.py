@@ -166,3 +166,7 @@ def test_twinkle_megatron_layout_is_the_scripts_device_mesh(upstream, name):
     want = {k: v for k, v in mesh.items() if k in ("dp", "tp", "pp", "cp", "ep")}
     have = {k: r["parallel"].get(k, 1) for k in want}
     assert have == want, f"{name}: recipe {have}, cookbook {want}"
+    # the mesh the recipe names when it refuses another world size is the script's own
+    assert r["scaling"]["world_size"] == "fixed"
+    named = {k: int(v) for k, v in re.findall(r"(\w+_size)=(\d+)", r["scaling"]["mesh"])}
+    assert named == {k + "_size": v for k, v in mesh.items()}, (named, call)

@@ -1,5 +1,6 @@
 """The slurm target for real: a two-node Slurm on 127.0.0.1 (ci/slurm/up.sh) runs cpu-ddp as 2 nodes x 1
-process through sbatch, one docker container per node in the cpu image; a second job is scancelled and leaves
+process through sbatch, one docker container per node in the cpu image; the same job runs from a registry on
+127.0.0.1 by digest with the image deleted here first (the nodes pull it); a second job is scancelled and leaves
 no container behind. The pyxis variant is rendered and shellchecked only (no pyxis/enroot here)."""
 
 from __future__ import annotations
@@ -78,6 +79,27 @@ def test_sbatch_scripts_pass_shellcheck(tmp_path):
     assert "--container-image=trainbox/cpu:latest" in pyxis and "docker run" not in pyxis
 
 
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize("image, enroot", [
+    (f"127.0.0.1:5000/trainbox/cpu@{DIGEST}", f"127.0.0.1:5000#trainbox/cpu@{DIGEST}"),
+    ("registry.example.com/ml/trainbox/cpu:abc", "registry.example.com#ml/trainbox/cpu:abc"),
+    ("nvcr.io#nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3"),  # already enroot's form
+    ("ubuntu:24.04", "ubuntu:24.04"),  # Docker Hub: enroot's default registry, no '#'
+])
+def test_pyxis_names_the_image_in_enroots_registry_hash_form(tmp_path, image, enroot):
+    # pyxis README: --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH. enroot 3.x (src/docker.sh, docker::import)
+    # parses docker://[USER@][REGISTRY#]IMAGE[:TAG] only: REG/IMAGE is a Docker Hub image named REG/IMAGE and a
+    # REG:PORT is refused; enroot >= 4.0 (commit f380b11) also takes REG#IMAGE@DIGEST. The docker target keeps
+    # docker's own form.
+    pyxis = render(tmp_path, "slurm-pyxis", "--image", image).read_text()
+    assert f"--container-image={enroot}" in pyxis or f"--container-image='{enroot}'" in pyxis, \
+        re.findall(r"--container-image=\S+", pyxis)
+    docker = render(tmp_path, "slurm", "--image", image).read_text()
+    assert image in docker and (image == enroot or enroot not in docker)
+
+
 @pytest.mark.docker
 @pytest.mark.slurm
 @pytest.mark.slow
@@ -97,6 +119,54 @@ def test_cpu_ddp_runs_on_two_slurm_nodes(slurm_env, cpu_image, tmp_path):
     metrics = json.loads((out_dir / "metrics.json").read_text())
     assert metrics["world_size"] == 2
     assert containers(job_id) == []
+
+
+@pytest.fixture()
+def registry():
+    from registry_helpers import local_registry
+
+    try:
+        with local_registry() as where:
+            yield where
+    except FileNotFoundError as exc:
+        import docker_helpers as dh
+
+        dh._unavailable(str(exc))
+
+
+@pytest.mark.docker
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_nodes_pull_the_pushed_image_by_digest_and_run_it(slurm_env, registry, tmp_path):
+    """Build host to cluster: push to a registry on 127.0.0.1, render (the script names REG/trainbox/cpu@sha256:...,
+    and --strict finds nothing to refuse), delete every local name of the image, submit: the nodes pull it by
+    that digest and train to the end."""
+    import docker_helpers as dh
+    from registry_helpers import docker_cli, names_restored, remove_all_names
+
+    from trainbox.push import push
+
+    outcome = dh.build_cpu_outcome()
+    pushed = push("cpu", registry, say=lambda _line: None, report=outcome.report_path)
+    with names_restored(pushed):
+        job = render(tmp_path, "slurm", "--image", pushed.source, "--strict", "--set", "STEPS=20")
+        text = job.read_text()
+        assert pushed.ref.startswith(f"{registry}/trainbox/cpu@sha256:") and f" {pushed.ref} bash " in text
+        remove_all_names(pushed.image_id)
+        log = tmp_path / "slurm-%j.out"
+        proc = subprocess.run(["sbatch", "--parsable", "--wait", "--chdir", str(tmp_path), "--output", str(log),
+                               str(job)], env=slurm_env, capture_output=True, text=True, timeout=600)
+        job_id = proc.stdout.strip().split(";")[0]
+        out = Path(str(log).replace("%j", job_id)).read_text() if job_id else ""
+        assert proc.returncode == 0, out + proc.stderr
+        # docker run on a node found no such image here and pulled it from the registry by its digest
+        assert f"Unable to find image '{pushed.ref}' locally" in out, out
+        assert f"Digest: {pushed.digest}" in out, out
+        assert "ranks reporting: [0, 1]" in out
+        assert len(re.findall(r"^step\s+\d+ loss ", out, re.M)) == 20
+        pulled = docker_cli("image", "inspect", "--format", "{{.Id}}", pushed.ref)
+        assert pulled.stdout.strip() == pushed.image_id  # the very bytes that were built
+        assert containers(job_id) == []
 
 
 @pytest.mark.docker

@@ -61,6 +61,25 @@ def _candidate_clients() -> list[str]:
     return found
 
 
+def _wait(proc: subprocess.Popen) -> int:
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            continue
+
+
+def _tee(src, dst, sink, lock) -> None:
+    """Copy a child's stream to our own and to a log file, chunk by chunk, as it comes."""
+    out = getattr(dst, "buffer", dst)
+    for chunk in iter(lambda: src.read1(65536), b""):
+        with lock:
+            sink.write(chunk)
+            sink.flush()
+        out.write(chunk)
+        out.flush()
+
+
 @dataclass
 class Client:
     """A docker CLI that can run BuildKit builds."""
@@ -100,15 +119,26 @@ class Client:
             raise EngineError(f"`docker {' '.join(args)}` failed (exit {proc.returncode}): {err}")
         return proc
 
-    def attached(self, *args: str) -> int:
+    def attached(self, *args: str, log=None) -> int:
         """`docker ARGS` in the foreground, its output streaming through; the exit code. On Ctrl-C the CLI got
-        the same SIGINT and forwards it to the container: wait for it to stop."""
-        proc = subprocess.Popen([self.docker, *args])
-        while True:
-            try:
-                return proc.wait()
-            except KeyboardInterrupt:
-                continue
+        the same SIGINT and forwards it to the container: wait for it to stop. `log`: a file path that also gets
+        both streams (a `--rm` container's own logs go with it)."""
+        if log is None:
+            proc = subprocess.Popen([self.docker, *args])
+            return _wait(proc)
+        import threading
+
+        lock = threading.Lock()
+        with open(log, "ab") as sink:
+            proc = subprocess.Popen([self.docker, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            copies = [threading.Thread(target=_tee, args=(src, dst, sink, lock), daemon=True)
+                      for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
+            for c in copies:
+                c.start()
+            rc = _wait(proc)
+            for c in copies:
+                c.join(timeout=30)
+        return rc
 
     def engine_answers(self, timeout: float = 15) -> tuple[bool, str]:
         try:

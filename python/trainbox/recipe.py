@@ -22,6 +22,7 @@ from .runtime.errors import TrainboxError
 from .paths import LAUNCHERS_DIR
 from .grammar import ENV_NAME_RE, MAX_DEVICES_PER_NODE, MAX_NODES, check_name, check_text
 from .documents import format_validation, merge, named_file, read_yaml
+from .ports import RUN_BASES
 
 RECIPES_DIR = LAUNCHERS_DIR / "recipes"
 NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -171,6 +172,10 @@ class Check(_Strict):
     # themselves after the parse (ms-swift raises on `remaining_argv`)
     strict: bool = False
     why: str | None = None  # one line, required with args: none
+    # the MindCluster node type (accelerator-type label) `launch check --target ascendjob|volcano` renders this
+    # recipe's multi-node manifests for, where the chip's default does not fit its layout (8 cards a pod cannot
+    # span A3 super-pod nodes); `launch render` takes the same value as --accelerator-type
+    accelerator_type: str | None = None
 
     @field_validator("stub")
     @classmethod
@@ -222,6 +227,21 @@ class Torchrun(_Strict):
     standalone: bool = False
 
 
+class Scaling(_Strict):
+    """Whether the job's world size may change (`--nodes`, `--nproc-per-node`, `--devices`). `scales`: dp
+    absorbs it; `fixed`: the workload fixes its own layout (a script's hard-coded DeviceMesh), and `mesh` says
+    where, in one line, for the refusal."""
+
+    world_size: Literal["scales", "fixed"] = "scales"
+    mesh: str | None = None
+
+    @model_validator(mode="after")
+    def _why(self):
+        if self.world_size == "fixed" and not (self.mesh and self.mesh.strip()):
+            raise ValueError("world_size: fixed needs mesh: where the workload fixes its layout, in one line")
+        return self
+
+
 class Ray(_Strict):
     # Extra environment variables carried in the job's runtime env (the recipe's and the stack's env, the
     # NOSET flags and allocator settings are always carried).
@@ -244,6 +264,7 @@ class Recipe(_Strict):
     preflight: list[Preflight] = Field(default_factory=list)
     code: Code | None = None
     check: Check = Field(default_factory=Check)
+    scaling: Scaling = Field(default_factory=Scaling)
     workdir: str | None = None
     command: list[str | list[str]]
     torchrun: Torchrun = Field(default_factory=Torchrun)
@@ -394,15 +415,17 @@ def builtin_inputs(recipe: Recipe) -> dict[str, Input]:
         "MASTER_ADDR": Input(description="address of node 0, reachable from every node",
                              kind="host", default="127.0.0.1" if single else None),
         "MASTER_PORT": Input(description="rendezvous port on node 0; also the job's identity on the host "
-                                         "(HCCL port ranges are derived from it)", kind="port", default=29500),
+                                         "(HCCL port ranges are derived from it)", kind="port",
+                             default=RUN_BASES["MASTER_PORT"]),
         "TRAINBOX_LAUNCHERS": Input(description="the launchers/ directory (jobs/ scripts live under it)",
                                     kind="path", default=IMAGE_LAUNCHERS_DIR),
     }
     if recipe.launcher == "ray":
         out["RAY_PORT"] = Input(description="Ray head (GCS) port; the Ray agents' ports are RAY_PORT+1 .. "
-                                            "RAY_PORT+7", kind="port", default=6379)
+                                            "RAY_PORT+7", kind="port", default=RUN_BASES["RAY_PORT"])
         out["RAY_DASHBOARD_PORT"] = Input(description="Ray dashboard / job API port, bound to 127.0.0.1 on "
-                                                      "the head", kind="port", default=8265)
+                                                      "the head", kind="port",
+                                              default=RUN_BASES["RAY_DASHBOARD_PORT"])
         out["NODE_IP"] = Input(description="this node's address for Ray (empty: Ray picks one)", kind="host",
                                default="", required=False)
     return out
@@ -538,6 +561,7 @@ def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes
     if "name" in data and data["name"] != path.stem:
         raise RecipeError(f"{path}: name: expected {path.stem!r} (the file name), got {data['name']!r}")
     data["name"] = path.stem
+    own = (data.get("nodes", 1), data.get("devices_per_node"))
     if nodes is not None:
         if not 1 <= nodes <= MAX_NODES:
             raise RecipeError(f"--nodes {nodes}: expected 1 to {MAX_NODES}")
@@ -552,6 +576,7 @@ def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes
         data["devices_per_node"] = nproc_per_node
         if isinstance(data.get("parallel"), dict):
             data["parallel"] = {k: v for k, v in data["parallel"].items() if k != "dp"}
+    _check_scaling(path.stem, data.get("scaling"), own, (nodes, nproc_per_node))
     if not RECIPE_NAME_RE.match(path.stem):
         raise RecipeError(f"{path}: recipe file names are lower-case words joined by '-' (got {path.stem!r})")
     try:
@@ -561,6 +586,21 @@ def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes
     recipe.source_file = path
     check_references(recipe, path)
     return recipe
+
+
+def _check_scaling(name: str, scaling, own: tuple, given: tuple) -> None:
+    """A recipe whose workload fixes its own layout refuses another world size, in one line naming where."""
+    if not isinstance(scaling, dict) or scaling.get("world_size") != "fixed":
+        return
+    (own_nodes, own_per_node), (nodes, nproc_per_node) = own, given
+    asked = []
+    if nodes is not None and nodes != own_nodes:
+        asked.append(f"{nodes} node(s) (--nodes)")
+    if nproc_per_node is not None and nproc_per_node != own_per_node:
+        asked.append(f"{nproc_per_node} per node (--nproc-per-node/--devices)")
+    if asked:
+        raise RecipeError(f"recipe {name}: its world size is fixed at {own_nodes} node(s) x {own_per_node}, not "
+                          f"{' and '.join(asked)}: {' '.join(str(scaling.get('mesh')).split())}")
 
 
 def check_references(recipe: Recipe, path: Path) -> None:

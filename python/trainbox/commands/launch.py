@@ -32,29 +32,7 @@ def register(sub) -> None:
     exits(r)
     r.set_defaults(func=cmd_render)
 
-    c = s.add_parser("check", help="validate recipes and check their rendered scripts (bash -n, shellcheck)")
-    c.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipe names or files (default: all)")
-    c.add_argument("--nodes", type=int, help="also render for this many nodes")
-    c.add_argument("--target", dest="targets", action="append", metavar="TARGET",
-                   help="also check this target's output (repeatable): sbatch scripts get bash -n and shellcheck, "
-                        "manifests a YAML parse (their schema checks need the CRDs: tests/test_k8s_manifests.py)")
-    c.add_argument("--args", action="store_true",
-                   help="also run each recipe's command through its framework's own argument parser, in the image "
-                        "(the entry's import closure must resolve in the image; nothing trains, no device or "
-                        "network is used). A recipe that cannot be checked (its entry is not in the image) is "
-                        "reported `not checked` with the reason, never ok; it does not change the exit status")
-    c.add_argument("--image", help="with --args: the image to check in (default: trainbox/STACK:latest; with --code: "
-                   "trainbox's Debian base)")
-    c.add_argument("--code", metavar="DIR", help="with --args: check against this checkout of the workload (the "
-                   "recipe's code input), mounted read-only into a container with the network off; nothing of the "
-                   "recipe runs on this host")
-    c.add_argument("--stub-missing", action="store_true",
-                   help="with --code: modules the image lacks become stand-ins (the parser stays the framework's)")
-    c.add_argument("--set", dest="sets", action="append", metavar="NAME=VALUE",
-                   help="with --args: a recipe input for the rendered command (others: defaults or stand-ins)")
-    add_json(c, "one result per recipe")
-    exits(c, "a recipe fails to validate, render, bash -n or shellcheck (with --args: its imports or arguments)")
-    c.set_defaults(func=cmd_check)
+    _register_check(s)
 
     ls = s.add_parser("list", help="the recipes, with stack, launcher and devices")
     add_json(ls, "the recipes")
@@ -92,6 +70,46 @@ def register(sub) -> None:
     add_json(run, "the plan (image, script, docker argv per node; with --dry-run)")
     exits(run, "the job failed: run exits with the job's own status (the container's), so any code from 1 up")
     run.set_defaults(func=cmd_run)
+    _register_logs(sub)
+
+
+def _register_check(s) -> None:
+    c = s.add_parser("check", help="validate recipes and check their rendered scripts (bash -n, shellcheck)")
+    c.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipe names or files (default: all)")
+    c.add_argument("--nodes", type=int, help="also render for this many nodes (--target: instead of 2)")
+    c.add_argument("--nproc-per-node", type=int, metavar="N", help="devices (CPU: processes) per node, as `run` "
+                   "takes it: the scaled variant is checked (a recipe with a fixed world size refuses it)")
+    c.add_argument("--devices", metavar="LIST", help="host cards as `run` takes them, e.g. 4-7 (4 processes a node "
+                   "where the recipe scales)")
+    c.add_argument("--target", dest="targets", action="append", metavar="TARGET",
+                   help="also check this target's output (repeatable): sbatch scripts get bash -n and shellcheck, "
+                        "manifests a YAML parse (their schema checks need the CRDs: tests/test_k8s_manifests.py)")
+    c.add_argument("--args", action="store_true",
+                   help="also run each recipe's command through its framework's own argument parser, in the image "
+                        "(the entry's import closure must resolve in the image; nothing trains, no device or "
+                        "network is used). A recipe that cannot be checked (its entry is not in the image) is "
+                        "reported `not checked` with the reason, never ok; it does not change the exit status")
+    c.add_argument("--image", help="with --args: the image to check in (default: trainbox/STACK:latest; with --code: "
+                   "trainbox's Debian base)")
+    c.add_argument("--code", metavar="DIR", help="with --args: check against this checkout of the workload (the "
+                   "recipe's code input), mounted read-only into a container with the network off; nothing of the "
+                   "recipe runs on this host")
+    c.add_argument("--stub-missing", action="store_true",
+                   help="with --code: modules the image lacks become stand-ins (the parser stays the framework's)")
+    c.add_argument("--set", dest="sets", action="append", metavar="NAME=VALUE",
+                   help="with --args: a recipe input for the rendered command (others: defaults or stand-ins)")
+    add_json(c, "one result per recipe")
+    exits(c, "a recipe fails to validate, render, bash -n or shellcheck (with --args: its imports or arguments)")
+    c.set_defaults(func=cmd_check)
+
+
+def _register_logs(sub) -> None:
+    lg = sub.add_parser("logs", help="print the output `trainbox run` kept of a finished job (the container is gone)")
+    lg.add_argument("recipe", nargs="?", metavar="RECIPE", help="the newest run of this recipe (default: the newest "
+                    "run of any)")
+    lg.add_argument("--list", action="store_true", help="list the kept logs (path per line, oldest first)")
+    exits(lg, "no kept log (of that recipe)")
+    lg.set_defaults(func=cmd_logs)
 
 
 def _cluster_args(r) -> None:
@@ -102,10 +120,15 @@ def _cluster_args(r) -> None:
     r.add_argument("--name", help="Kubernetes targets: the job's name (its ConfigMap is NAME-launcher; default: the "
                    "recipe's name and a random suffix, so a second submission does not collide)")
     r.add_argument("--namespace", help="Kubernetes targets: metadata.namespace of the job and its ConfigMap")
+    r.add_argument("--cpu", metavar="QTY", help="Kubernetes targets: CPU request per pod, e.g. 32 or 500m (default: "
+                   "4 per NPU/GPU, 1 per CPU process; requests only, no limit)")
+    r.add_argument("--memory", metavar="QTY", help="Kubernetes targets: memory request per pod, e.g. 128Gi (default: "
+                   "16Gi per NPU/GPU, 2Gi per CPU process; no limit: a peak must not OOM-kill the job)")
     r.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="--OPTION=VALUE",
                    help="slurm targets: an extra #SBATCH line, e.g. --sbatch-arg=--partition=train (repeatable)")
     r.add_argument("--strict", action="store_true", help="fail (exit 2) where a warning would do: a cluster render "
-                   "whose image no node but this one can pull (a local tag without a registry)")
+                   "whose image no node but this one can pull (a local tag without a registry), a RayJob whose NPU "
+                   "image lacks the baked CANN environment (Ray pods do not run the entrypoint)")
 
 
 def _scale_args(p) -> None:
@@ -122,7 +145,7 @@ def cmd_render(args) -> int:
                       stack_name=args.stack, nodes=args.nodes, nproc_per_node=args.nproc_per_node,
                       devices=args.devices)
     recipe, script = job.recipe, render_target(job, args.target, RenderOptions(
-        args.accelerator_type, args.name, args.namespace, tuple(args.sbatch_args)))
+        args.accelerator_type, args.name, args.namespace, tuple(args.sbatch_args), args.cpu, args.memory))
     _image_reachable(job, args.target, args.strict)
     if args.output:
         from ..runtime.errors import TrainboxError
@@ -146,13 +169,16 @@ def cmd_render(args) -> int:
 
 
 def _image_reachable(job, target: str, strict: bool) -> None:
+    """Warn (under --strict: refuse) where the cluster could not run the render's image as it is: no node but
+    this one can pull it, or a RayJob's pods (no entrypoint) would lack the CANN environment."""
+    from ..launch.images import entrypoint_free_problem
     from ..launch.targets import unpullable
     from ..runtime.errors import TrainboxError
 
-    problem = unpullable(job, target)
-    if problem and strict:
-        raise TrainboxError(f"--strict: {problem}")
-    if problem:
+    problems = [unpullable(job, target), entrypoint_free_problem(job) if target == "rayjob" else None]
+    for problem in filter(None, problems):
+        if strict:
+            raise TrainboxError(f"--strict: {problem}")
         print(f"warning: {problem}", file=sys.stderr)
 
 
@@ -183,16 +209,17 @@ def cmd_check(args) -> int:
     out = sys.stderr if args.json else sys.stdout
     for name in names:
         problems = []
-        for nodes in [None] + ([args.nodes] if args.nodes else []):
+        scaled = {"nodes": args.nodes, "nproc_per_node": args.nproc_per_node, "devices": args.devices}
+        for scale in [{}] + ([scaled] if any(v is not None for v in scaled.values()) else []):
             try:
-                _recipe, _stack, script = render(name, {"MASTER_ADDR": "node0"} if nodes and nodes > 1 else None,
-                                                 nodes=nodes)
+                _recipe, _stack, script = render(name, {"MASTER_ADDR": "node0"} if (scale.get("nodes") or 1) > 1
+                                                 else None, **scale)
             except TrainboxError as exc:
                 problems.append(str(exc))
                 continue
             problems += check_script(script, shellcheck)
         for target in args.targets or []:
-            problems += _check_target(name, target, args.nodes or 2, shellcheck)
+            problems += _check_target(name, target, args, shellcheck)
         row = {"recipe": name, "ok": not problems, "problems": problems}
         if args.args and not problems:
             row["args"] = _check_args(name, args)
@@ -240,22 +267,31 @@ def _check_args(name: str, args) -> dict:
     return result
 
 
-def _check_target(name: str, target: str, nodes: int, shellcheck: str | None) -> list[str]:
-    """One recipe's output for a cluster target, inputs left unset (a lint, not a job)."""
+def _check_target(name: str, target: str, args, shellcheck: str | None) -> list[str]:
+    """One recipe's output for a cluster target, inputs left unset (a lint, not a job): on --nodes/--devices/
+    --nproc-per-node as given, else on 2 nodes where the recipe's world size may change (its own where it is
+    fixed); NPU manifests on the recipe's `check.accelerator_type` when it names one."""
     import yaml
 
     from ..launch import check_script
-    from ..launch.targets import TARGETS, render_target, resolve_for
+    from ..launch.targets import TARGETS, RenderOptions, render_target, resolve_for
+    from ..recipe import load_recipe
     from ..runtime.errors import TrainboxError
 
     try:
-        job = resolve_for(target, name, nodes=nodes, image="trainbox/check:1", lint=True)
+        recipe = load_recipe(name)
+        nodes = args.nodes or (None if recipe.scaling.world_size == "fixed" else 2)
+        job = resolve_for(target, name, nodes=nodes, nproc_per_node=args.nproc_per_node, devices=args.devices,
+                          image="trainbox/check:1", lint=True)
+        options = RenderOptions()
         if TARGETS[target][2] == "yaml":
             from ..launch.k8s import applies
 
             if not applies(job, target):
                 return []  # e.g. an AscendJob for a CUDA recipe: not a problem of the recipe
-        text = render_target(job, target)
+            if job.device == "npu":
+                options = RenderOptions(accelerator_type=recipe.check.accelerator_type)
+        text = render_target(job, target, options)
     except TrainboxError as exc:
         return [f"{target}: {exc}"]
     if TARGETS[target][2] == "yaml":
@@ -361,6 +397,23 @@ def cmd_run(args) -> int:
         sys.stdout.write(format_plan(plan))
         return 0
     return execute(plan, args.node_rank)
+
+
+def cmd_logs(args) -> int:
+    from ..launch.docker import kept_logs, logs_dir
+    from ..runtime.errors import TrainboxError
+
+    logs = kept_logs(args.recipe)
+    if args.list:
+        for path in logs:
+            print(path)
+        return 0
+    if not logs:
+        raise TrainboxError(f"no kept log{' of ' + args.recipe if args.recipe else ''} in {logs_dir()} "
+                            "(`trainbox run` keeps one per run; a Slurm job's output is its trainbox-*.out file)")
+    sys.stdout.write(logs[-1].read_text(errors="replace"))
+    print(f"trainbox logs: {logs[-1]}", file=sys.stderr)
+    return 0
 
 
 def _run_on_slurm(args) -> int:

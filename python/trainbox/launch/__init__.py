@@ -28,10 +28,10 @@ from .script import check_script, node_commands, render_script
 
 
 def render(recipe_name: str, sets: dict[str, str] | None = None, stack_name: str | None = None,
-           nodes: int | None = None, nproc_per_node: int | None = None) -> tuple:
+           nodes: int | None = None, nproc_per_node: int | None = None, devices: str | None = None) -> tuple:
     """(recipe, stack, the docker target's bash script)."""
     job = resolve(recipe_name, sets=sets, stack_name=stack_name, nodes=nodes, nproc_per_node=nproc_per_node,
-                  check_paths=False, require_inputs=False, host_paths=False)
+                  devices=devices, check_paths=False, require_inputs=False, host_paths=False)
     return job.recipe, job.stack, render_script(job.recipe, job.stack, job.sets)
 
 

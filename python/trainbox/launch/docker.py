@@ -59,6 +59,20 @@ def jobs_dir() -> Path:
     return (Path(env) if env else CACHE_DIR) / "jobs"
 
 
+def logs_dir() -> Path:
+    """Where `trainbox run` keeps each run's output ($TRAINBOX_CACHE/logs/, default ~/.cache/trainbox/logs/)."""
+    return jobs_dir().parent / "logs"
+
+
+def kept_logs(recipe: str | None = None) -> list[Path]:
+    """Kept run logs, oldest first (of one recipe when given)."""
+    d = logs_dir()
+    if not d.is_dir():
+        return []
+    logs = [p for p in d.glob("*.log") if recipe is None or p.name.rsplit("-", 2)[0] == recipe]
+    return sorted(logs, key=lambda p: (p.stat().st_mtime, p.name))
+
+
 def write_job_script(name: str, script: str) -> Path:
     digest = hashlib.sha256(script.encode()).hexdigest()[:12]
     d = jobs_dir()
@@ -207,5 +221,14 @@ def execute(plan: RunPlan, node_rank: int = 0) -> int:
                             f"{plan.stack.name}`, or name one with --image")
     for d in plan.host_dirs_to_create:
         os.makedirs(d, exist_ok=True)
+    import time
+
+    logs_dir().mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    log = logs_dir() / f"{plan.recipe.name}-{stamp}-node{node_rank}.log"
     print(f"trainbox run {plan.recipe.name}: {plan.image}, script {plan.script_path}", file=sys.stderr)
-    return client.attached(*plan.argv_per_node[node_rank][1:])
+    rc = client.attached(*plan.argv_per_node[node_rank][1:], log=log)
+    # the container is gone (--rm); its output is not
+    print(f"trainbox run {plan.recipe.name}: exit {rc}; log kept at {log} (trainbox logs {plan.recipe.name})",
+          file=sys.stderr)
+    return rc

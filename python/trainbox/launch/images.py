@@ -100,3 +100,30 @@ def pull_problem(image: str) -> str | None:
         return None
     return (f"image {image} is a local tag without a registry: other nodes would look for it on Docker Hub. "
             "Push it (trainbox image push STACK --registry REG) and render again, or pass --image REG/NAME@sha256:...")
+
+
+def entrypoint_free_problem(job: Job) -> str | None:
+    """Why the pods of an NPU RayJob would start without the CANN environment, or None. KubeRay replaces the
+    container's command (`/bin/bash -c -- ... ray start`), so the image's entrypoint, which otherwise sources
+    or applies CANN's set_env record, does not run: only the image's ENV reaches the raylets. `trainbox image
+    build` bakes that record as ENV (label io.trainbox.cann-env); a plain `docker build` does not. An image
+    this engine does not have is not checked."""
+    if job.device != "npu":
+        return None
+    from ..cann_bake import BAKED_LABEL
+
+    try:
+        from ..engine import find_client
+
+        client = find_client()
+        labels = _labels(client, job.image) if client.image_exists(job.image) else None
+    except Exception:  # noqa: BLE001 - no engine here: nothing to check
+        return None
+    if labels is None or labels.get(BAKED_LABEL) not in (None, "0"):
+        return None
+    why = (f"it was built on the substitute base {labels[SUBSTITUTE_LABEL]}, which has no CANN"
+           if labels.get(SUBSTITUTE_LABEL) else
+           f"no baked CANN environment (label {BAKED_LABEL}; a plain `docker build` leaves it to the entrypoint)")
+    return (f"image {job.image}: {why}. KubeRay starts Ray pods with `/bin/bash -c -- ... ray start`, not the "
+            "image's entrypoint, so only the image's ENV and the pod's env reach the raylets: build the image "
+            f"with `trainbox image build {job.stack.name}` on its CANN base (it bakes the CANN environment as ENV)")

@@ -16,14 +16,16 @@ from dataclasses import dataclass, field
 from .. import grammar
 from ..recipe import VISIBLE_DEVICES_VARS, Recipe, all_inputs, check_value, load_recipe, refs
 from ..runtime.errors import TrainboxError
+from ..ports import RUN_BASES, STRIDE
 from ..sets import parse_assignments
 
 # Host paths a bind mount must not cover inside the container.
 _PROTECTED_TARGETS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
                       "/sbin", "/sys", "/tmp", "/usr", "/var", "/usr/local", "/opt/trainbox"}
-# Ports a job owns on a host, and how far apart two jobs' ports are (a Ray head uses RAY_PORT .. RAY_PORT+7).
-PORT_INPUTS = {"MASTER_PORT": 29500, "RAY_PORT": 6379, "RAY_DASHBOARD_PORT": 8265}
-PORT_STRIDE = 10
+# Ports a job owns on a host (their slot-0 values, the recipes' defaults), and how far apart two jobs' ports are:
+# trainbox.ports, the one plan for `trainbox run` and Slurm.
+PORT_INPUTS = dict(RUN_BASES)
+PORT_STRIDE = STRIDE
 # What a cluster scheduler tells each node (the sbatch script, the Kubernetes operators).
 SCHEDULER_PROVIDES = ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -141,8 +143,8 @@ def _cards(recipe: Recipe, stack: StackInfo, devices: str | None) -> list[int] |
         return None
     cards = parse_devices(devices) if devices is not None else list(range(recipe.devices_per_node))
     if len(cards) != recipe.devices_per_node:
-        raise TrainboxError(f"--devices {devices}: names {len(cards)} card(s), but recipe {recipe.name} uses "
-                            f"{recipe.devices_per_node} per node (--nproc-per-node changes that)")
+        raise TrainboxError(f"--devices {devices}: names {len(cards)} card(s), but --nproc-per-node asks for "
+                            f"{recipe.devices_per_node} per node (give one of them, or the same count)")
     return cards
 
 
@@ -235,6 +237,11 @@ def resolve(recipe_name: str, *, sets: dict[str, str] | None = None, stack_name:
     `provided`: inputs the target's scheduler gives each node (Slurm, an operator: MASTER_ADDR)."""
     recipe = load_recipe(recipe_name, nodes=nodes, nproc_per_node=nproc_per_node)
     stack = load_stack_info(stack_name or recipe.stack)
+    if devices is not None and nproc_per_node is None and stack.device != "cpu":
+        # --devices 4-7 means 4 processes a node (where the recipe's world size may change)
+        count = len(parse_devices(devices))
+        if count != recipe.devices_per_node:
+            recipe = load_recipe(recipe_name, nodes=nodes, nproc_per_node=count)
     _check_stack(recipe, stack, stack_name)
     sets = dict(sets or {})
     vals = split_sets(recipe, stack, sets)

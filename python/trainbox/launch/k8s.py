@@ -128,12 +128,31 @@ def sp_block(job: Job, accelerator: str | None) -> str | None:
     return str(job.nodes * job.per_node)
 
 
-def _resources(job: Job) -> dict:
+# CPU and memory requested per pod by default: per device (NPU/CUDA: data loaders, the host side of the
+# collectives, pinned buffers) or per process (CPU jobs). Requests only, no limits: a memory limit turns a
+# transient peak (checkpoint save, a dataloader burst) into an OOM kill of the whole job.
+DEFAULT_REQUESTS = {"npu": (4, 16), "cuda": (4, 16), "cpu": (1, 2)}  # (cores, GiB) per device or process
+CPU_RE = re.compile(r"^([1-9][0-9]{0,4}(\.[0-9]{1,3})?|[1-9][0-9]{0,6}m)$")
+MEMORY_RE = re.compile(r"^[1-9][0-9]{0,6}(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+
+
+def pod_requests(job: Job, cpu: str | None = None, memory: str | None = None) -> dict[str, str]:
+    """The pod's cpu/memory requests: --cpu / --memory as given (Kubernetes quantities, checked), else the
+    defaults scaled by the devices (processes) per pod."""
+    if cpu is not None and not CPU_RE.match(cpu):
+        raise TrainboxError(f"--cpu {cpu!r}: expected cores per pod as a Kubernetes quantity, e.g. 32 or 500m")
+    if memory is not None and not MEMORY_RE.match(memory):
+        raise TrainboxError(f"--memory {memory!r}: expected memory per pod as a Kubernetes quantity, e.g. 128Gi")
+    cores, gib = DEFAULT_REQUESTS[job.device]
+    return {"cpu": cpu or str(cores * job.per_node), "memory": memory or f"{gib * job.per_node}Gi"}
+
+
+def _resources(job: Job, asked: dict[str, str]) -> dict:
     if job.device == "npu":
-        return {"requests": {NPU_RESOURCE: job.per_node}, "limits": {NPU_RESOURCE: job.per_node}}
+        return {"requests": {NPU_RESOURCE: job.per_node, **asked}, "limits": {NPU_RESOURCE: job.per_node}}
     if job.device == "cuda":
-        return {"limits": {GPU_RESOURCE: job.per_node}}
-    return {"requests": {"cpu": str(job.per_node)}}
+        return {"requests": dict(asked), "limits": {GPU_RESOURCE: job.per_node}}
+    return {"requests": dict(asked)}
 
 
 def _volumes(job: Job, configmap: str) -> tuple[list[dict], list[dict]]:
@@ -158,17 +177,36 @@ def _env(job: Job, scheduler: str) -> list[dict]:
     env = dict(job.env)
     env.pop("TRAINBOX_DEVICES", None)  # the device plugin picks the cards; the pod sees them as 0..n-1
     env["TRAINBOX_SCHEDULER"] = scheduler
+    if scheduler == "kuberay":
+        env.update(entrypoint_free_env(job, env))
     return [{"name": k, "value": v} for k, v in sorted(env.items())]
 
 
-def _container(job: Job, name: str, scheduler: str, mounts: list[dict], ports: list[dict] | None = None,
-               args: list[str] | None = None) -> dict:
+def entrypoint_free_env(job: Job, env: dict[str, str]) -> dict[str, str]:
+    """What the image's entrypoint would add to `env` and a pod that bypasses it must carry itself. KubeRay
+    v1.7.0 sets the Ray container's command to `/bin/bash -c --` and its args to `ulimit ...; ray start ...`
+    (ray-operator common/pod.go BuildPod, utils.GetContainerCommand), so tini and trainbox-entrypoint do not run
+    in Ray pods: the stack's defaults and the CPU-mode rule are computed here by the entrypoint's own code, the
+    NOSET flags are the raylets' (they must see them, not only the job's runtime env). The CANN environment
+    comes from the image's ENV, which `trainbox image build` bakes (trainbox.cann_bake)."""
+    from ..runtime.entrypoint import apply_defaults
+
+    added = dict(env)
+    apply_defaults(added, {"env": dict(job.stack.env)})
+    if job.device == "npu":
+        for flag in npu.NPU_NOSET:
+            added.setdefault(flag, "1")
+    return {k: v for k, v in added.items() if k not in env}
+
+
+def _container(job: Job, name: str, scheduler: str, mounts: list[dict], asked: dict[str, str],
+               ports: list[dict] | None = None, args: list[str] | None = None) -> dict:
     env = _env(job, scheduler)
     if job.device == "npu" and scheduler != "kuberay":
         env.append(VISIBLE_FROM_ANNOTATION)
     c = {"name": name, "image": job.image, "imagePullPolicy": "IfNotPresent",
          "args": args if args is not None else ["bash", f"{SCRIPT_DIR}/job.sh"],
-         "env": env, "resources": _resources(job), "volumeMounts": mounts}
+         "env": env, "resources": _resources(job, asked), "volumeMounts": mounts}
     if ports:
         c["ports"] = ports
     return c
@@ -211,7 +249,8 @@ def _replicas(job: Job, pod_for, restart: str) -> dict:
     return specs
 
 
-def ascendjob(job: Job, name: str, accelerator: str | None = None) -> dict:
+def ascendjob(job: Job, name: str, accelerator: str | None = None, asked: dict | None = None) -> dict:
+    asked = asked or pod_requests(job)
     ring = _ring(job)
     labels = {**ring, "framework": "pytorch"}
     vols, mounts = _volumes(job, f"{name}-launcher")
@@ -220,7 +259,7 @@ def ascendjob(job: Job, name: str, accelerator: str | None = None) -> dict:
     annotations = {"sp-block": block} if block else {}
 
     def pod(_role):
-        return _pod(job, _container(job, "ascend", "operator", mounts, ports), vols, dict(ring),
+        return _pod(job, _container(job, "ascend", "operator", mounts, asked, ports), vols, dict(ring),
                     accelerator=accelerator)
 
     return {"apiVersion": "mindxdl.gitee.com/v1", "kind": "AscendJob",
@@ -230,23 +269,25 @@ def ascendjob(job: Job, name: str, accelerator: str | None = None) -> dict:
                      "successPolicy": "AllWorkers", "replicaSpecs": _replicas(job, pod, "Never")}}
 
 
-def pytorchjob(job: Job, name: str, accelerator: str | None = None) -> dict:
+def pytorchjob(job: Job, name: str, accelerator: str | None = None, asked: dict | None = None) -> dict:
+    asked = asked or pod_requests(job)
     vols, mounts = _volumes(job, f"{name}-launcher")
     ports = [{"name": "pytorchjob-port", "containerPort": PYTORCH_PORT}]
     # NPU pods go through Volcano: it writes the huawei.com/Ascend910 annotation ASCEND_VISIBLE_DEVICES reads
     scheduler = "volcano" if job.device == "npu" else None
 
     def pod(_role):
-        return _pod(job, _container(job, "pytorch", "operator", mounts, ports), vols, _ring(job),
+        return _pod(job, _container(job, "pytorch", "operator", mounts, asked, ports), vols, _ring(job),
                     scheduler=scheduler, accelerator=accelerator)
 
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(job, name, _ring(job)),
             "spec": {"nprocPerNode": str(job.per_node), "pytorchReplicaSpecs": _replicas(job, pod, "OnFailure")}}
 
 
-def volcano(job: Job, name: str, accelerator: str | None = None) -> dict:
+def volcano(job: Job, name: str, accelerator: str | None = None, asked: dict | None = None) -> dict:
+    asked = asked or pod_requests(job)
     vols, mounts = _volumes(job, f"{name}-launcher")
-    container = _container(job, "main", "volcano", mounts)
+    container = _container(job, "main", "volcano", mounts, asked)
     task = "node"
     # the svc plugin writes /etc/volcano/<task>.host (one pod host name a line, index order) and a headless
     # service that resolves them; the env plugin sets VC_TASK_INDEX
@@ -270,19 +311,17 @@ def _ray_start_params(job: Job) -> dict:
     return {"num-cpus": str(job.per_node)}
 
 
-def rayjob(job: Job, name: str, accelerator: str | None = None) -> dict:
+def rayjob(job: Job, name: str, accelerator: str | None = None, asked: dict | None = None) -> dict:
+    asked = asked or pod_requests(job)
     vols, mounts = _volumes(job, f"{name}-launcher")
     params = _ray_start_params(job)
     # no args: KubeRay writes the `ray start` command into the container itself
-    head = _pod(job, _container(job, "ray-head", "kuberay", mounts, args=[]), vols, {}, restart="Always",
+    head = _pod(job, _container(job, "ray-head", "kuberay", mounts, asked, args=[]), vols, {}, restart="Always",
                 accelerator=accelerator)
-    worker = _pod(job, _container(job, "ray-worker", "kuberay", mounts, args=[]), vols, {}, restart="Always",
+    worker = _pod(job, _container(job, "ray-worker", "kuberay", mounts, asked, args=[]), vols, {}, restart="Always",
                   accelerator=accelerator)
     for pod in (head, worker):
-        c = pod["spec"]["containers"][0]
-        del c["args"]
-        if job.device == "npu":  # raylets must see the flag, not only the job's runtime env
-            c["env"] += [{"name": v, "value": "1"} for v in npu.NPU_NOSET if v not in job.env]
+        del pod["spec"]["containers"][0]["args"]  # KubeRay writes `ray start` as the command: no entrypoint runs
     cluster = {"headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0", **params}, "template": head}}
     if job.nodes > 1:
         cluster["workerGroupSpecs"] = [{"groupName": "workers", "replicas": job.nodes - 1,
@@ -302,16 +341,17 @@ BUILDERS = {"ascendjob": ascendjob, "volcano": volcano, "pytorchjob": pytorchjob
 
 
 def manifests(job: Job, kind: str, name: str | None = None, accelerator: str | None = None,
-              namespace: str | None = None) -> list[dict]:
-    """[ConfigMap, job] as Python objects (what render_manifest dumps)."""
+              namespace: str | None = None, requests: tuple = (None, None)) -> list[dict]:
+    """[ConfigMap, job] as Python objects (what render_manifest dumps); `requests`: (--cpu, --memory)."""
     _check(job, kind)
+    asked = pod_requests(job, *requests)
     accelerator = accelerator_type(job, accelerator)
     namespace = check_namespace(namespace)
     for owned in ("NODE_RANK", "MASTER_ADDR"):
         if owned in job.sets and kind != "rayjob":
             raise TrainboxError(f"--set {owned}: the {kind} scheduler tells each pod this; leave it out")
     name = job_name(job, name)
-    docs = [_configmap(job, f"{name}-launcher"), BUILDERS[kind](job, name, accelerator)]
+    docs = [_configmap(job, f"{name}-launcher"), BUILDERS[kind](job, name, accelerator, asked)]
     if namespace:  # the ConfigMap must live where the pods that mount it do
         for doc in docs:
             doc["metadata"] = {"name": doc["metadata"]["name"], "namespace": namespace,
@@ -332,8 +372,9 @@ _Dumper.add_representer(str, _str)
 
 
 def render_manifest(job: Job, kind: str, name: str | None = None, accelerator: str | None = None,
-                    namespace: str | None = None) -> str:
+                    namespace: str | None = None, requests: tuple = (None, None)) -> str:
     head = (f"# GENERATED by trainbox: {kind} for recipe {job.name}, {job.nodes} node(s) x {job.per_node}, "
             f"image {oneline(job.image)}\n# kubectl apply -f THIS_FILE (see the README's Kubernetes section for what the "
             "cluster must provide)\n")
-    return head + yaml.dump_all(manifests(job, kind, name, accelerator, namespace), Dumper=_Dumper, sort_keys=False, width=1000)
+    return head + yaml.dump_all(manifests(job, kind, name, accelerator, namespace, requests), Dumper=_Dumper,
+                                sort_keys=False, width=1000)

@@ -13,17 +13,16 @@ import hashlib
 import re
 import shlex
 
+from ..ports import SLURM_BASES, SLURM_SLOTS
 from ..runtime.errors import TrainboxError
 from .docker import JOB_SCRIPT_IN_IMAGE, NPU_DRIVER_MOUNTS, NPU_MULTINODE_MOUNTS, run_args
 from .job import PORT_INPUTS, PORT_STRIDE, Job
 from .script import HOST_NEEDS, oneline, render_script, render_template
 
-# Per-job ports: base + 10 * (job id % PORT_SLOTS): RAY_PORT 6400-9397 (a Ray head takes 8), the dashboard
-# 10300-13290, MASTER_PORT 13400-16390. None of them overlaps another, and all lie below every per-job HCCL block
-# (20480-32767: the socket ranges and, on A2, the HCCL_IF_BASE_PORT blocks, runtime.npu) and below HCCL's own
-# default NPU port 16666, so no job's port is inside any job's HCCL block (tests/test_port_plan.py).
-PORT_SLOTS = 300
-SLURM_PORT_BASES = {"MASTER_PORT": 13400, "RAY_PORT": 6400, "RAY_DASHBOARD_PORT": 10300}
+# Per-job ports: base + STRIDE * (job id % SLURM_SLOTS), from trainbox.ports (the plan `trainbox run` shares):
+# none of them overlaps another job's ports or falls inside any job's HCCL block (tests/test_port_plan.py).
+PORT_SLOTS = SLURM_SLOTS
+SLURM_PORT_BASES = SLURM_BASES
 SLURM_VARS_OWNED = ("NODE_RANK", "MASTER_ADDR")
 # --sbatch-arg: one long option a line, its value without spaces, quotes or backslashes (an #SBATCH line is read
 # by sbatch, not by a shell); the options that shape the job stay trainbox's
@@ -52,9 +51,26 @@ def _ports(job: Job) -> list[tuple[str, int]]:
     return [(n, SLURM_PORT_BASES[n]) for n in PORT_INPUTS if n in inputs and n not in job.sets]
 
 
+def enroot_image(image: str) -> str:
+    """The image as pyxis's --container-image takes it: enroot's URI without the scheme,
+    [REGISTRY#]IMAGE[:TAG][@DIGEST] (pyxis README; enroot src/docker.sh). The registry is split off with '#':
+    enroot 3.x reads REG/IMAGE:TAG as a Docker Hub image named REG/IMAGE (and refuses a REG:PORT), enroot >= 4.0
+    takes either form, and a digest (IMAGE@sha256:...) from 4.0 on. A Docker Hub name, a '#' form or a
+    squashfs path (/...) is left as it is."""
+    from ..engine import registry_of
+
+    if "#" in image or image.startswith("/"):
+        return image
+    registry = registry_of(image)
+    if registry == "registry-1.docker.io":
+        return image
+    return registry + "#" + image[len(registry) + 1:]
+
+
 def _header(job: Job, pyxis: bool) -> str:
-    how = ("pyxis >= 0.12 + enroot (srun --container-image; the image in enroot's form, REGISTRY#IMAGE:TAG or "
-           "a .sqsh path), an enroot hook that adds the Ascend/NVIDIA devices"
+    how = ("pyxis >= 0.12 + enroot (srun --container-image; the image in enroot's form, REGISTRY#IMAGE:TAG, "
+           "REGISTRY#IMAGE@sha256:... with enroot >= 4.0, or a .sqsh path), an enroot hook that adds the "
+           "Ascend/NVIDIA devices"
            if pyxis else "Docker on every node (the submitting user may run `docker`), nodes that reach each other")
     return "\n".join([
         f"{job.name}: {oneline(job.recipe.description)}",
@@ -87,7 +103,8 @@ def render_sbatch(job: Job, *, pyxis: bool = False, sbatch_args=()) -> str:
     return render_template(
         "slurm.sbatch.j2", header=_header(job, pyxis), job_name=f"trainbox-{job.name}", recipe_name=job.name,
         nodes=job.nodes, exclusive=job.device != "cpu", ports=ports, port_slots=PORT_SLOTS,
-        port_stride=PORT_STRIDE, eof=eof, job_script=script + "\n", pyxis=pyxis, image=job.image,
+        port_stride=PORT_STRIDE, eof=eof, job_script=script + "\n", pyxis=pyxis,
+        image=enroot_image(job.image) if pyxis else job.image,
         run_args=" ".join(shlex.quote(a) for a in args), stop_seconds=20, script_in_image=JOB_SCRIPT_IN_IMAGE,
         env=sorted(job.env.items()), create=job.create,
         pyxis_mounts=",".join(f"{p}:{p}" + (":ro" if ro else "") for p, ro in _pyxis_mounts(job)),

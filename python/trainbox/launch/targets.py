@@ -20,6 +20,8 @@ class RenderOptions:
     name: str | None = None
     namespace: str | None = None
     sbatch_args: tuple[str, ...] = ()
+    cpu: str | None = None  # Kubernetes: CPU request per pod (default by device and processes, k8s.requests)
+    memory: str | None = None  # Kubernetes: memory request per pod
 
 
 def _docker(job: Job, _opts: RenderOptions) -> str:
@@ -44,7 +46,8 @@ def _k8s(kind: str) -> Callable[[Job, RenderOptions], str]:
     def render(job: Job, opts: RenderOptions) -> str:
         from .k8s import render_manifest
 
-        return render_manifest(job, kind, opts.name, opts.accelerator_type, opts.namespace)
+        return render_manifest(job, kind, opts.name, opts.accelerator_type, opts.namespace,
+                               requests=(opts.cpu, opts.memory))
 
     return render
 
@@ -80,7 +83,7 @@ def render_target(job: Job, target: str, options: RenderOptions | None = None) -
         raise TrainboxError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
     options = options or RenderOptions()
     k8s_only = {"--accelerator-type": options.accelerator_type, "--name": options.name,
-                "--namespace": options.namespace}
+                "--namespace": options.namespace, "--cpu": options.cpu, "--memory": options.memory}
     for flag, value in k8s_only.items():
         if value is not None and target not in K8S_TARGETS:
             raise TrainboxError(f"{flag}: an option of the Kubernetes targets, not of --target {target}")

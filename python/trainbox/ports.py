@@ -1,0 +1,20 @@
+"""The port plan (host module, imports nothing): every port a job listens on, for `trainbox run` and for Slurm,
+so that no job's port falls inside any job's HCCL block (tests/test_port_plan.py checks every slot).
+
+A port moves by STRIDE per slot. `trainbox run` takes the slot from the job's first card (0-15), Slurm from the
+job id (id % SLURM_SLOTS). Resulting ranges (a Ray head listens on RAY_PORT .. RAY_PORT+7):
+  Slurm:  RAY_PORT 6400-9397, dashboard 10300-13290, MASTER_PORT 13400-16390
+  run:    RAY_PORT 9500-9657, dashboard 9800-9950,   MASTER_PORT 16400-16550
+All lie below HCCL's default NPU ports (16666..) and every per-job HCCL block (20480-32767: the socket ranges and,
+on A2, the HCCL_IF_BASE_PORT blocks that trainbox.runtime derives from MASTER_PORT), and apart from each other.
+torchrun's customary 29500 and Ray's 6379/8265 are not used: 29500 lies in the A2 HCCL_IF_BASE_PORT region.
+"""
+
+from __future__ import annotations
+
+STRIDE = 10
+NAMES = ("MASTER_PORT", "RAY_PORT", "RAY_DASHBOARD_PORT")
+RUN_BASES = {"MASTER_PORT": 16400, "RAY_PORT": 9500, "RAY_DASHBOARD_PORT": 9800}
+RUN_SLOTS = 16  # first cards 0..15
+SLURM_BASES = {"MASTER_PORT": 13400, "RAY_PORT": 6400, "RAY_DASHBOARD_PORT": 10300}
+SLURM_SLOTS = 300
