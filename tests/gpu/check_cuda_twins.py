@@ -11,10 +11,11 @@ nvcc on PATH). What only a GPU host can show, one PASS/FAIL/SKIP line each:
   te.binding       transformer_engine.pytorch imports (transformer_engine_torch, built against this torch, loads
                    libcuda) and a te.pytorch.Linear runs forward and backward on cuda:0
   transformers     the installed transformers has Qwen3.5 (transformers.models.qwen3_5)
-  args.specforge   `trainbox launch check specforge-domino-qwen35-4b-gpu --args --code DIR`: SpecForge's own
-                   parser and the entry's import closure, with nothing stood in (sglang's CUDA build loads)
-  args.swift       the same for swift-megatron-qwen35-8gpu with an ms-swift v4.1.3 checkout: mcore_bridge loads
-                   on the real transformer_engine (on the substitute base it has none)
+  args.specforge   the recipe's rendered command through SpecForge's own parser (trainbox.runtime.argcheck, on
+                   this host: `launch check --code` needs Docker), after the entry's import closure, nothing
+                   stood in (sglang's CUDA build loads)
+  args.swift       the same for swift-megatron-qwen35-8gpu (swift.cli._megatron.sft, strict) with an ms-swift
+                   v4.1.3 checkout: mcore_bridge loads on the real transformer_engine (the substitute base has none)
 
 Exits 0 when nothing failed, 1 when a check failed, 2 when no GPU is usable.
 """
@@ -22,7 +23,9 @@ Exits 0 when nothing failed, 1 when a check failed, 2 when no GPU is usable.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,15 +65,34 @@ def check_transformers() -> None:
         report("transformers", False, f"{type(exc).__name__}: {exc}")
 
 
+def rendered(recipe: str, env: dict) -> list[str]:
+    """The recipe's command words, inputs at their defaults or stand-in paths (nothing is read from them)."""
+    shown = json.loads(subprocess.run([sys.executable, "-m", "trainbox.cli", "launch", "show", recipe, "--json"],
+                                      capture_output=True, text=True, check=True, env=env, timeout=120).stdout)
+    values = {k: str(v) for k, v in shown["layout"].items()}
+    for key, spec in shown["inputs"].items():
+        values[key] = str(spec.get("default") if spec.get("default") is not None else f"/stand-in/{key.lower()}")
+    return [re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], w) for w in shown["command"]]
+
+
 def check_args(name: str, recipe: str, code: str | None) -> None:
     if not code:
         report(name, None, f"no checkout given (--{name.split('.', 1)[1]} DIR)")
         return
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'python'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run([sys.executable, "-m", "trainbox.cli", "launch", "check", recipe, "--args", "--code", code],
-                          capture_output=True, text=True, env=env, timeout=900)
-    tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-    report(name, proc.returncode == 0, " | ".join(tail))
+    words = rendered(recipe, env)
+    if words[:2] == ["megatron", "sft"]:  # the recipe's check.replaces: the module the console script runs
+        entry, args = ["--module", "swift.cli._megatron.sft", "--strict"], words[2:]
+    else:
+        entry, args = ["--script", str(Path(code) / words[0])], words[1:]
+    base = [sys.executable, "-m", "trainbox.runtime.argcheck", "--json", "--path", code]
+    for step, argv in (("imports", base + ["--imports", *entry, "--", *args]), ("args", base + [*entry, "--", *args])):
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=code, timeout=900)
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+            report(name, False, f"{step}: " + " | ".join(tail))
+            return
+    report(name, True, "import closure resolves, the arguments parse")
 
 
 def main() -> int:
