@@ -44,7 +44,7 @@ def image_manifest(image) -> dict:
     return json.loads(drun(image, "cat", "/etc/trainbox/stack.json").stdout)
 
 
-@pytest.mark.parametrize("fixture", ["cpu_image", "npu_image"])
+@pytest.mark.parametrize("fixture", ["cpu_image", "cpu_ray_image", "npu_image"])
 def test_image_ls_and_doctor_agree_on_the_substitute(fixture, request):
     """One fact, read twice: `image ls` (the io.trainbox.base.substituted label, which `run` reads too) and the
     doctor in the image (the manifest). The npu image is built with an explicit --base local/debian:bookworm."""
