@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from trainbox.launch import load_stack_info
-from trainbox.recipe import all_inputs, load_recipe, parse_words
+from trainbox.recipe import all_inputs, list_recipes, load_recipe, parse_words
 
 SEED = yaml.safe_load((Path(__file__).parent / "data" / "relax-pr52-seed.yaml").read_text())
 RECIPES = sorted(SEED["scripts"])
@@ -161,3 +161,27 @@ def test_specforge_caches_outside_its_read_only_checkout(name):
     assert "--cache-dir" in flags, "SpecForge would cache under the read-only checkout (./cache)"
     root = flags["--cache-dir"][0].split("/")[0]
     assert root.startswith("${") and inputs[root[2:-1]].mount == "rw", flags["--cache-dir"]
+
+
+# sgl-kernel-npu commits known to carry upstream 23519771 ("support torch_memory_saver preload hook_mode", #463):
+# the commit and the first tags after it (2026.05.01.post3, 2026.6.0), checked in sgl-kernel-npu's history
+PRELOAD_SGL_KERNEL_NPU = {"23519771d347a0422885d34b807076d56e122104", "607b00025e9a8ec7aa488be1844e4a890430236c",
+                          "87df718a2f15161d3120e4e1dfd19b30afca7cbf"}
+
+
+@pytest.mark.parametrize("name", sorted(list_recipes()))
+def test_no_recipe_sets_tms_preload_on_an_sgl_kernel_npu_without_it(name):
+    """torch-memory-saver's preload mode on NPU arrived with sgl-kernel-npu 23519771; before it the README calls it
+    unsupported with torch_npu and TMS_HOOK_MODE is not even read. A recipe may ask for it only on a stack whose
+    sgl-kernel-npu has it."""
+    from trainbox.stack import load_stack
+
+    recipe = load_recipe(name)
+    if str(recipe.env.get("TMS_HOOK_MODE", "")) != "preload":
+        return
+    kernel = load_stack(recipe.stack).components.get("sgl-kernel-npu")
+    if kernel is None:
+        return  # not torch_memory_saver's NPU build (CUDA's upstream one has preload)
+    assert kernel.commit in PRELOAD_SGL_KERNEL_NPU, (
+        f"{name} sets TMS_HOOK_MODE=preload, but stack {recipe.stack} pins sgl-kernel-npu {kernel.commit[:12]} "
+        "(not known to carry 23519771, the NPU preload hook mode)")
