@@ -174,3 +174,16 @@ def test_what_ray_puts_on_sys_path_at_import_resolves_once_ray_is_reached(tree):
     tree("other.py", "import zz_vendored\n")
     c = walk(script=str(tree.root / "other.py"))
     assert [m["module"] for m in c.missing] == ["zz_vendored"]
+
+
+def test_what_setuptools_puts_on_sys_path_at_import_resolves_once_setuptools_is_reached(tree):
+    # setuptools/__init__.py appends setuptools/_vendor (jaraco, more_itertools, ...) to sys.path; megatron.core
+    # reaches it through torch.utils.cpp_extension (the relax image's closure showed both as missing without this)
+    tree("setuptools/__init__.py", "from setuptools import dist\n")
+    tree("setuptools/dist.py", "import zz_more_itertools\nfrom zz_jaraco.functools import pass_none\n")
+    tree("setuptools/_vendor/zz_more_itertools/__init__.py", "")
+    tree("setuptools/_vendor/zz_jaraco/functools/__init__.py", "")
+    tree("entry.py", "import setuptools\n")
+    c = walk(script=str(tree.root / "entry.py"))
+    assert c.ok, c.missing
+    assert {"zz_more_itertools", "zz_jaraco.functools"} <= set(c.modules)

@@ -25,7 +25,7 @@ from trainbox.launch import (
 )
 
 RELAX_INPUTS = {"CODE_DIR": "/src/Relax", "MODEL_DIR": "/data/Qwen3-4B", "REF_LOAD": "/data/Qwen3-4B_torch_dist",
-                "DATA_PATH": "/data/dapo.jsonl", "CKPT_DIR": "/ckpt/run1"}
+                "DATA_PATH": "/data/dapo.jsonl", "EVAL_DATA_PATH": "/data/aime-2024.jsonl", "CKPT_DIR": "/ckpt/run1"}
 
 
 @pytest.fixture(autouse=True)

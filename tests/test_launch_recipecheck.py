@@ -120,8 +120,8 @@ def test_a_mounted_workload_plans_from_its_entry_alone_and_says_why_nothing_ran(
     out = run_with_code(check, "/nonexistent/relax")  # nothing to run: no container, no engine asked
     assert out["imports"]["skipped"] and out["args"]["skipped"]
     assert out["status"] == "not checked" and out["ok"] is False
-    assert summary(out) == ("relax-qwen3-4b-4npu-colocate: not checked: Relax's source is not pinned here (a mounted "
-                            "CODE_DIR checkout, not in the image)")
+    assert summary(out) == ("relax-qwen3-4b-4npu-colocate: not checked: Relax's source is not in the image (a mounted "
+                            "CODE_DIR checkout of 93e989e; no mirror of Relax here)")
 
 
 def test_not_checked_is_never_printed_as_ok():
@@ -130,7 +130,7 @@ def test_not_checked_is_never_printed_as_ok():
     name = "relax-qwen3-4b-4npu-colocate"
     p = cli("launch", "check", name, "--args")
     assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith(f"not checked  {name}: Relax's source is not pinned here"), p.stdout
+    assert p.stdout.startswith(f"not checked  {name}: Relax's source is not in the image"), p.stdout
     assert not any(line.startswith("ok") for line in (p.stdout + p.stderr).splitlines())
     p = cli("launch", "check", name, "--args", "--json")
     out = json.loads(p.stdout)

@@ -18,7 +18,7 @@ from trainbox.recipe import load_recipe
 from trainbox.runtime.errors import TrainboxError
 
 RELAX = {"CODE_DIR": "/src/Relax", "MODEL_DIR": "/data/m", "REF_LOAD": "/data/r", "DATA_PATH": "/data/d.jsonl",
-         "CKPT_DIR": "/ckpt/run1"}
+         "EVAL_DATA_PATH": "/data/e.jsonl", "CKPT_DIR": "/ckpt/run1"}
 
 
 @pytest.fixture(autouse=True)

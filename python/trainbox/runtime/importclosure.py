@@ -164,8 +164,10 @@ def module_edges(tree: ast.Module, package: str | None, is_main: bool = False) -
 # -- resolving names without importing -----------------------------------------------------------------------
 
 # Packages that put a directory of their own on sys.path when imported: ray/__init__.py inserts
-# ray/thirdparty_files (colorama, psutil, setproctitle, ...), so what is there resolves once the package is reached.
-PATH_EXTENDERS = {"ray": ("thirdparty_files",)}
+# ray/thirdparty_files (colorama, psutil, setproctitle, ...), setuptools/__init__.py appends setuptools/_vendor
+# (jaraco, more_itertools, ...: torch.utils.cpp_extension imports setuptools), so what is there resolves once the
+# package is reached.
+PATH_EXTENDERS = {"ray": ("thirdparty_files",), "setuptools": ("_vendor",)}
 
 
 class Resolver:
