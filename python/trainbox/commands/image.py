@@ -35,9 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     exits(w, None, **{"2": "usage or invalid input, or a pinned artifact cannot be fetched or verified"})
     w.set_defaults(func=_wheelhouse)
 
-    ls = isub.add_parser("ls", help="built images: stack, content hash, base, substitute/override flags, size, age",
+    ls = isub.add_parser("ls", help="built images: stack, platform, content hash, base, substitute/override flags, "
+                         "size, age",
                          description="trainbox's images in the engine (those labelled io.trainbox.stack), newest "
-                         "first, from their labels. SUBST: built on a base other than the stack's own (its base.substitute, or "
+                         "first, from their labels. PLATFORM: what the image config says it runs on (linux/arm64 "
+                         "images carry an -arm64 tag suffix). SUBST: built on a base other than the stack's own (its base.substitute, or "
                          "--base IMAGE), as the image's manifest and doctor say; "
                          "OVERRIDES: built with --set or --base; PUSHED: the REG/repo@sha256:... of each `image push`.")
     add_stacks(ls, help="only the images of these stacks (default: all)")
@@ -206,10 +208,11 @@ def _ls(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"images": [i.as_dict() for i in images]})
         return 0
-    rows = [[(i.hash_tags or i.tags or ["<none>"])[0], i.stack, i.hash, i.base, i.substitute,
+    rows = [[(i.hash_tags or i.tags or ["<none>"])[0], i.stack, i.platform or "?", i.hash, i.base, i.substitute,
              ",".join(f"{k}={v}" for k, v in sorted(i.overrides.items())), human_size(i.size), human_age(i.age_s),
              i.id, " ".join(i.digests) or "-"] for i in images]
-    print_table(["IMAGE", "STACK", "HASH", "BASE", "SUBST", "OVERRIDES", "SIZE", "AGE", "ID", "PUSHED"], rows)
+    print_table(["IMAGE", "STACK", "PLATFORM", "HASH", "BASE", "SUBST", "OVERRIDES", "SIZE", "AGE", "ID", "PUSHED"],
+                rows)
     return 0
 
 
