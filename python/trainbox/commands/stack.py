@@ -120,7 +120,7 @@ def cmd_validate(args) -> int:
                 print(f"FAIL {name}\n{exc}", file=sys.stderr)
             continue
         findings = check(stack)
-        bad = [f for f in findings if f.level == "error" or args.strict]
+        bad = [f for f in findings if f.level == "error" or (args.strict and f.level != "info")]
         failed |= bool(bad)
         report.append({"stack": name, "ok": not bad, "file": str(stack.source_file),
                        "findings": [{"rule": f.rule, "level": f.level, "message": f.message} for f in findings]})
