@@ -132,3 +132,18 @@ def test_lock_evaluates_markers_for_the_target_machine(tmp_path):
         proc, _ = resolve("x86_64")
         assert proc.returncode != 0 and "fake-nvidia" in proc.stderr
     assert _pip_for(platforms.PLATFORM_MACHINE[platforms.host_platform()])[:3] == [sys.executable, "-m", "pip"]
+
+
+def test_image_build_without_emulation_stops_in_one_line(monkeypatch):
+    """No qemu for arm64 here: the build says so, and how to get it, before it looks for an engine."""
+    from trainbox import image
+    from trainbox.runtime.errors import TrainboxError
+
+    monkeypatch.setattr(image, "emulation_problem", lambda plat: "no qemu-aarch64 emulator is registered in X")
+    monkeypatch.setattr(image, "find_client", lambda: pytest.fail("must stop before the engine"))
+    with pytest.raises(TrainboxError) as exc:
+        image.build(image.BuildOptions(stack="cpu", platform="linux/arm64"))
+    assert exc.value.exit_code == 2 and "\n" not in str(exc.value)
+    assert "--platform linux/arm64" in str(exc.value) and "ci/ensure-docker.sh --emulate arm64" in str(exc.value)
+    with pytest.raises(TrainboxError, match="supports linux/amd64, linux/arm64"):  # unchanged: bad input first
+        image.build(image.BuildOptions(stack="cpu", platform="linux/s390x"))
