@@ -147,3 +147,12 @@ def test_image_build_without_emulation_stops_in_one_line(monkeypatch):
     assert "--platform linux/arm64" in str(exc.value) and "ci/ensure-docker.sh --emulate arm64" in str(exc.value)
     with pytest.raises(TrainboxError, match="supports linux/amd64, linux/arm64"):  # unchanged: bad input first
         image.build(image.BuildOptions(stack="cpu", platform="linux/s390x"))
+
+
+@pytest.mark.parametrize("value", ["linux/s390x", "linux/arm64,linux/arm64", ","])
+def test_push_platform_list_is_checked_before_the_engine(value, capsys):
+    from trainbox.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["image", "push", "cpu", "--registry", "127.0.0.1:5000", "--platform", value])
+    assert exc.value.code == 2 and "comma-separated list of distinct platforms" in capsys.readouterr().err

@@ -117,7 +117,11 @@ def _register_push(isub) -> None:
     pu.add_argument("--registry", metavar="REG", default=os.environ.get("TRAINBOX_REGISTRY"),
                     help="registry host[:port][/path] (default: $TRAINBOX_REGISTRY); a registry on 127.0.0.1 is "
                     "plain HTTP to the engine, any other needs TLS or the engine's insecure-registries")
-    add_json(pu, "the pushed image: tag, digest, ref")
+    pu.add_argument("--platform", metavar="P[,P]", default=None,
+                    help="push the stack's image built for each platform (e.g. linux/amd64,linux/arm64; each "
+                    "`image build --platform P` first), then one manifest list naming them by digest, which the "
+                    "cluster targets name (default: the plain content-hash tag)")
+    add_json(pu, "the pushed image: tag, digest, ref (with --platform: the manifest list and its images)")
     exits(pu, "the push failed (the registry's message is shown)", **{"2": ENGINE_2})
     pu.set_defaults(func=_push)
 
@@ -222,11 +226,31 @@ def _push(args: argparse.Namespace) -> int:
     if not args.registry:
         args._cmd_parser.error("--registry REG is required (or set TRAINBOX_REGISTRY)")
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    if args.platform:
+        return _push_platforms(args, say)
     pushed = push(args.stack, args.registry, say=say)
     if args.json:
         emit_json(pushed.as_dict())
     else:
         print(f"pushed {pushed.ref}\n  cluster targets now name it: trainbox launch render RECIPE --target slurm")
+    return 0
+
+
+def _push_platforms(args: argparse.Namespace, say) -> int:
+    from trainbox.platforms import PLATFORM_ARCH
+    from trainbox.push import push_platforms
+
+    plats = [p.strip() for p in args.platform.split(",") if p.strip()]
+    bad = [p for p in plats if p not in PLATFORM_ARCH]
+    if bad or not plats or len(set(plats)) != len(plats):
+        args._cmd_parser.error(f"--platform {args.platform}: a comma-separated list of distinct platforms out of "
+                               f"{', '.join(PLATFORM_ARCH)}")
+    listed = push_platforms(args.stack, args.registry, plats, say=say)
+    if args.json:
+        emit_json(listed.as_dict())
+    else:
+        print(f"pushed {listed.ref} ({', '.join(plats)})\n  cluster targets now name it: trainbox launch render "
+              "RECIPE --target slurm")
     return 0
 
 

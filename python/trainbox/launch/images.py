@@ -70,7 +70,26 @@ def pinned(image: str) -> tuple[str, str | None]:
     same = [d for d in digests if _repo(d) == repo]
     copies = [d for d in digests if _repo(d).endswith("/" + repo)]
     chosen = same or _last_pushed(copies) or copies
-    return (chosen[0] if chosen else image), data.get("Id")
+    ref = chosen[0] if chosen else image
+    return _listed(ref) or ref, data.get("Id")
+
+
+def _listed(ref: str) -> str | None:
+    """The newest manifest list (`image push --platform A,B`) that holds the pushed image `ref`: nodes of every
+    platform pull that one name and each gets its own image."""
+    import json
+
+    from ..image import REPORTS_DIR
+
+    lists = []
+    for path in REPORTS_DIR.glob("*.json"):
+        try:
+            lists += json.loads(path.read_text()).get("manifest_lists") or []
+        except (OSError, ValueError, AttributeError):
+            continue
+    holding = [e for e in lists if isinstance(e, dict) and ref in (e.get("images") or {}).values()]
+    holding.sort(key=lambda e: e.get("pushed_at") or "", reverse=True)
+    return holding[0].get("ref") if holding else None
 
 
 def _last_pushed(refs: list[str]) -> list[str]:
