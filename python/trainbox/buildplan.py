@@ -242,7 +242,7 @@ def make_plan(stack, base: Base, inp: PlanInputs, client=None) -> BuildPlan:
               **({"io.trainbox.overrides": json.dumps(stack.overrides, sort_keys=True)} if stack.overrides else {}),
               **inp.labels}
     mode = client.mode if client else "buildkit"
-    context = plan_dir(stack.name) / "context"
+    context = plan_dir(stack.name + suffix) / "context"  # an arm64 build does not wait on the amd64 one
     secrets = {"pip_cert": str(inp.ca_bundle)} if inp.ca_bundle else {}
     if inp.pip_index_url:
         secrets["pip_index_url"] = str(context.parent / "secrets" / "pip_index_url")
