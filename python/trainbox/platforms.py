@@ -40,9 +40,10 @@ def tag_suffix(plat: str) -> str:
 
 def platform_of(info: dict | None) -> str | None:
     """The platform an image's `docker image inspect` record says it is for (None: no record or an unknown one)."""
-    arch = (info or {}).get("Architecture")
-    return next((p for p, a in PLATFORM_ARCH.items() if a == arch), None) if (info or {}).get("Os", "linux") \
-        == "linux" else None
+    info = info or {}
+    if info.get("Os", "linux") != "linux":
+        return None
+    return next((p for p, a in PLATFORM_ARCH.items() if a == info.get("Architecture")), None)
 
 
 def local_base_for(tag: str, plat: str) -> str:
