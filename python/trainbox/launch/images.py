@@ -46,6 +46,26 @@ def choose_image(job: Job, image: str | None, *, allow_substitute: bool = False,
     return latest, f"image {latest} (the stack's default tag, built without pin overrides{how})"
 
 
+def emulation_args(image: str) -> tuple[list[str], str | None]:
+    """`docker run` options for an image of another platform than this host (an arm64 image on x86_64, run
+    through qemu), and why; ([], None) otherwise. The image's PID 1 is `tini -s`, and qemu-user (7.2) does not
+    implement prctl(PR_SET_CHILD_SUBREAPER), so tini stops at once ("PR_SET_CHILD_SUBREAPER is unavailable"):
+    the engine's own init (docker-init, the host's tini) is PID 1 instead, in front of trainbox's entrypoint."""
+    from ..platforms import host_platform, platform_of
+
+    try:
+        from ..engine import find_client
+
+        plat = platform_of(find_client().image_info(image))
+    except TrainboxError:
+        return [], None
+    if plat is None or plat == host_platform():
+        return [], None
+    return (["--init", "--entrypoint", "trainbox-entrypoint"],
+            f"image {image} is {plat} on this {host_platform()} host: it runs under qemu, with docker's init as "
+            "PID 1 (qemu-user lacks the child-subreaper call the image's tini -s needs)")
+
+
 def _repo(ref: str) -> str:
     """An image reference without its tag or digest (a registry port's colon stays)."""
     name = ref.split("@", 1)[0]
