@@ -12,7 +12,27 @@
 #
 # Knobs (environment): DOCKERD_DATA_ROOT (/var/lib/docker), DOCKERD_PIDFILE (/var/run/dockerd-trainbox.pid),
 # DOCKERD_LOG (/var/log/dockerd-trainbox.log), DOCKERD_WAIT_S (60), DOCKERD_EXTRA_ARGS (appended, word-split).
+#
+# `--emulate arm64` also lets this x86_64 host build and run linux/arm64 images (`trainbox base bootstrap
+# --platform linux/arm64`, `image build --platform linux/arm64`): it installs Debian's qemu-user-static and
+# binfmt-support, mounts binfmt_misc and enables qemu-aarch64, whose F (fix-binary) flag lets the emulator work
+# inside BuildKit's containers. Idempotent too; it fails in one line where binfmt_misc cannot be mounted (an
+# unprivileged container).
 set -euo pipefail
+
+EMULATE=""
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --emulate) EMULATE="${2:-}"; shift 2 || shift ;;
+        --emulate=*) EMULATE="${1#*=}"; shift ;;
+        *) printf 'ensure-docker: error: unknown argument %s (usage: ensure-docker.sh [--emulate arm64])\n' "$1" >&2
+           exit 2 ;;
+    esac
+done
+case "$EMULATE" in
+    ""|arm64) ;;
+    *) printf 'ensure-docker: error: --emulate %s: only arm64 is supported\n' "$EMULATE" >&2; exit 2 ;;
+esac
 
 DATA_ROOT="${DOCKERD_DATA_ROOT:-/var/lib/docker}"
 PIDFILE="${DOCKERD_PIDFILE:-/var/run/dockerd-trainbox.pid}"
@@ -40,8 +60,39 @@ engine_version() {
     timeout 10 "$(client)" version --format '{{.Server.Version}}' 2>/dev/null || echo unknown
 }
 
+BINFMT=/proc/sys/fs/binfmt_misc
+
+emulation_ready() {
+    local entry="$BINFMT/qemu-aarch64"
+    [ "$(uname -m)" = aarch64 ] && return 0
+    [ -r "$entry" ] && [ "$(head -n1 "$entry")" = enabled ] && grep -q '^flags:.*F' "$entry"
+}
+
+ensure_emulation() {
+    if emulation_ready; then
+        say "linux/arm64 emulation ready ($(uname -m) host; qemu-aarch64 in $BINFMT)"
+        return 0
+    fi
+    as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi; }
+    if ! command -v qemu-aarch64-static >/dev/null 2>&1 || ! command -v update-binfmts >/dev/null 2>&1; then
+        command -v apt-get >/dev/null 2>&1 || die "no qemu-aarch64-static and no apt-get to install it"
+        say "installing qemu-user-static and binfmt-support from Debian"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            qemu-user-static binfmt-support >/dev/null || die "apt-get install qemu-user-static binfmt-support failed"
+    fi
+    if ! grep -q " $BINFMT " /proc/mounts; then
+        as_root mount -t binfmt_misc binfmt_misc "$BINFMT" 2>/dev/null \
+            || die "cannot mount binfmt_misc at $BINFMT (an unprivileged container?): linux/arm64 builds need it"
+    fi
+    as_root update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
+    [ -e "$BINFMT/qemu-aarch64" ] || as_root update-binfmts --import qemu-aarch64 >/dev/null 2>&1 || true
+    emulation_ready || die "qemu-aarch64 is not registered with the F flag in $BINFMT after setting it up: $(tr '\n' ' ' < "$BINFMT/qemu-aarch64" 2>/dev/null || echo 'no entry')"
+    say "linux/arm64 emulation ready (qemu-aarch64 registered in $BINFMT, flags $(sed -n 's/^flags: //p' "$BINFMT/qemu-aarch64"))"
+}
+
 if engine_answers; then
     say "engine answers (server $(engine_version)); nothing to do"
+    [ -z "$EMULATE" ] || ensure_emulation
     exit 0
 fi
 
@@ -119,3 +170,4 @@ until engine_answers; do
     sleep 1
 done
 say "engine answers (server $(engine_version), data root $DATA_ROOT, bridge none: use --network host)"
+[ -z "$EMULATE" ] || ensure_emulation

@@ -70,11 +70,64 @@ def test_bootstrap_includes_what_the_system_stage_installs(monkeypatch, tmp_path
     monkeypatch.setattr(base, "_tmp_parent", lambda: str(tmp_path))
     monkeypatch.setattr(base, "_run_debootstrap", lambda cmd, say, verbose: ran.setdefault("cmd", cmd))
     monkeypatch.setattr(base, "_finish_rootfs", lambda *a: None)
-    monkeypatch.setattr(base, "_import", lambda client, rootfs, tag, suite, mirror, include:
-                        ran.setdefault("include", include) and "sha256:" + "b" * 64)
+    monkeypatch.setattr(base, "host_platform", lambda: "linux/amd64")
+    monkeypatch.setattr(base, "_import", lambda client, rootfs, tag, changes:
+                        ran.setdefault("changes", changes) and "sha256:" + "b" * 64)
     assert base.bootstrap(client=StubClient(), include=["git"], say=lambda m: None) == "sha256:" + "b" * 64
     assert "--include=" + ",".join(sorted([*base.DEFAULT_INCLUDE, "git"])) in ran["cmd"]
-    assert ran["include"] == sorted([*base.DEFAULT_INCLUDE, "git"])
+    assert f"LABEL {base.INCLUDE_LABEL}={','.join(sorted([*base.DEFAULT_INCLUDE, 'git']))}" in ran["changes"]
+    assert f"LABEL {base.PLATFORM_LABEL}=linux/amd64" in ran["changes"]
+    assert "--arch=amd64" in ran["cmd"]
+
+
+def test_bootstrap_for_arm64_goes_through_qemu_and_buildkit(monkeypatch, tmp_path):
+    """--platform linux/arm64 on an x86_64 host: debootstrap --arch=arm64, the image named
+    local/debian:bookworm-arm64 and imported with BuildKit (docker import would record amd64)."""
+    ran = {}
+    monkeypatch.setattr(base, "host_platform", lambda: "linux/amd64")
+    monkeypatch.setattr(base, "emulation_problem", lambda plat: None)
+    monkeypatch.setattr(base.shutil, "which", lambda name: "/usr/sbin/debootstrap")
+    monkeypatch.setattr(base.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(base, "_tmp_parent", lambda: str(tmp_path))
+    monkeypatch.setattr(base, "_run_debootstrap", lambda cmd, say, verbose: ran.setdefault("cmd", cmd))
+    monkeypatch.setattr(base, "_finish_rootfs", lambda *a: None)
+    monkeypatch.setattr(base, "_import", lambda *a: pytest.fail("docker import records the engine's architecture"))
+    monkeypatch.setattr(base, "_import_buildkit", lambda client, rootfs, ctx, tag, changes, plat:
+                        ran.update(tag=tag, plat=plat, changes=changes) or "sha256:" + "c" * 64)
+    assert base.bootstrap(client=StubClient(), platform="linux/arm64", say=lambda m: None) == "sha256:" + "c" * 64
+    assert "--arch=arm64" in ran["cmd"] and ran["cmd"][-3:-1][0] == "bookworm"
+    assert ran["tag"] == "local/debian:bookworm-arm64" and ran["plat"] == "linux/arm64"
+    assert f"LABEL {base.PLATFORM_LABEL}=linux/arm64" in ran["changes"]
+
+
+def test_bootstrap_for_arm64_without_emulation_says_how_in_one_line(monkeypatch):
+    monkeypatch.setattr(base, "host_platform", lambda: "linux/amd64")
+    monkeypatch.setattr(base, "emulation_problem", lambda plat: "no qemu-aarch64 emulator is registered")
+    monkeypatch.setattr(base.subprocess, "Popen", lambda *a, **k: pytest.fail("must not run anything"))
+    with pytest.raises(TrainboxError) as exc:
+        base.bootstrap(client=StubClient(), platform="linux/arm64", say=lambda m: None)
+    msg = str(exc.value)
+    assert exc.value.exit_code == 2 and "\n" not in msg
+    assert "no qemu-aarch64 emulator" in msg and "ci/ensure-docker.sh --emulate arm64" in msg
+
+
+def test_an_amd64_image_under_the_arm64_name_is_made_again(monkeypatch):
+    monkeypatch.setattr(base.shutil, "which", lambda name: None)  # reaching debootstrap fails at once
+    monkeypatch.setattr(base, "emulation_problem", lambda plat: None)
+    tag = "local/debian:bookworm-arm64"
+    client = StubClient({tag: "sha256:" + "a" * 64}, {tag: CURRENT})
+    client.image_info = lambda ref: {"Id": "sha256:" + "a" * 64, "Architecture": "amd64", "Os": "linux",
+                                     "Config": {"Labels": CURRENT}}
+    said = []
+    with pytest.raises(TrainboxError, match="apt-get install debootstrap"):
+        base.bootstrap(client=client, platform="linux/arm64", say=said.append)
+    assert "it is for linux/amd64, not linux/arm64" in said[0]
+
+
+def test_suite_of_a_platform_tag():
+    assert base.suite_of("local/debian:bookworm-arm64") == "bookworm"
+    assert base.suite_of("local/debian:bookworm") == "bookworm"
+    assert base.suite_of("local/debian:trixie") == "trixie"
 
 
 def test_bootstrap_without_debootstrap(monkeypatch):

@@ -64,7 +64,7 @@ def test_image_ls_shows_stack_hash_base_and_flags(fake_builds, capsys):
     assert rows[0]["hash"] == "b" * 12 and rows[0]["base"] == "local/debian:bookworm"
     assert main(["image", "ls", stack]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:4] == ["IMAGE", "STACK", "HASH", "BASE"]
+    assert lines[0].split()[:5] == ["IMAGE", "STACK", "PLATFORM", "HASH", "BASE"]
     assert "torch.version=2.13.0+cpu" in lines[1] and " yes " in lines[1]
 
 

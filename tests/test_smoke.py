@@ -61,6 +61,9 @@ def make_checkout(root: Path) -> dict[str, str]:
 
     cpu = (REPO / "build" / "stacks" / "cpu.yaml").read_text()
     assert "name: cpu" in cpu and "version: 2.3.5" in cpu, "the fixture edits cpu.yaml's numpy pin"
+    # the derived stacks have no lock: linux/amd64 only, where the stack file's own hashes pin every artifact
+    assert "platforms: [linux/amd64, linux/arm64]" in cpu, "the fixture narrows cpu.yaml's platforms"
+    cpu = cpu.replace("platforms: [linux/amd64, linux/arm64]", "platforms: [linux/amd64]")
     pinned = cpu.replace("version: 2.3.5", f"version: 2.3.5\n    sha256: [{NUMPY_SHA}]")
     patched = pinned.replace("name: cpu", "name: patched").replace("components:\n", (
         "components:\n  demo:\n    source: git\n"
@@ -348,7 +351,7 @@ def test_substitute_base_is_chosen_explicitly_and_recorded(tmp_path, monkeypatch
     import trainbox.base
 
     # Stand-in registry probe: the stack's own base cannot be pulled.
-    monkeypatch.setattr(trainbox.base, "base_available", lambda image, client=None, timeout=8.0: (False, "registry unreachable"))
+    monkeypatch.setattr(trainbox.base, "base_available", lambda image, client=None, timeout=8.0, platform=None: (False, "registry unreachable"))
     fake = FakeBuild()
     s = smoke.Smoke(options(tmp_path, wheelhouse="/wh"), run=fake, say=lambda m: None)
     sr = stack_result(overrides={"torch.version": "2.13.0+cpu"})
@@ -367,7 +370,7 @@ def test_substitute_base_is_chosen_explicitly_and_recorded(tmp_path, monkeypatch
 def test_substitute_base_never_and_image(tmp_path, monkeypatch):
     import trainbox.base
 
-    monkeypatch.setattr(trainbox.base, "base_available", lambda image, client=None, timeout=8.0: (False, "unreachable"))
+    monkeypatch.setattr(trainbox.base, "base_available", lambda image, client=None, timeout=8.0, platform=None: (False, "unreachable"))
     info = {"base": {"image": "quay.io/x:1", "substitute": "local/debian:bookworm"}}
     fake = FakeBuild()
     sr = stack_result()
@@ -385,7 +388,7 @@ def test_substitute_base_never_and_image(tmp_path, monkeypatch):
 def test_build_failure_names_the_dockerfile_step(tmp_path, monkeypatch):
     import trainbox.base
 
-    monkeypatch.setattr(trainbox.base, "base_available", lambda image, client=None, timeout=8.0: (True, "present locally"))
+    monkeypatch.setattr(trainbox.base, "base_available", lambda image, client=None, timeout=8.0, platform=None: (True, "present locally"))
     sr = stack_result()
     res = smoke.Smoke(options(tmp_path), run=FakeBuild(ok=False), say=lambda m: None).step_build(
         sr, {"base": {"image": "debian:x"}})
@@ -493,7 +496,7 @@ def test_cpu_stack_end_to_end(tmp_path):
 def test_build_cache_is_passed_and_rotated(tmp_path, monkeypatch):
     import trainbox.base
 
-    monkeypatch.setattr(trainbox.base, "base_available", lambda image, client=None, timeout=8.0: (True, "present locally"))
+    monkeypatch.setattr(trainbox.base, "base_available", lambda image, client=None, timeout=8.0, platform=None: (True, "present locally"))
 
     class CachingBuild(FakeBuild):
         # Stand-in for an `image build` that has --cache-from/--cache-to: exports a cache like BuildKit does.

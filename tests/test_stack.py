@@ -75,7 +75,8 @@ def test_shipped_stacks_validate_strict():
 
 
 def test_clean_npu_stack_has_no_findings(tmp_path):
-    assert check(npu_stack(tmp_path)) == []
+    # `info` findings say where things come from (arm64-artifacts); they are no problem
+    assert [f for f in check(npu_stack(tmp_path)) if f.level != "info"] == []
 
 
 def test_extends_writes_pins_once():

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Callable
 
 from .engine import Client, EngineError, find_client, registry_reachable
+from .platforms import (EMULATE_HINT, PLATFORM_ARCH, emulation_problem, host_platform, local_base_for,
+                        platform_of, tag_suffix)
 from .runtime.errors import TrainboxError
 
 DEFAULT_TAG = "local/debian:bookworm"
@@ -39,6 +41,7 @@ APT_PYTHON_PACKAGES = ("python3", "python3-pip-whl")
 #: INCLUDE_LABEL; a trainbox base whose list lacks one of these is outdated and remade when a build needs it.
 DEFAULT_INCLUDE = tuple(sorted(RUNTIME_PACKAGES + APT_PYTHON_PACKAGES))
 INCLUDE_LABEL = "org.trainbox.base.include"
+PLATFORM_LABEL = "org.trainbox.base.platform"
 
 # What docker's official Debian images configure (debuerreotype): no recommends, no kept .debs, no
 # services started by package scripts. Without these every image built FROM it grows apt caches.
@@ -68,16 +71,26 @@ def _say(msg: str) -> None:
     print(f"trainbox: {msg}", file=sys.stderr, flush=True)
 
 
-def base_available(image: str, client: Client | None = None, timeout: float = 8.0) -> tuple[bool, str]:
-    """(True, how) when `image` is present locally or its registry answers; (False, why) otherwise.
+def base_available(image: str, client: Client | None = None, timeout: float = 8.0,
+                   platform: str | None = None) -> tuple[bool, str]:
+    """(True, how) when `image` is present locally (for `platform`, when given) or its registry answers;
+    (False, why) otherwise.
 
     Never hangs: a registry probe with a short timeout instead of a pull (a real pull of a large
     base may rightly take many minutes and is left to the build)."""
     client = client or find_client()
-    if client.image_exists(image):
-        return True, "present locally"
+    local = ""
+    if platform is None:
+        if client.image_exists(image):
+            return True, "present locally"
+    else:
+        info = client.image_info(image)
+        if info is not None and platform_of(info) == platform:
+            return True, "present locally"
+        if info is not None:  # the engine keeps one image per name: a copy for another platform does not count
+            local = f"present locally for {platform_of(info) or 'another platform'}, not {platform}; "
     ok, detail = registry_reachable(image, timeout=timeout)
-    return (True, f"registry answers ({detail})") if ok else (False, f"registry unreachable: {detail}")
+    return (True, f"registry answers ({detail})") if ok else (False, f"{local}registry unreachable: {detail}")
 
 
 @dataclass
@@ -91,10 +104,10 @@ class Choice:
 
 
 def own_or_substitute(image: str, substitute: str | None, may_substitute: bool, client: Client | None = None,
-                      timeout: float = 8.0) -> Choice:
+                      timeout: float = 8.0, platform: str | None = None) -> Choice:
     """The stack's own base when it can be had (present locally, or its registry answers), else its substitute
     where one is declared and the caller's policy allows it. Decides in seconds (a probe, not a pull)."""
-    ok, why = base_available(image, client, timeout=timeout)
+    ok, why = base_available(image, client, timeout=timeout, platform=platform)
     if ok:
         return Choice(image, None, f"{image}: {why}")
     if substitute and may_substitute:
@@ -147,29 +160,34 @@ def pull_hint(image: str) -> str:
             f"used as it is)")
 
 
-def resolve_base(stack, client: Client, say: Callable[[str], None]) -> tuple[str, str | None, bool, str | None]:
-    """The base `image build` uses: (image to build FROM, the substitute used or None, whether it must be
-    bootstrapped first, its image id when it is present and used as it is). Only a stack that allows it
-    (base.auto_substitute: cpu) falls back to its substitute by itself. Decides in seconds; raises naming the
-    base and the ways out when it cannot be had."""
+def resolve_base(stack, client: Client, say: Callable[[str], None],
+                 platform: str | None = None) -> tuple[str, str | None, bool, str | None]:
+    """The base `image build` uses for `platform` (default: this host's): (image to build FROM, the substitute
+    used or None, whether it must be bootstrapped first, its image id when it is present and used as it is).
+    Only a stack that allows it (base.auto_substitute: cpu) falls back to its substitute by itself. trainbox's
+    own bases are per platform (local/debian:bookworm-arm64 for linux/arm64). Decides in seconds; raises
+    naming the base and the ways out when it cannot be had."""
+    plat = platform or host_platform()
     image = stack.base.image
     explicit = "base.image" in (stack.overrides or {})
     if explicit and image.startswith("local/debian:"):
         # trainbox's own base namespace (`trainbox base bootstrap`): made here, never pulled
+        image = _local_for(image, plat, say)
         info = client.image_info(image)
-        if info is None or outdated(image, client, info):
+        if info is None or outdated(image, client, info) or _other_platform(info, plat):
             say(f"base {image} is not present or outdated; bootstrapping it from Debian's archive first")
             return image, None, True, None
         return image, None, False, info.get("Id")
     sub = stack.base.substitute
-    choice = own_or_substitute(image, sub, stack.base.auto_substitute and not explicit, client)
+    local = bool(sub) and (sub == DEFAULT_TAG or sub.startswith("local/debian:"))
+    sub = _local_for(sub, plat, None) if local else sub
+    choice = own_or_substitute(image, sub, stack.base.auto_substitute and not explicit, client, platform=plat)
     if not choice.substituted and choice.available:
         return image, None, False, None
     if choice.substituted:
         say(f"base {choice.why}; building on {sub} instead (stack {stack.name} allows it)")
-        local = sub == DEFAULT_TAG or sub.startswith("local/debian:")
         info = client.image_info(sub)
-        if info is not None and not (local and outdated(sub, client, info)):
+        if info is not None and not (local and (outdated(sub, client, info) or _other_platform(info, plat))):
             return sub, sub, False, info.get("Id")
         if local:
             return sub, sub, True, None
@@ -179,6 +197,14 @@ def resolve_base(stack, client: Client, say: Callable[[str], None]) -> tuple[str
     if sub:
         hint += f"; for a smoke build without the real base: --base {sub}"
     raise TrainboxError(f"stack {stack.name}: base image {choice.why}; {hint}")
+
+
+def _local_for(image: str, plat: str, say: Callable[[str], None] | None) -> str:
+    """trainbox's own base for `plat` (local/debian:bookworm -> local/debian:bookworm-arm64 for linux/arm64)."""
+    mapped = local_base_for(image, plat)
+    if say and mapped != image:
+        say(f"base {image} for {plat} is {mapped} (trainbox's bases are named per platform)")
+    return mapped
 
 
 def outdated(image: str, client: Client, info: dict | None = None) -> str | None:
@@ -198,25 +224,47 @@ def default_mirror() -> str:
     return os.environ.get("TRAINBOX_DEBIAN_MIRROR") or DEFAULT_MIRROR
 
 
-def bootstrap(tag: str = DEFAULT_TAG, suite: str = DEFAULT_SUITE, mirror: str | None = None,
+def suite_of(tag: str) -> str:
+    """The Debian suite a trainbox base tag names (local/debian:bookworm-arm64 -> bookworm)."""
+    name = tag.rsplit(":", 1)[-1]
+    for plat in PLATFORM_ARCH:
+        if tag_suffix(plat) and name.endswith(tag_suffix(plat)):
+            return name[: -len(tag_suffix(plat))]
+    return name
+
+
+def bootstrap(tag: str | None = None, suite: str = DEFAULT_SUITE, mirror: str | None = None,
               security_mirror: str | None = DEFAULT_SECURITY_MIRROR, force: bool = False,
               include: list[str] | None = None, client: Client | None = None,
-              say: Callable[[str], None] = _say, verbose: bool = False) -> str:
+              say: Callable[[str], None] = _say, verbose: bool = False, platform: str | None = None) -> str:
     """Make `tag` from Debian's archive with debootstrap (--variant=minbase, with DEFAULT_INCLUDE and
-    `include`) and `docker import`. Returns the image id.
+    `include`) for `platform` (default: this host's), and import it. Returns the image id.
+
+    Another architecture's root filesystem is made through qemu (binfmt_misc) and imported with BuildKit
+    (`FROM scratch`, --platform), since `docker import` records the engine's own architecture, not the
+    rootfs's. `tag` defaults to local/debian:bookworm, with the platform's suffix (local/debian:bookworm-arm64).
 
     Idempotent: returns the existing image id when `tag` exists, unless `force` or it is an outdated trainbox
-    base (see `outdated`): then it is made again, and its new image id changes every build hash on it."""
+    base (see `outdated`), or for another platform: then it is made again, and its new image id changes every
+    build hash on it."""
+    plat = platform or host_platform()
+    if plat not in PLATFORM_ARCH:
+        raise TrainboxError(f"--platform {plat}: not one of {', '.join(PLATFORM_ARCH)}")
+    tag = tag or local_base_for(DEFAULT_TAG, plat)
     client = client or find_client()
     client.require_engine()
-    existing = client.image_id(tag)
+    info = client.image_info(tag)
+    existing = (info or {}).get("Id")
     include = sorted(set(DEFAULT_INCLUDE) | set(include or []))
     if existing and not force:
-        why = outdated(tag, client)
+        why = outdated(tag, client, info) or _other_platform(info, plat)
         if not why:
             say(f"base {tag} exists ({existing[:19]}); nothing to do (--force rebuilds it)")
             return existing
         say(f"base {tag} exists ({existing[:19]}) but {why}: making it again")
+    problem = emulation_problem(plat)
+    if problem:
+        raise TrainboxError(f"--platform {plat} on this {host_platform()} host: {problem}; {EMULATE_HINT}")
     mirror = mirror or default_mirror()
     debootstrap = shutil.which("debootstrap")
     if not debootstrap:
@@ -231,13 +279,19 @@ def bootstrap(tag: str = DEFAULT_TAG, suite: str = DEFAULT_SUITE, mirror: str | 
     workdir = Path(tempfile.mkdtemp(prefix="trainbox-debootstrap-", dir=_tmp_parent()))
     rootfs = workdir / "rootfs"
     try:
-        say(f"bootstrapping Debian {suite} from {mirror} into {rootfs} (debootstrap --variant=minbase)")
-        cmd = [debootstrap, "--variant=minbase", "--force-check-gpg", "--include=" + ",".join(include),
-               suite, str(rootfs), mirror]
+        arch = PLATFORM_ARCH[plat]
+        say(f"bootstrapping Debian {suite} ({arch}) from {mirror} into {rootfs} (debootstrap --variant=minbase"
+            + (", through qemu" if plat != host_platform() else "") + ")")
+        cmd = [debootstrap, "--variant=minbase", f"--arch={arch}", "--force-check-gpg",
+               "--include=" + ",".join(include), suite, str(rootfs), mirror]
         _run_debootstrap(cmd, say, verbose)
         _finish_rootfs(rootfs, suite, mirror, security_mirror)
-        say(f"importing the root filesystem as {tag}")
-        image_id = _import(client, rootfs, tag, suite, mirror, include)
+        say(f"importing the root filesystem as {tag} ({plat})")
+        facts = _changes(suite, mirror, include, plat)
+        if plat == host_platform():
+            image_id = _import(client, rootfs, tag, facts)
+        else:
+            image_id = _import_buildkit(client, rootfs, workdir / "context", tag, facts, plat)
     finally:
         _cleanup(workdir)
     if existing and existing != image_id:
@@ -323,8 +377,18 @@ def _rm(p: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def _import(client: Client, rootfs: Path, tag: str, suite: str, mirror: str, include: list[str]) -> str:
-    changes = [
+def _other_platform(info: dict | None, plat: str) -> str | None:
+    """Why an image made for another platform cannot stand for `plat`'s base (None: it can, or it says nothing)."""
+    if not (info or {}).get("Architecture"):
+        return None
+    found = platform_of(info)
+    return f"it is for {found or info['Architecture']}, not {plat}" if found != plat else None
+
+
+def _changes(suite: str, mirror: str, include: list[str], plat: str) -> list[str]:
+    """The image config of a bootstrapped base, as Dockerfile instructions (for `docker import --change` and
+    for the BuildKit import alike)."""
+    return [
         'CMD ["bash"]',
         "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "ENV LANG=C.UTF-8",
@@ -332,11 +396,43 @@ def _import(client: Client, rootfs: Path, tag: str, suite: str, mirror: str, inc
         f"LABEL org.trainbox.base.suite={suite}",
         f"LABEL org.trainbox.base.mirror={mirror}",
         f"LABEL {INCLUDE_LABEL}={','.join(include)}",
+        f"LABEL {PLATFORM_LABEL}={plat}",
         f"LABEL org.trainbox.base.created={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
     ]
-    tar_cmd = ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs),
-               # The engine provides /dev, /proc and /sys in every container.
-               "--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*", "-c", "."]
+
+
+def _rootfs_tar_cmd(rootfs: Path) -> list[str]:
+    return ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs),
+            # The engine provides /dev, /proc and /sys in every container.
+            "--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*", "-c", "."]
+
+
+def _import_buildkit(client: Client, rootfs: Path, context: Path, tag: str, changes: list[str], plat: str) -> str:
+    """The root filesystem as a one-layer image whose config records `plat`: BuildKit `FROM scratch` with
+    --platform (no RUN, so nothing runs under emulation here)."""
+    context.mkdir(parents=True)
+    with open(context / "rootfs.tar", "wb") as out:
+        tar = subprocess.run(_rootfs_tar_cmd(rootfs), stdout=out, stderr=subprocess.PIPE, timeout=1800)
+    if tar.returncode != 0:
+        raise EngineError(f"packing {rootfs} failed (tar exit {tar.returncode}): {tar.stderr.decode()[-400:]}")
+    # ADD unpacks a local tar, owners and modes as recorded
+    (context / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\n" + "\n".join(changes) + "\n")
+    argv = [*client.build_argv, "--progress", "plain", "--platform", plat, "--network", "none", "-t", tag,
+            "-f", str(context / "Dockerfile"), str(context)]
+    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=client.build_env,
+                          timeout=1800)
+    if proc.returncode != 0:
+        tail = "\n  ".join((proc.stdout + proc.stderr).strip().splitlines()[-12:])
+        raise EngineError(f"importing {rootfs} as {tag} with BuildKit failed (exit {proc.returncode}):\n  {tail}")
+    image_id = client.image_id(tag)
+    found = platform_of(client.image_info(tag))
+    if not image_id or found != plat:
+        raise EngineError(f"BuildKit made {tag} for {found or 'an unknown platform'}, not {plat}")
+    return image_id
+
+
+def _import(client: Client, rootfs: Path, tag: str, changes: list[str]) -> str:
+    tar_cmd = _rootfs_tar_cmd(rootfs)
     imp_cmd = [client.docker, "import"]
     for c in changes:
         imp_cmd += ["--change", c]

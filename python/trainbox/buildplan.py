@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .paths import CACHE_DIR, REPO_ROOT
+from .platforms import tag_suffix
 from .wheelhouse import WheelFile, fetch_plan, wheelhouse_notes
 
 SCHEMA = "trainbox.build-plan/1"
@@ -31,6 +32,8 @@ SCHEMA = "trainbox.build-plan/1"
 CONTEXT_ITEMS = ["pyproject.toml", "python", "patches", "launchers"]
 #: Where the wheelhouse lies inside the build context (the Dockerfile bind-mounts it for pip).
 WHEELHOUSE_DIR = "wheelhouse"
+#: The label that names the platform an image was built for (`image ls` reads the image config's Architecture).
+PLATFORM_LABEL = "io.trainbox.platform"
 _IGNORED = ("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache", ".mypy_cache")
 
 
@@ -200,6 +203,17 @@ def _args(inp: PlanInputs, dockerfile: Path, tags: list[str], labels: dict[str, 
     return args
 
 
+def manifest_for(manifest: dict, platform: str) -> dict:
+    """The image's /etc/trainbox/stack.json: the rendered manifest (for every platform of the stack) narrowed to the
+    one the image is built for: it names the platform, and each component's version is the one installed there
+    (`platform_versions`: e.g. torch 2.10.0 on linux/arm64), which `trainbox doctor` compares with."""
+    comps = {}
+    for key, comp in (manifest.get("components") or {}).items():
+        variant = (comp.get("platform_versions") or {}).get(platform)
+        comps[key] = {**comp, "version": variant} if variant else comp
+    return {**manifest, "components": comps, "platform": platform}
+
+
 def make_plan(stack, base: BuildBase, inp: PlanInputs, client=None) -> BuildPlan:
     """The plan for building `stack` on `base` (pure: reads the checkout, asks no engine and no index).
     `client`: the engine client that will run it (None: a BuildKit-capable `docker build` is assumed)."""
@@ -207,6 +221,8 @@ def make_plan(stack, base: BuildBase, inp: PlanInputs, client=None) -> BuildPlan
     dockerfile_rel = f"build/generated/{stack.name}/Dockerfile"
     files: dict[str, Path | bytes] = dict(input_files(inp.source_root))
     files.update(rendered.context_files)
+    files[f"{rendered.generated_dir}/stack.json"] = (json.dumps(
+        manifest_for(rendered.manifest, inp.platform), indent=2, sort_keys=True) + "\n").encode()
     files[dockerfile_rel] = rendered.dockerfile.encode()
     files.update(inp.sources)
     extra = {"base": base.image_id or base.used, "platform": inp.platform,
@@ -214,21 +230,21 @@ def make_plan(stack, base: BuildBase, inp: PlanInputs, client=None) -> BuildPlan
     # the wheelhouse counts only where it can change what is installed: with every requirement hash-locked,
     # online and `--bundle` builds install the same bytes and get the same tag
     digest = content_hash(files, [] if rendered.manifest.get("deps_locked") else inp.wheels, extra)
-    repo = f"trainbox/{stack.name}"
-    tags = [f"{repo}:{digest[:12]}"]
+    repo, suffix = f"trainbox/{stack.name}", tag_suffix(inp.platform)  # "" for linux/amd64, "-arm64" ...
+    tags = [f"{repo}:{digest[:12]}{suffix}"]
     if inp.tag_latest and not stack.overrides:
-        tags.append(f"{repo}:latest")
+        tags.append(f"{repo}:latest{suffix}")
     tags += [t for t in inp.tags if t not in tags]
     # build-time facts only the builder knows; the template's LABELs describe the stack itself
     # the substitute label is the manifest's base.substituted (the doctor's): one fact, read by image ls and run
     substituted = rendered.manifest["base"].get("substituted")
-    labels = {"io.trainbox.content-hash": digest, "io.trainbox.base.used": base.used,
+    labels = {"io.trainbox.content-hash": digest, "io.trainbox.base.used": base.used, PLATFORM_LABEL: inp.platform,
               **({"io.trainbox.base.substituted": substituted} if substituted else {}),
               # `image ls` flags images built with --set/--base: not what the stack file alone would give
               **({"io.trainbox.overrides": json.dumps(stack.overrides, sort_keys=True)} if stack.overrides else {}),
               **inp.labels}
     mode = client.mode if client else "buildkit"
-    context = plan_dir(stack.name) / "context"
+    context = plan_dir(stack.name + suffix) / "context"  # an arm64 build does not wait on the amd64 one
     secrets = {"pip_cert": str(inp.ca_bundle)} if inp.ca_bundle else {}
     if inp.pip_index_url:
         secrets["pip_index_url"] = str(context.parent / "secrets" / "pip_index_url")

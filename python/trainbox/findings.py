@@ -73,14 +73,18 @@ def ancestors(stack: Stack, stacks_dir: Path | None = None) -> list[Stack]:
 class Review:
     """Runs the rules over stacks, each stack's ancestors checked once per run (cached by file)."""
 
-    def __init__(self, skip: frozenset[str] | set[str] = frozenset(), stacks_dir: Path | None = None):
-        self.skip, self.stacks_dir = frozenset(skip), stacks_dir
+    def __init__(self, skip: frozenset[str] | set[str] = frozenset(), stacks_dir: Path | None = None,
+                 with_info: bool = False):
+        # `info` findings (where an artifact comes from) are for `stack validate` only: elsewhere they would be a
+        # note on every build of every stack
+        self.skip, self.stacks_dir, self.with_info = frozenset(skip), stacks_dir, with_info
         self._checked: dict[str, dict[tuple, Finding]] = {}
 
     def _findings(self, stack: Stack) -> dict[tuple, Finding]:
         key = str(stack.source_file)
         if stack.overrides or key not in self._checked:
-            found = {f.identity: f for f in check(stack) if f.rule not in self.skip}
+            found = {f.identity: f for f in check(stack)
+                     if f.rule not in self.skip and (self.with_info or f.level != "info")}
             if stack.overrides:
                 return found
             self._checked[key] = found

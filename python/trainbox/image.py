@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import buildrun
-from .base import bootstrap, resolve_base
+from .base import bootstrap, resolve_base, suite_of
 from .buildplan import (CONTEXT_ITEMS, WHEELHOUSE_DIR, BuildBase, BuildPlan, PlanInputs,  # noqa: F401 - re-exported
                         content_hash, copy_inputs, format_plan, make_plan, stage, tree_files)
 from .buildrun import BuildFailed, BuildOutcome  # noqa: F401 - re-exported
@@ -32,7 +32,7 @@ from .engine import Client, EngineError, find_client
 from .index import ca_bundle, ssl_context
 from .lock import lock_overrides
 from .paths import REPO_ROOT
-from .platforms import host_platform
+from .platforms import EMULATE_HINT, emulation_problem, host_platform, tag_suffix
 from .runtime.errors import TrainboxError
 from .kinds import Pin
 from .wheelhouse import WheelFile, check_wheelhouse, pins_for, read_wheelhouse  # noqa: F401 - re-exported
@@ -155,7 +155,8 @@ class BuildOptions:
     sources_cache: str | None = None  # where fetched sources live (default trainbox's cache; a bundle's own)
 
 
-def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False) -> BuildBase:
+def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False,
+                platform: str | None = None) -> BuildBase:
     """The base as a plan records it. Without an engine (a dry run offline) the stack's base is taken as
     declared and the plan says what could not be checked; a dry run also plans on a base it cannot have."""
     # `--base IMAGE` is a substitute as render.manifest records it (base.substituted), so the plan, the
@@ -168,7 +169,7 @@ def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_ru
         return BuildBase(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
                     note=note)
     try:
-        used, substituted, boot, image_id = resolve_base(stack, client, say)
+        used, substituted, boot, image_id = resolve_base(stack, client, say, platform)
     except TrainboxError as exc:
         if not dry_run:
             raise
@@ -298,7 +299,7 @@ def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] =
     pool = ThreadPoolExecutor(max_workers=4)
     try:  # a failure below does not wait for the probes
         answers = probe_indexes(_indexes_to_check(stack, opts), pool, cafile=inp.ca_bundle)
-        base = choose_base(stack, client, say, dry_run=opts.dry_run)
+        base = choose_base(stack, client, say, dry_run=opts.dry_run, platform=inp.platform)
         notes: list[str] = [f"the build would stop here: {base.note}"] if base.note.startswith("base ") else []
         if stack.overrides:
             stack = lock_overrides(stack, inp.platform, inp.wheels, opts.wheelhouse, say,
@@ -307,7 +308,7 @@ def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] =
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     if make_base and base.bootstrap:
-        bootstrap(tag=base.used, suite=base.used.rsplit(":", 1)[-1], client=client, say=say)
+        bootstrap(tag=base.used, suite=suite_of(base.used), client=client, say=say, platform=inp.platform)
         base.image_id = client.image_id(base.used)
     inp.sources, stack = _staged_sources(stack, opts, say)
     p = make_plan(stack, base, inp, client)
@@ -318,11 +319,16 @@ def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] =
 def build(opts: BuildOptions, say: Callable[[str], None] = _say) -> BuildOutcome:
     """Plan the build, then print the plan (--dry-run) or run it through the engine client."""
     checked = _check_inputs(opts)  # bad input fails in milliseconds, before the engine is even looked for
+    problem = None if opts.dry_run else emulation_problem(checked[1].platform)
+    if problem:  # another architecture's RUN steps need qemu; without it the build would fail at its first RUN
+        raise TrainboxError(f"--platform {checked[1].platform} on this {host_platform()} host: {problem}; "
+                            f"{EMULATE_HINT}")
     client = _client(opts.dry_run, say)
     p = plan(opts, client, say, make_base=not opts.dry_run, checked=checked)
     if opts.dry_run:
         return _dry_run(p, opts, say)
-    report_path = Path(opts.report) if opts.report else REPORTS_DIR / f"{p.stack.name}.json"
+    # one report per stack and platform: an arm64 build does not overwrite the amd64 one that `image push` reads
+    report_path = Path(opts.report) if opts.report else REPORTS_DIR / f"{p.stack.name}{tag_suffix(p.platform)}.json"
     return buildrun.run(p, client, report_path, force=opts.force, verbose=opts.verbose,
                         pip_index_url=opts.pip_index_url, say=say)
 

@@ -13,8 +13,11 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from .engine import Client, EngineError, find_client
+from .platforms import PLATFORM_ARCH, platform_of
 
-HASH_TAG_RE = re.compile(r"^trainbox/(?P<stack>[^:/]+):(?P<hash>[0-9a-f]{12})$")
+# trainbox/<stack>:<hash>, with the platform's suffix where it is not linux/amd64 (trainbox.platforms.tag_suffix)
+HASH_TAG_RE = re.compile(r"^trainbox/(?P<stack>[^:/]+):(?P<hash>[0-9a-f]{12})(?P<suffix>(-(%s))?)$"
+                         % "|".join(a for a in PLATFORM_ARCH.values() if a != "amd64"))
 
 
 @dataclass
@@ -30,6 +33,7 @@ class BuiltImage:
     created: str
     age_s: int
     digests: list[str] = field(default_factory=list)  # REG/repo@sha256:... of each push (or pull) of this image
+    platform: str | None = None  # what the image config says it runs on (linux/arm64), None when unknown
     labels: dict[str, str] = field(default_factory=dict, repr=False)
 
     def as_dict(self) -> dict:
@@ -89,7 +93,7 @@ def built_images(stacks: list[str] | None = None, client: Client | None = None) 
             substitute=bool(labels.get("io.trainbox.base.substituted")), overrides=_overrides(labels),
             size=int(info.get("Size") or 0), created=created.isoformat(timespec="seconds"),
             age_s=max(0, int((now - created).total_seconds())), digests=sorted(info.get("RepoDigests") or []),
-            labels=labels))
+            platform=platform_of(info), labels=labels))
     out.sort(key=lambda i: (i.created, i.id), reverse=True)
     return out
 
@@ -105,9 +109,9 @@ class PruneAction:
 
 
 def prune_plan(images: list[BuiltImage], keep: int) -> list[PruneAction]:
-    """The hash tags of each stack's images older than its `keep` newest (images come newest first), and every
+    """The hash tags of each stack's images older than its `keep` newest per platform (images come newest first), and every
     untagged one (`<none>` in `image ls`: a build whose tags moved to a newer image), removed by id."""
-    seen: dict[str, int] = {}
+    seen: dict[tuple, int] = {}
     plan = []
     for img in images:
         if not img.tags:
@@ -115,7 +119,8 @@ def prune_plan(images: list[BuiltImage], keep: int) -> list[PruneAction]:
             continue
         if not img.hash_tags:
             continue  # no tag prune may touch (only user tags): not counted, never removed
-        n = seen[img.stack] = seen.get(img.stack, 0) + 1
+        key = (img.stack, img.platform)  # an arm64 build does not push the stack's amd64 images out, nor back
+        n = seen[key] = seen.get(key, 0) + 1
         if n > keep:
             plan += [PruneAction(img.stack, t, img.id, img.created) for t in img.hash_tags]
     return plan

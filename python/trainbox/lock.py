@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import platform as _platform
 import subprocess
 import sys
 import tempfile
@@ -56,6 +57,16 @@ class _Files:
         return self.cache[key]
 
 
+def _pip_for(machine: str) -> list[str]:
+    """pip, with environment markers evaluated for `machine`. pip's --platform picks wheel tags only: markers
+    (`platform_machine == "x86_64"`) still see this host, so an x86_64 host resolving aarch64 would pull in the
+    x86_64-only CUDA dependencies torch declares (and miss aarch64-only ones)."""
+    if machine == _platform.machine():
+        return [sys.executable, "-m", "pip"]
+    return [sys.executable, "-c", "import platform, runpy, sys; m = sys.argv.pop(1); platform.machine = lambda: m; "
+            "sys.argv[0] = 'pip'; runpy.run_module('pip', run_name='__main__', alter_sys=True)", machine]
+
+
 def _pip_resolve(stack: Stack, platform: str, wheelhouse: Path | None, skip: set[str]) -> dict[str, dict]:
     """The closure pip would install for the stack's pypi pins on one platform: {name: {version, sha256}}."""
     reqs = []
@@ -85,7 +96,7 @@ def _pip_report(stack: Stack, platform: str, reqs: list[str], indexes: list[str]
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [
-            sys.executable, "-m", "pip", "install", "--dry-run", "--target", str(Path(tmp) / "t"), "--quiet",
+            *_pip_for(machine), "install", "--dry-run", "--target", str(Path(tmp) / "t"), "--quiet",
             "--report", str(report), "--only-binary=:all:", "--python-version", stack.python,
             "--implementation", "cp", "--abi", f"cp{stack.python.replace('.', '')}",
             # pip takes --platform tags literally: list every glibc the bases may have (2.17 .. 2.39)

@@ -21,3 +21,70 @@ def platform_marker(plats: list[str], all_plats: list[str]) -> str:
 def host_platform() -> str:
     m = _platform.machine().lower()
     return "linux/arm64" if m in ("aarch64", "arm64") else "linux/amd64"
+
+
+# -- naming: what a tag says about its platform ----------------------------------------------------------
+#: linux/amd64 keeps the names it always had (trainbox/cpu:HASH, :latest, local/debian:bookworm); every other
+#: platform's image gets its architecture as a tag suffix (trainbox/cpu:HASH-arm64, :latest-arm64,
+#: local/debian:bookworm-arm64). The engine (docker 20.10) keeps one image per name, so an arm64 build must not
+#: take over the name `trainbox run` looks up on an x86_64 host, nor the other way round.
+DEFAULT_PLATFORM = "linux/amd64"
+#: the image config's Architecture for each platform (what `docker image inspect` reports)
+PLATFORM_ARCH = {"linux/amd64": "amd64", "linux/arm64": "arm64"}
+
+
+def tag_suffix(plat: str) -> str:
+    """"" for linux/amd64, "-arm64" for linux/arm64: appended to a content-hash or latest tag."""
+    return "" if plat == DEFAULT_PLATFORM else "-" + PLATFORM_ARCH[plat]
+
+
+def platform_of(info: dict | None) -> str | None:
+    """The platform an image's `docker image inspect` record says it is for (None: no record or an unknown one)."""
+    info = info or {}
+    if info.get("Os", "linux") != "linux":
+        return None
+    return next((p for p, a in PLATFORM_ARCH.items() if a == info.get("Architecture")), None)
+
+
+def local_base_for(tag: str, plat: str) -> str:
+    """trainbox's own base tag (local/debian:SUITE) for `plat`: local/debian:bookworm-arm64 for linux/arm64."""
+    suffix = tag_suffix(plat)
+    return tag if not suffix or tag.endswith(suffix) else tag + suffix
+
+
+# -- running another architecture's binaries here --------------------------------------------------------
+BINFMT_DIR = "/proc/sys/fs/binfmt_misc"
+EMULATE_HINT = "run `bash ci/ensure-docker.sh --emulate arm64` as root (Debian's qemu-user-static and binfmt-support)"
+
+
+def emulation_problem(plat: str, binfmt_dir: str = BINFMT_DIR) -> str | None:
+    """None when this host can run `plat`'s binaries in a build (it is that platform, or qemu is registered in
+    binfmt_misc with the F flag, which lets BuildKit's containers use it); otherwise why not, in one line."""
+    if plat == host_platform():
+        return None
+    machine = PLATFORM_MACHINE[plat]
+    entry = f"{binfmt_dir}/qemu-{machine}"
+    try:
+        text = open(entry, encoding="utf-8").read()
+    except FileNotFoundError:
+        if not _mounted(binfmt_dir):
+            return f"{binfmt_dir} is not mounted, so no emulator for {machine} is registered"
+        return f"no qemu-{machine} emulator is registered in {binfmt_dir}"
+    except OSError as exc:
+        return f"cannot read {entry}: {exc.strerror}"
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "enabled":
+        return f"qemu-{machine} is registered in {binfmt_dir} but disabled"
+    flags = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("flags:")), "")
+    if "F" not in flags:
+        # without F the kernel looks the interpreter up inside each container, where it is missing
+        return f"qemu-{machine} is registered without the F (fix-binary) flag (flags {flags or 'none'}), so " \
+               "containers cannot use it"
+    return None
+
+
+def _mounted(binfmt_dir: str) -> bool:
+    try:
+        return any(line.split()[1] == binfmt_dir for line in open("/proc/mounts", encoding="utf-8"))
+    except (OSError, IndexError):
+        return False

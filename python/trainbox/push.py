@@ -21,6 +21,8 @@ from .runtime.errors import TrainboxError
 REGISTRY_RE = re.compile(r"^(localhost|[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+|\[[0-9a-fA-F:]+\]|[A-Za-z0-9-]+:\d+)"
                          r"(:\d{1,5})?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
 HASH_TAG_RE = re.compile(r"^trainbox/(?P<stack>[^:/]+):(?P<hash>[0-9a-f]{12})$")
+# the tag of the manifest list `image push --platform A,B` writes: multiarch-<hash of its images' tags>
+LIST_TAG_PREFIX = "multiarch-"
 
 
 @dataclass
@@ -60,10 +62,21 @@ def sdk():
     return api
 
 
-def report_path(stack: str) -> Path:
+def report_path(stack: str, platform: str | None = None) -> Path:
+    """The build report `image build` writes for the stack on `platform` (None: the plain one, linux/amd64)."""
     from .image import REPORTS_DIR
+    from .platforms import tag_suffix
 
-    return REPORTS_DIR / f"{stack}.json"
+    return REPORTS_DIR / f"{stack}{tag_suffix(platform) if platform else ''}.json"
+
+
+def _tag_re(platform: str | None):
+    """The content-hash tag of the stack's image for `platform` (trainbox/STACK:HASH, or ...:HASH-arm64)."""
+    if not platform:
+        return HASH_TAG_RE
+    from .platforms import tag_suffix
+
+    return re.compile(HASH_TAG_RE.pattern.rstrip("$") + re.escape(tag_suffix(platform)) + "$")
 
 
 def _read_report(path: Path) -> dict | None:
@@ -73,12 +86,14 @@ def _read_report(path: Path) -> dict | None:
         return None
 
 
-def source_tag(stack: str, api, report: dict | None) -> str:
-    """The stack's content-hash tag: the build report's, else the newest trainbox/STACK:HASH in the engine."""
+def source_tag(stack: str, api, report: dict | None, platform: str | None = None) -> str:
+    """The stack's content-hash tag (for `platform`: with its suffix): the build report's, else the newest such
+    tag in the engine."""
     import docker
 
+    tag_re = _tag_re(platform)
     tag = (report or {}).get("tag")
-    if tag and HASH_TAG_RE.match(tag):
+    if tag and tag_re.match(tag):
         try:
             api.images.get(tag)
             return tag
@@ -88,10 +103,11 @@ def source_tag(stack: str, api, report: dict | None) -> str:
     images.sort(key=lambda i: i.attrs.get("Created") or "", reverse=True)
     for img in images:
         for t in sorted(img.tags):
-            if HASH_TAG_RE.match(t):
+            if tag_re.match(t):
                 return t
-    raise TrainboxError(f"image push {stack}: no trainbox/{stack}:<content hash> image here; "
-                        f"build it first: trainbox image build {stack}")
+    for_plat = f" --platform {platform}" if platform else ""
+    raise TrainboxError(f"image push {stack}: no trainbox/{stack}:<content hash> image{for_plat and ' for ' + platform} "
+                        f"here; build it first: trainbox image build {stack}{for_plat}")
 
 
 def _stream(lines, say: Callable[[str], None]) -> str:
@@ -125,13 +141,13 @@ def record(pushed: Pushed, path: Path) -> None:
 
 
 def push(stack: str, registry: str, *, say: Callable[[str], None] = print, api=None,
-         report: Path | None = None) -> Pushed:
+         report: Path | None = None, platform: str | None = None) -> Pushed:
     import docker
 
     reg = check_registry(registry)
     api = api or sdk()
-    path = report or report_path(stack)
-    source = source_tag(stack, api, _read_report(path))
+    path = report or report_path(stack, platform)
+    source = source_tag(stack, api, _read_report(path), platform)
     image = api.images.get(source)
     digest_tag = source.split(":", 1)[1]
     repo = f"{reg}/trainbox/{stack}"
@@ -145,3 +161,73 @@ def push(stack: str, registry: str, *, say: Callable[[str], None] = print, api=N
     pushed = Pushed(stack, source, f"{repo}:{digest_tag}", digest, f"{repo}@{digest}", image.id, now)
     record(pushed, path)
     return pushed
+
+
+@dataclass
+class PushedList:
+    """A manifest list: one name for the stack's images of several platforms, each pushed first."""
+
+    stack: str
+    tag: str  # REG/trainbox/STACK:multiarch-...
+    digest: str  # sha256:... of the list
+    ref: str  # REG/trainbox/STACK@sha256:..., what every node pulls (its engine picks its platform)
+    images: dict  # platform -> the Pushed of that platform's image, as a dict
+    pushed_at: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def push_platforms(stack: str, registry: str, platforms: list[str], *, say: Callable[[str], None] = print,
+                   api=None, reports: dict[str, Path] | None = None, cli: str | None = None) -> PushedList:
+    """Push the stack's image for each platform, then one manifest list naming them by digest (`docker manifest`:
+    the SDK cannot write lists). Its tag is derived from the images' content-hash tags; its digest is recorded in
+    each platform's build report (`manifest_lists`), from where the cluster targets name it."""
+    import hashlib
+    import subprocess
+
+    reg = check_registry(registry)
+    api = api or sdk()
+    images = {p: push(stack, reg, say=say, api=api, platform=p, report=(reports or {}).get(p)) for p in platforms}
+    key = hashlib.sha256("\n".join(images[p].source for p in sorted(images)).encode()).hexdigest()[:12]
+    tag = f"{reg}/trainbox/{stack}:{LIST_TAG_PREFIX}{key}"
+    # the CLI, unlike the engine, trusts no plain-HTTP registry by itself: 127.0.0.1 and localhost are local
+    insecure = ["--insecure"] if reg.split("/")[0].split(":")[0] in ("127.0.0.1", "localhost") else []
+    docker_cli = cli or _docker_cli()
+
+    def run(*args: str) -> str:
+        proc = subprocess.run([docker_cli, "manifest", *args], capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise TrainboxError(f"docker manifest {args[0]} {tag}: {(proc.stderr or proc.stdout).strip()}")
+        return proc.stdout
+
+    say(f"pushing the manifest list {tag} ({', '.join(sorted(images))})")
+    run("create", "--amend", *insecure, tag, *(images[p].ref for p in platforms))
+    out = run("push", "--purge", *insecure, tag)
+    digest = next((w for w in out.split() if w.startswith("sha256:")), "")
+    if not digest:
+        raise TrainboxError(f"docker manifest push {tag} answered without a digest: {out.strip()}")
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    listed = PushedList(stack, tag, digest, f"{reg}/trainbox/{stack}@{digest}",
+                        {p: images[p].as_dict() for p in platforms}, now)
+    for p in platforms:
+        _record_list(listed, (reports or {}).get(p) or report_path(stack, p))
+    return listed
+
+
+def _docker_cli() -> str:
+    from .engine import find_client
+
+    return find_client().docker
+
+
+def _record_list(listed: PushedList, path: Path) -> None:
+    from .buildrun import write_report
+
+    report = _read_report(path)
+    if report is None:
+        return
+    entries = [e for e in report.get("manifest_lists") or [] if e.get("ref") != listed.ref]
+    report["manifest_lists"] = entries + [{"ref": listed.ref, "tag": listed.tag, "pushed_at": listed.pushed_at,
+                                           "images": {p: i["ref"] for p, i in listed.images.items()}}]
+    write_report(report, path)

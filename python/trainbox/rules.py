@@ -3,7 +3,7 @@
 Each rule has an id and a one-line explanation, and yields findings for a loaded Stack. To add a rule, write a
 function here decorated with @rule("my-rule-id", "why it matters"); trainbox.findings runs them all wherever a stack
 is used (validate, lock, render, patches verify, image build and its dry run). `error` findings fail; `warning`
-findings fail validation only with --strict. A rule decides from facts (pins, commits, the tables under
+findings fail validation only with --strict; `info` findings never do (they say where something comes from). A rule decides from facts (pins, commits, the tables under
 build/compat/), never from a label a stack file may write freely (`ref:`, `note:`).
 
 A finding that holds on some platforms only names them (`platforms`); `check` folds the same finding on several
@@ -31,7 +31,7 @@ from .stack import Stack
 @dataclass(frozen=True)
 class Finding:
     rule: str
-    level: str  # "error" | "warning"
+    level: str  # "error" | "warning" | "info"
     message: str
     platforms: tuple[str, ...] = ()  # the platforms it holds on; () where the platform does not matter
     key: str | None = None  # what makes two findings the same one when the message names the stack (lock rules)
@@ -378,3 +378,34 @@ def secure_sources(stack: Stack) -> Iterator[Finding]:
 def check(stack: Stack) -> list[Finding]:
     """Every rule's findings for `stack`, the same finding on several platforms folded into one."""
     return fold([f for r in RULES for f in r.check(stack)], stack.platforms)
+
+
+#: Indexes whose owners are named in `arm64-artifacts` findings (by a part of their URL).
+_INDEX_OWNERS = {"download.pytorch.org": "PyTorch's own index", "ascend": "Ascend's own index",
+                 "huawei": "Huawei's own index"}
+
+
+@rule("arm64-artifacts", "where each pin's linux/arm64 (Kunpeng) artifact comes from: PyPI, or only PyTorch's or "
+      "Ascend's own index (hash from the stack file where that index is unreachable), or the stack does not "
+      "target linux/arm64 at all; a pin with no arm64 artifact fails `stack lock` and `lock-fresh`")
+def arm64_artifacts(stack: Stack) -> Iterator[Finding]:
+    plat = "linux/arm64"
+    if plat not in stack.platforms:
+        yield Finding("arm64-artifacts", "info", f"platforms: {', '.join(stack.platforms)}: no linux/arm64 image "
+                      "can be built from this stack (add linux/arm64 and lock it where every pin has an aarch64 "
+                      "artifact)")
+        return
+    locked = ((((stack.lock or {}).get("platforms") or {}).get(plat) or {}).get("components")) or {}
+    for key, c in sorted(stack.installed_components.items()):
+        if not c.kind.from_index:
+            continue
+        pin = c.pin_for(plat)
+        url = stack.indexes.get(pin.index, "")
+        if key not in locked or not pin.sha256:
+            yield Finding("arm64-artifacts", "info", f"components.{key}: {c.dist_name}=={pin.version} has no "
+                          f"linux/arm64 artifact in the lock (index {pin.index}: {url})")
+        elif pin.index != "pypi":
+            owner = next((o for part, o in _INDEX_OWNERS.items() if part in url), f"index {pin.index} only")
+            yield Finding("arm64-artifacts", "info", f"components.{key}: {c.dist_name}=={pin.version} for "
+                          f"linux/arm64 is on {owner} ({url}), not on PyPI; sha256 {pin.sha256[0][:12]}... as the "
+                          f"stack file or lock records")

@@ -13,11 +13,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     b = bsub.add_parser(
         "bootstrap",
-        help="build local/debian:bookworm from Debian's archive with debootstrap and import it",
+        help="build local/debian:bookworm (or :bookworm-arm64) from Debian's archive with debootstrap and import it",
         description="Build a minimal Debian root filesystem with debootstrap (--variant=minbase) from "
         "Debian's archive and import it into the engine. Skips the work when the tag exists.",
     )
-    b.add_argument("--tag", default="local/debian:bookworm", help="image tag (default: %(default)s)")
+    b.add_argument("--tag", default=None,
+                   help="image tag (default: local/debian:bookworm; for linux/arm64 local/debian:bookworm-arm64)")
+    b.add_argument("--platform", metavar="P", default=None,
+                   help="linux/amd64 or linux/arm64 (default: this machine's); another architecture is made "
+                   "through qemu (`ci/ensure-docker.sh --emulate arm64` sets it up) and imported with BuildKit, so "
+                   "that the image config records it")
     b.add_argument("--suite", default="bookworm", help="Debian suite (default: %(default)s)")
     b.add_argument("--mirror", default=None,
                    help="Debian mirror URL (default: $TRAINBOX_DEBIAN_MIRROR or http://deb.debian.org/debian)")
@@ -37,5 +42,5 @@ def _bootstrap(args: argparse.Namespace) -> int:
     from trainbox import base
 
     base.bootstrap(tag=args.tag, suite=args.suite, mirror=args.mirror, security_mirror=args.security_mirror,
-                   force=args.force, include=args.include or None, verbose=args.verbose)
+                   force=args.force, include=args.include or None, verbose=args.verbose, platform=args.platform)
     return 0

@@ -35,9 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     exits(w, None, **{"2": "usage or invalid input, or a pinned artifact cannot be fetched or verified"})
     w.set_defaults(func=_wheelhouse)
 
-    ls = isub.add_parser("ls", help="built images: stack, content hash, base, substitute/override flags, size, age",
+    ls = isub.add_parser("ls", help="built images: stack, platform, content hash, base, substitute/override flags, "
+                         "size, age",
                          description="trainbox's images in the engine (those labelled io.trainbox.stack), newest "
-                         "first, from their labels. SUBST: built on a base other than the stack's own (its base.substitute, or "
+                         "first, from their labels. PLATFORM: what the image config says it runs on (linux/arm64 "
+                         "images carry an -arm64 tag suffix). SUBST: built on a base other than the stack's own (its base.substitute, or "
                          "--base IMAGE), as the image's manifest and doctor say; "
                          "OVERRIDES: built with --set or --base; PUSHED: the REG/repo@sha256:... of each `image push`.")
     add_stacks(ls, help="only the images of these stacks (default: all)")
@@ -116,7 +118,11 @@ def _register_push(isub) -> None:
     pu.add_argument("--registry", metavar="REG", default=os.environ.get("TRAINBOX_REGISTRY"),
                     help="registry host[:port][/path] (default: $TRAINBOX_REGISTRY); a registry on 127.0.0.1 is "
                     "plain HTTP to the engine, any other needs TLS or the engine's insecure-registries")
-    add_json(pu, "the pushed image: tag, digest, ref")
+    pu.add_argument("--platform", metavar="P[,P]", default=None,
+                    help="push the stack's image built for each platform (e.g. linux/amd64,linux/arm64; each "
+                    "`image build --platform P` first), then one manifest list naming them by digest, which the "
+                    "cluster targets name (default: the plain content-hash tag)")
+    add_json(pu, "the pushed image: tag, digest, ref (with --platform: the manifest list and its images)")
     exits(pu, "the push failed (the registry's message is shown)", **{"2": ENGINE_2})
     pu.set_defaults(func=_push)
 
@@ -209,10 +215,11 @@ def _ls(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"images": [i.as_dict() for i in images]})
         return 0
-    rows = [[(i.hash_tags or i.tags or ["<none>"])[0], i.stack, i.hash, i.base, i.substitute,
+    rows = [[(i.hash_tags or i.tags or ["<none>"])[0], i.stack, i.platform or "?", i.hash, i.base, i.substitute,
              ",".join(f"{k}={v}" for k, v in sorted(i.overrides.items())), human_size(i.size), human_age(i.age_s),
              i.id, " ".join(i.digests) or "-"] for i in images]
-    print_table(["IMAGE", "STACK", "HASH", "BASE", "SUBST", "OVERRIDES", "SIZE", "AGE", "ID", "PUSHED"], rows)
+    print_table(["IMAGE", "STACK", "PLATFORM", "HASH", "BASE", "SUBST", "OVERRIDES", "SIZE", "AGE", "ID", "PUSHED"],
+                rows)
     return 0
 
 
@@ -222,11 +229,31 @@ def _push(args: argparse.Namespace) -> int:
     if not args.registry:
         args._cmd_parser.error("--registry REG is required (or set TRAINBOX_REGISTRY)")
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    if args.platform:
+        return _push_platforms(args, say)
     pushed = push(args.stack, args.registry, say=say)
     if args.json:
         emit_json(pushed.as_dict())
     else:
         print(f"pushed {pushed.ref}\n  cluster targets now name it: trainbox launch render RECIPE --target slurm")
+    return 0
+
+
+def _push_platforms(args: argparse.Namespace, say) -> int:
+    from trainbox.platforms import PLATFORM_ARCH
+    from trainbox.push import push_platforms
+
+    plats = [p.strip() for p in args.platform.split(",") if p.strip()]
+    bad = [p for p in plats if p not in PLATFORM_ARCH]
+    if bad or not plats or len(set(plats)) != len(plats):
+        args._cmd_parser.error(f"--platform {args.platform}: a comma-separated list of distinct platforms out of "
+                               f"{', '.join(PLATFORM_ARCH)}")
+    listed = push_platforms(args.stack, args.registry, plats, say=say)
+    if args.json:
+        emit_json(listed.as_dict())
+    else:
+        print(f"pushed {listed.ref} ({', '.join(plats)})\n  cluster targets now name it: trainbox launch render "
+              "RECIPE --target slurm")
     return 0
 
 

@@ -121,11 +121,11 @@ def cmd_validate(args) -> int:
                                                                       "message": str(exc)}]})
             if not args.json:
                 print(f"FAIL {name}\n{exc}", file=sys.stderr)
-    review, shown = Review(), set()
+    review, shown = Review(with_info=True), set()
     in_run = {str(st.source_file) for st in loaded}
     for stack in _parents_first(loaded):
         found = review.stack(stack)
-        bad = [r for r in found if r.level == "error" or args.strict]
+        bad = [r for r in found if r.level == "error" or (args.strict and r.level != "info")]
         failed |= bool(bad)
         report.append({"stack": stack.name, "ok": not bad, "file": str(stack.source_file),
                        "findings": [r.as_dict() for r in found]})

@@ -157,7 +157,7 @@ def plan_run(recipe_name: str, *, sets: dict[str, str] | None = None, image: str
              labels: list[str] | None = None, name: str | None = None, docker: str | None = None,
              dry_run: bool = False, nodes: int | None = None, nproc_per_node: int | None = None,
              allow_substitute: bool = False) -> RunPlan:
-    from .images import choose_image
+    from .images import choose_image, emulation_args
 
     job = resolve(recipe_name, sets=sets, stack_name=stack_name, nodes=nodes, nproc_per_node=nproc_per_node,
                   devices=devices, check_paths=not dry_run)
@@ -166,13 +166,15 @@ def plan_run(recipe_name: str, *, sets: dict[str, str] | None = None, image: str
     script_path = write_job_script(job.name, script)
     exe = docker or os.environ.get("TRAINBOX_DOCKER") or "docker"
     base = run_args(job, shm_size=shm_size, labels=labels, name=name)
-    tail = ["--mount", mount_arg(str(script_path), JOB_SCRIPT_IN_IMAGE, True), job.image, "bash",
+    emulated, why = emulation_args(job.image)
+    tail = [*emulated, "--mount", mount_arg(str(script_path), JOB_SCRIPT_IN_IMAGE, True), job.image, "bash",
             JOB_SCRIPT_IN_IMAGE]
     argv_per_node = []
     for rank in range(job.nodes):
         node_env = ["-e", f"NODE_RANK={rank}"] if job.nodes > 1 else []
         argv_per_node.append([exe, *base, *node_env, *tail])
     notes = [job.image_note] if job.image_note else []
+    notes += [why] if why else []
     if job.nodes > 1:
         notes.append(f"recipe {job.name} spans {job.nodes} nodes: run node r's command on node r "
                      f"(node 0 at MASTER_ADDR); the script is {script_path}, copy it to the same path on every node")

@@ -46,6 +46,26 @@ def choose_image(job: Job, image: str | None, *, allow_substitute: bool = False,
     return latest, f"image {latest} (the stack's default tag, built without pin overrides{how})"
 
 
+def emulation_args(image: str) -> tuple[list[str], str | None]:
+    """`docker run` options for an image of another platform than this host (an arm64 image on x86_64, run
+    through qemu), and why; ([], None) otherwise. The image's PID 1 is `tini -s`, and qemu-user (7.2) does not
+    implement prctl(PR_SET_CHILD_SUBREAPER), so tini stops at once ("PR_SET_CHILD_SUBREAPER is unavailable"):
+    the engine's own init (docker-init, the host's tini) is PID 1 instead, in front of trainbox's entrypoint."""
+    from ..platforms import host_platform, platform_of
+
+    try:
+        from ..engine import find_client
+
+        plat = platform_of(find_client().image_info(image))
+    except TrainboxError:
+        return [], None
+    if plat is None or plat == host_platform():
+        return [], None
+    return (["--init", "--entrypoint", "trainbox-entrypoint"],
+            f"image {image} is {plat} on this {host_platform()} host: it runs under qemu, with docker's init as "
+            "PID 1 (qemu-user lacks the child-subreaper call the image's tini -s needs)")
+
+
 def _repo(ref: str) -> str:
     """An image reference without its tag or digest (a registry port's colon stays)."""
     name = ref.split("@", 1)[0]
@@ -70,7 +90,26 @@ def pinned(image: str) -> tuple[str, str | None]:
     same = [d for d in digests if _repo(d) == repo]
     copies = [d for d in digests if _repo(d).endswith("/" + repo)]
     chosen = same or _last_pushed(copies) or copies
-    return (chosen[0] if chosen else image), data.get("Id")
+    ref = chosen[0] if chosen else image
+    return _listed(ref) or ref, data.get("Id")
+
+
+def _listed(ref: str) -> str | None:
+    """The newest manifest list (`image push --platform A,B`) that holds the pushed image `ref`: nodes of every
+    platform pull that one name and each gets its own image."""
+    import json
+
+    from ..image import REPORTS_DIR
+
+    lists = []
+    for path in REPORTS_DIR.glob("*.json"):
+        try:
+            lists += json.loads(path.read_text()).get("manifest_lists") or []
+        except (OSError, ValueError, AttributeError):
+            continue
+    holding = [e for e in lists if isinstance(e, dict) and ref in (e.get("images") or {}).values()]
+    holding.sort(key=lambda e: e.get("pushed_at") or "", reverse=True)
+    return holding[0].get("ref") if holding else None
 
 
 def _last_pushed(refs: list[str]) -> list[str]:

@@ -30,7 +30,9 @@ within a schema number::
         "manifest": "/etc/trainbox/stack.json" | null,   # the manifest read, null when none
         "python": "3.11.7",
         "root": "/",                          # filesystem root the checks look under
-        "quick": false                        # true: child-process checks were left out
+        "quick": false,                       # true: child-process checks were left out
+        "platform": "linux/arm64" | null,     # what the image was built for (manifest), null when not recorded
+        "machine": "aarch64"                  # platform.machine() of the process (under qemu too)
       },
       "summary": {"status": "PASS" | "WARN" | "FAIL",   # worst status (SKIP counts as PASS)
                   "exit_code": 0 | 1,

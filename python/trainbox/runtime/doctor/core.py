@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import platform as _platform
 import re
 import sys
 
@@ -192,6 +193,10 @@ def report(ctx: Context, results: list[Result], strict: bool = False) -> dict:
             "python": ".".join(str(x) for x in sys.version_info[:3]),
             "root": ctx.root,
             "quick": ctx.quick,
+            # the platform the image was built for (its manifest) and the machine this runs on (aarch64 under qemu
+            # too): an arm64 image says so wherever it runs
+            "platform": (ctx.manifest or {}).get("platform"),
+            "machine": _platform.machine(),
         },
         "summary": summarize(results, strict),
         "checks": [r.to_dict() for r in results],

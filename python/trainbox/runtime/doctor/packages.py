@@ -42,13 +42,14 @@ def check_manifest(ctx: Context) -> Result:
     m = ctx.manifest
     comps = m.get("components") or {}
     base = m.get("base") or {}
-    msg = (f"stack {m.get('stack')} (device {m.get('device')}, python {m.get('python')}, "
+    plat = f", {m['platform']}" if m.get("platform") else ""
+    msg = (f"stack {m.get('stack')} (device {m.get('device')}, python {m.get('python')}{plat}, "
            f"{len(comps)} components) from {ctx.manifest_file}")
     if base.get("substituted"):
         msg += f"; built on substitute base {base['substituted']} instead of {base.get('image')}"
     left_out = m.get("left_out") or {}
     data = {"stack": m.get("stack"), "trainbox_version": m.get("trainbox_version"), "left_out": left_out,
-            "substituted": base.get("substituted")}  # what `image ls` shows as SUBST (the same fact, as a label)
+            "substituted": base.get("substituted"), "platform": m.get("platform")}  # what `image ls` shows as SUBST (the same fact, as a label)
     if left_out:  # compiled components a substitute base cannot build: this image lacks them, by design
         msg += "; left out: " + "; ".join(f"{k} ({why})" for k, why in sorted(left_out.items()))
         return Result(WARN, msg, "build the image on the stack's own base to include them", data=data)

@@ -1,0 +1,158 @@
+"""linux/arm64 without an engine: platform names and tags, the emulation check, the plan for an arm64 build,
+`image ls`/`prune` per platform, the arm64-artifacts rule, and markers evaluated for the target machine when
+locking (the real build is tests/test_arm64_docker.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from trainbox import buildplan, inventory, platforms, rules
+from trainbox.stack import load_stack
+
+
+def test_tags_and_base_names_per_platform():
+    assert platforms.tag_suffix("linux/amd64") == "" and platforms.tag_suffix("linux/arm64") == "-arm64"
+    assert platforms.local_base_for("local/debian:bookworm", "linux/arm64") == "local/debian:bookworm-arm64"
+    assert platforms.local_base_for("local/debian:bookworm-arm64", "linux/arm64") == "local/debian:bookworm-arm64"
+    assert platforms.local_base_for("local/debian:bookworm", "linux/amd64") == "local/debian:bookworm"
+    assert platforms.platform_of({"Os": "linux", "Architecture": "arm64"}) == "linux/arm64"
+    assert platforms.platform_of({"Os": "linux", "Architecture": "amd64"}) == "linux/amd64"
+    assert platforms.platform_of({"Os": "linux", "Architecture": "s390x"}) is None
+    assert platforms.platform_of(None) is None
+
+
+def _binfmt(tmp_path, text: str | None):
+    if text is not None:
+        (tmp_path / "qemu-aarch64").write_text(text)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("enabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\nflags: PF\noffset 0\n", None),
+    ("enabled\ninterpreter /usr/bin/qemu-aarch64-static\nflags: P\noffset 0\n", "without the F (fix-binary) flag"),
+    ("disabled\ninterpreter /usr/bin/qemu-aarch64-static\nflags: PF\n", "disabled"),
+    (None, "no emulator for aarch64"),
+])
+def test_emulation_problem_reads_binfmt_misc(tmp_path, monkeypatch, text, problem):
+    monkeypatch.setattr(platforms, "host_platform", lambda: "linux/amd64")
+    got = platforms.emulation_problem("linux/arm64", _binfmt(tmp_path, text))
+    assert (got is None) if problem is None else (problem in got), got
+    assert platforms.emulation_problem("linux/amd64", _binfmt(tmp_path, None)) is None  # the host's own
+
+
+def test_an_arm64_plan_names_its_platform_in_tag_label_and_manifest(tmp_path, monkeypatch):
+    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    stack = load_stack("cpu")
+    base = buildplan.Base(requested="debian:bookworm-slim", used="local/debian:bookworm-arm64",
+                          substituted="local/debian:bookworm-arm64")
+    amd = buildplan.make_plan(stack, base, buildplan.PlanInputs(platform="linux/amd64"))
+    arm = buildplan.make_plan(stack, base, buildplan.PlanInputs(platform="linux/arm64"))
+    assert arm.content_hash != amd.content_hash
+    assert arm.tags == [f"trainbox/cpu:{arm.content_hash[:12]}-arm64", "trainbox/cpu:latest-arm64"]
+    assert amd.tags == [f"trainbox/cpu:{amd.content_hash[:12]}", "trainbox/cpu:latest"]  # as before
+    assert arm.labels["io.trainbox.platform"] == "linux/arm64" and amd.labels["io.trainbox.platform"] == "linux/amd64"
+    assert ["--platform", "linux/arm64"] == arm.args[arm.args.index("--platform"):][:2]
+    man = json.loads(arm.files["build/generated/cpu/stack.json"])
+    assert man["platform"] == "linux/arm64"
+    assert man["components"]["torch"]["version"] == "2.10.0"  # what is installed there (the doctor compares it)
+    assert json.loads(amd.files["build/generated/cpu/stack.json"])["components"]["torch"]["version"] == "2.13.0+cpu"
+    reqs = arm.files["build/generated/cpu/requirements.txt"].decode()
+    assert 'torch==2.10.0 ; platform_machine == "aarch64"' in reqs
+    assert 'torch==2.13.0+cpu ; platform_machine == "x86_64"' in reqs
+
+
+def _image(stack, tag, plat, created):
+    return inventory.BuiltImage(id=tag[-6:], tags=[tag], stack=stack, hash=tag.split(":")[1][:12], base=None,
+                                substitute=False, overrides={}, size=1, created=created, age_s=1, platform=plat)
+
+
+def test_hash_tags_and_prune_per_platform():
+    assert inventory.HASH_TAG_RE.match("trainbox/cpu:0123456789ab-arm64")
+    assert inventory.HASH_TAG_RE.match("trainbox/cpu:0123456789ab")
+    assert not inventory.HASH_TAG_RE.match("trainbox/cpu:0123456789ab-s390x")
+    imgs = [_image("cpu", "trainbox/cpu:aaaaaaaaaaaa-arm64", "linux/arm64", "2026-11-26T03:00:00"),
+            _image("cpu", "trainbox/cpu:bbbbbbbbbbbb", "linux/amd64", "2026-11-26T02:00:00"),
+            _image("cpu", "trainbox/cpu:cccccccccccc", "linux/amd64", "2026-11-26T01:00:00")]
+    # keeping one per stack and platform: the newer arm64 build does not push out the newest amd64 one
+    assert [a.tag for a in inventory.prune_plan(imgs, keep=1)] == ["trainbox/cpu:cccccccccccc"]
+
+
+def test_arm64_artifacts_rule_names_where_each_pin_comes_from():
+    def found(name):
+        return [f.message for f in rules.check(load_stack(name)) if f.rule == "arm64-artifacts"]
+
+    assert found("cpu") == []  # every pin from PyPI, every one locked for linux/arm64
+    npu = found("npu-910b")
+    assert any("torch==2.9.0+cpu for linux/arm64 is on PyTorch's own index" in m for m in npu), npu
+    assert not any("torch-npu" in m for m in npu)  # torch_npu's aarch64 wheel is on PyPI
+    [cuda] = found("cuda")
+    assert "no linux/arm64 image" in cuda
+    assert all(f.level == "info" for f in rules.check(load_stack("cuda")) if f.rule == "arm64-artifacts")
+
+
+def _wheel(dirpath, name, version, requires=()):
+    path = dirpath / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{info}/METADATA", meta)
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_lock_evaluates_markers_for_the_target_machine(tmp_path):
+    """pip's --platform picks wheel tags only; its markers see the host. torch declares its CUDA wheels
+    `; platform_machine == "x86_64"`: resolving aarch64 on an x86_64 host must not want them."""
+    from trainbox.lock import _pip_for
+
+    _wheel(tmp_path, "fake_torch", "1.0", ['fake-nvidia==1.0 ; platform_machine == "x86_64"',
+                                          'fake-arm==1.0 ; platform_machine == "aarch64"'])
+    _wheel(tmp_path, "fake_arm", "1.0")  # there is no fake-nvidia anywhere: wanting it fails the resolve
+
+    def resolve(machine):
+        report = tmp_path / f"{machine}.json"
+        proc = subprocess.run([*_pip_for(machine), "install", "--dry-run", "--quiet", "--no-index", "--find-links",
+                               str(tmp_path), "--ignore-installed", "--report", str(report), "fake_torch==1.0"],
+                              capture_output=True, text=True, timeout=120, env={"PIP_CONFIG_FILE": "/dev/null",
+                                                                                "PATH": "/usr/bin:/bin"})
+        return proc, report
+
+    proc, report = resolve("aarch64")
+    assert proc.returncode == 0, proc.stderr
+    names = sorted(i["metadata"]["name"] for i in json.loads(report.read_text())["install"])
+    assert names == ["fake_arm", "fake_torch"]
+    if platforms.host_platform() == "linux/amd64":
+        proc, _ = resolve("x86_64")
+        assert proc.returncode != 0 and "fake-nvidia" in proc.stderr
+    assert _pip_for(platforms.PLATFORM_MACHINE[platforms.host_platform()])[:3] == [sys.executable, "-m", "pip"]
+
+
+def test_image_build_without_emulation_stops_in_one_line(monkeypatch):
+    """No qemu for arm64 here: the build says so, and how to get it, before it looks for an engine."""
+    from trainbox import image
+    from trainbox.runtime.errors import TrainboxError
+
+    monkeypatch.setattr(image, "emulation_problem", lambda plat: "no qemu-aarch64 emulator is registered in X")
+    monkeypatch.setattr(image, "find_client", lambda: pytest.fail("must stop before the engine"))
+    with pytest.raises(TrainboxError) as exc:
+        image.build(image.BuildOptions(stack="cpu", platform="linux/arm64"))
+    assert exc.value.exit_code == 2 and "\n" not in str(exc.value)
+    assert "--platform linux/arm64" in str(exc.value) and "ci/ensure-docker.sh --emulate arm64" in str(exc.value)
+    with pytest.raises(TrainboxError, match="supports linux/amd64, linux/arm64"):  # unchanged: bad input first
+        image.build(image.BuildOptions(stack="cpu", platform="linux/s390x"))
+
+
+@pytest.mark.parametrize("value", ["linux/s390x", "linux/arm64,linux/arm64", ","])
+def test_push_platform_list_is_checked_before_the_engine(value, capsys):
+    from trainbox.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["image", "push", "cpu", "--registry", "127.0.0.1:5000", "--platform", value])
+    assert exc.value.code == 2 and "comma-separated list of distinct platforms" in capsys.readouterr().err
