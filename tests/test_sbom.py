@@ -161,3 +161,22 @@ def test_doctor_sbom_check(tmp_path):
     res = check_sbom(ctx)
     assert res.status == "FAIL" and f"{have[0]['canonical_name']} {have[0]['version']} installed" in res.message
     assert check_sbom(Context(env={}, root=str(tmp_path), manifest=None)).status == "SKIP"
+
+
+def test_source_date_epoch_reaches_the_build_and_the_sbom(monkeypatch):
+    from pathlib import Path
+
+    from trainbox.buildplan import PlanInputs, _args
+    from trainbox.runtime.errors import TrainboxError
+
+    def args():
+        return " ".join(_args(PlanInputs(platform="linux/amd64"), Path("Dockerfile"), [], {}, "buildkit"))
+
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    assert "SOURCE_DATE_EPOCH" not in args()  # the templates' default, 0, and every tag as it was
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    assert "--build-arg SOURCE_DATE_EPOCH=1700000000" in args()
+    assert json.loads(_doc())["metadata"]["timestamp"].startswith("2023-11-14")
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(TrainboxError, match="SOURCE_DATE_EPOCH='yesterday'"):
+        args()
