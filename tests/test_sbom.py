@@ -180,3 +180,27 @@ def test_source_date_epoch_reaches_the_build_and_the_sbom(monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
     with pytest.raises(TrainboxError, match="SOURCE_DATE_EPOCH='yesterday'"):
         args()
+
+
+def test_a_local_wheel_without_a_recorded_hash_is_hashed_in_the_image(tmp_path):
+    """The venv's pip comes from the base's Debian wheel: pip records its file:// URL and no hash; the listing
+    hashes the file, still in the image, and the SBOM carries that."""
+    wheel = tmp_path / "pip-23.0.1-py3-none-any.whl"
+    wheel.write_bytes(b"a wheel")
+    site = tmp_path / "site"
+    info = site / "pip-23.0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pip\nVersion: 23.0.1\n")
+    (info / "INSTALLER").write_text("pip\n")
+    (info / "direct_url.json").write_text(json.dumps({"url": wheel.as_uri(), "archive_info": {}}))
+    (entry,) = inventory.distributions([str(site)])
+    import hashlib
+
+    assert entry["local_file_sha256"] == hashlib.sha256(b"a wheel").hexdigest()
+    inv = {**_inventory(), "distributions": [entry]}
+    comps = _by_ref(_doc(inventory=inv))
+    assert comps["pypi:pip"]["hashes"][0]["content"] == entry["local_file_sha256"]
+    assert "still in the image" in _prop(comps["pypi:pip"], "hash-source")
+    wheel.unlink()  # gone: nothing to hash, and the SBOM says why
+    (entry,) = inventory.distributions([str(site)])
+    assert entry["local_file_sha256"] is None

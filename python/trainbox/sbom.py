@@ -88,6 +88,9 @@ def artifact_hash(dist: dict, pinned: dict[str, tuple[str, list[str]]], wheels: 
         return hashes["sha256"], "pip direct_url.json"
     if str(archive.get("hash", "")).startswith("sha256="):
         return archive["hash"].split("=", 1)[1], "pip direct_url.json"
+    if dist.get("local_file_sha256"):
+        url = (dist.get("direct_url") or {}).get("url")
+        return dist["local_file_sha256"], f"the file it was installed from, still in the image ({url})"
     from_wheelhouse = _wheel_hash(dist, wheels)
     version, allowed = pinned.get(dist["canonical_name"], (None, []))
     if from_wheelhouse and (not allowed or from_wheelhouse in allowed):
@@ -96,6 +99,9 @@ def artifact_hash(dist: dict, pinned: dict[str, tuple[str, list[str]]], wheels: 
         return allowed[0], "hash-pinned requirement (pip --require-hashes)"
     if version == dist["version"] and allowed:
         return None, "one of the pinned hashes " + " ".join(allowed) + " (pip does not record which)"
+    url = (dist.get("direct_url") or {}).get("url")
+    if url:
+        return None, f"installed from {url}; pip recorded no hash"
     return None, "not hash-pinned: resolved during the build" if dist.get("installer") == "pip" \
         else f"installed by {dist.get('installer') or 'the base image'}, not by the build's pip"
 

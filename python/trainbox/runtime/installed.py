@@ -63,18 +63,38 @@ def _record_sha256(dist: md.Distribution) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest() if text is not None else None
 
 
+def _local_file_sha256(direct_url: dict | None) -> str | None:
+    """sha256 of the local wheel a distribution was installed from, where pip kept no hash and the file is still
+    there (the venv's pip, from the base's Debian python3-pip-whl)."""
+    url = str((direct_url or {}).get("url") or "")
+    if not url.startswith("file:///") or "archive_info" not in (direct_url or {}):
+        return None
+    h = hashlib.sha256()
+    try:
+        with open(url[len("file://"):], "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
 def _entry(dist: md.Distribution) -> dict | None:
     name = dist.metadata["Name"] if dist.metadata else None
     if not name:
         return None  # a metadata directory without a name: pip skips it too
     path = getattr(dist, "_path", None)  # the .dist-info / .egg-info directory (PathDistribution)
-    return {
+    entry = {
         "name": name, "canonical_name": canon(name), "version": dist.version,
         "location": os.path.dirname(str(path)) if path else None,
         "installer": (_read(dist, "INSTALLER") or "").strip() or None,
         "requested": _read(dist, "REQUESTED") is not None,
         "direct_url": _direct_url(dist), "wheel_tags": _wheel_tags(dist), "record_sha256": _record_sha256(dist),
     }
+    archive = (entry["direct_url"] or {}).get("archive_info") or {}
+    if not archive.get("hashes") and not archive.get("hash"):
+        entry["local_file_sha256"] = _local_file_sha256(entry["direct_url"])
+    return entry
 
 
 def distributions(path: list[str] | None = None) -> list[dict]:
