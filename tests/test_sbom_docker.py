@@ -33,6 +33,8 @@ def test_cpu_image_sbom_matches_pip_inspect():
 
     pin = load_stack("cpu").components["torch"].pin_for("linux/amd64").sha256
     assert [h["content"] for h in torch["hashes"]] == [pin[0]]
+    labels = dh.docker_client().labels(out.tag)
+    assert labels["io.trainbox.sbom"].startswith("sha256:") and "io.trainbox.sbom-probe" not in labels, labels
     base = comps["base-image"]
     assert base["name"] == out.report["base"]["used"] and base["version"].startswith("sha256:")
     # beside the report, the same bytes as in the image

@@ -297,8 +297,8 @@ def commit(client: Client, tags: list[str], doc: str) -> str:
     """Write `doc` into the image `tags[0]` at SBOM_PATH as one layer (created container, `docker cp`,
     `docker commit`: no process runs) and move every tag to the result. Returns the document's sha256."""
     digest = hashlib.sha256(doc.encode()).hexdigest()
-    cid = client.run("create", "--network", "none", "--label", "io.trainbox.sbom-probe=1", tags[0]).stdout \
-        .decode().strip()
+    # no --label here: `docker commit` would carry the container's labels into the image
+    cid = client.run("create", "--network", "none", tags[0]).stdout.decode().strip()
     try:
         client.run("cp", "-", f"{cid}:/", input=layer_tar(doc, source_date_epoch()))
         client.run("commit", "-m", f"trainbox: the SBOM at {SBOM_PATH}", "--change",
