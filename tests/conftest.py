@@ -62,3 +62,29 @@ def npu_image() -> str:
     from docker_helpers import build_npu_template_image
 
     return build_npu_template_image()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_built_image_carries_its_sbom():
+    """Every image a test builds through `trainbox image build` is checked once it is built: its SBOM
+    (/etc/trainbox/sbom.cdx.json) must list what `pip inspect` in the image lists (docker_helpers.sbom_problems)."""
+    from trainbox import buildrun
+
+    real = buildrun.run
+    checked: set[str] = set()
+
+    def run_and_check(plan, client, *args, **kw):
+        outcome = real(plan, client, *args, **kw)
+        image_id = outcome.report.get("image_id")
+        if image_id not in checked:
+            from docker_helpers import sbom_problems
+
+            problems = sbom_problems(outcome.tag)
+            assert not problems, f"{outcome.tag}: its SBOM differs from pip inspect: " + "; ".join(problems)
+            checked.add(image_id)
+        return outcome
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(buildrun, "run", run_and_check)
+    yield
+    mp.undo()

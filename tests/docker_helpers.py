@@ -226,3 +226,39 @@ def run_in_image(tag: str, *cmd: str, timeout: float = 300, network: str = "none
 
 def temporary_tag(prefix: str = "trainbox-test/tmp") -> str:
     return f"{prefix}:{uuid.uuid4().hex[:12]}"
+
+
+def pip_inspect(tag: str) -> dict:
+    """`pip inspect` run in the image by its venv's pip (no network): what pip itself says is installed."""
+    import json
+
+    proc = run_in_image(tag, "-m", "pip", "inspect", "--disable-pip-version-check", entrypoint="/opt/venv/bin/python",
+                        timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def sbom_problems(tag: str) -> list[str]:
+    """One line per way the SBOM in the image differs from `pip inspect` in the same image: a distribution left
+    out or extra, another version, or a sha256 that pip recorded (PEP 610 archive_info) and the SBOM lacks."""
+    import json
+
+    from trainbox import sbom
+    from trainbox.runtime.installed import canon
+
+    doc = json.loads(sbom.read_from_image(docker_client(), tag))
+    listed = {canon(c["name"]): c for c in doc.get("components", []) if c.get("purl", "").startswith("pkg:pypi/")}
+    problems = []
+    for d in pip_inspect(tag)["installed"]:
+        name, version = canon(d["metadata"]["name"]), d["metadata"]["version"]
+        c = listed.pop(name, None)
+        if c is None:
+            problems.append(f"{name} {version}: installed (pip inspect), not in the SBOM")
+            continue
+        if c.get("version") != version:
+            problems.append(f"{name}: pip inspect says {version}, the SBOM {c.get('version')}")
+        sha = (((d.get("direct_url") or {}).get("archive_info") or {}).get("hashes") or {}).get("sha256")
+        if sha and {"alg": "SHA-256", "content": sha} not in c.get("hashes", []):
+            problems.append(f"{name}: pip recorded sha256 {sha}, the SBOM has {c.get('hashes')}")
+    problems += [f"{n} {c.get('version')}: in the SBOM, not installed (pip inspect)" for n, c in sorted(listed.items())]
+    return problems

@@ -37,7 +37,7 @@ OFFLINE_JSON = {
     "smoke": (["smoke", "cpu", "--skip", "validate,lock,render,hadolint,patches,build,doctor,recipes"], 0),
 }
 # these need the Docker engine (tests/test_cli_docker.py walks them) or PyPI (tests/test_wheelhouse.py)
-ENGINE_JSON = {"image ls", "image prune", "image push"}  # image push: tests/test_push_docker.py
+ENGINE_JSON = {"image ls", "image prune", "image push", "image sbom"}  # push, sbom: their docker tests
 NETWORK_JSON = {"image wheelhouse"}
 
 

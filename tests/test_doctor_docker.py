@@ -73,6 +73,7 @@ def test_cpu_image_report(cpu_image):
     pinned = [k for k, v in (man.get("components") or {}).items() if v.get("version") and v.get("install", True)]
     assert c["packages.versions"]["status"] == ("PASS" if pinned else "SKIP"), c["packages.versions"]
     assert c["packages.torch_npu"]["status"] == "SKIP"
+    assert c["packages.sbom"]["status"] == "PASS", c["packages.sbom"]  # the image carries its SBOM, matching
     assert c["device.selection"]["status"] == "PASS"
     for cid in ("cann.toolkit", "cann.env", "cann.libs", "npu.devices", "npu.driver", "npu.visible_devices",
                 "cuda.driver", "cuda.visible_devices", "ray.visible_devices"):
@@ -170,6 +171,7 @@ def test_npu_image_explains_missing_cann(npu_image):
     assert c["manifest"]["status"] == "PASS"
     assert c["packages.versions"]["status"] == "PASS", c["packages.versions"]
     assert c["packages.torch_npu"]["status"] == "PASS", c["packages.torch_npu"]
+    assert c["packages.sbom"]["status"] == "PASS", c["packages.sbom"]
     assert c["cann.toolkit"]["status"] == "FAIL" and "no CANN toolkit found" in c["cann.toolkit"]["message"]
     if (man.get("base") or {}).get("substituted"):
         assert man["base"]["substituted"] in c["cann.toolkit"]["message"]

@@ -186,17 +186,22 @@ def _edited_repo(tmp_path: Path, edit: str) -> Path:
     return root
 
 
-def _steps_after(report: dict, marker: str) -> tuple[list[dict], list[dict]]:
+def _steps_after(report: dict, marker: str, files_marker: str) -> tuple[list[dict], list[dict]]:
+    """The steps before and from the first one that must rerun: in the files stage from the RUN that assembles
+    the edited part (`files_marker`), in the final stage from the COPY that takes it (`marker`)."""
     steps = [s for s in report["steps"] if not s.get("from")]
-    first = next(i for i, s in enumerate(steps) if marker in s["name"])
-    return steps[:first], steps[first:]
+    files = [s for s in steps if s.get("stage") == "files"]
+    rest = [s for s in steps if s.get("stage") != "files"]
+    f = next(i for i, s in enumerate(files) if files_marker in s["name"])
+    first = next(i for i, s in enumerate(rest) if marker in s["name"])
+    return files[:f] + rest[:first], files[f:] + rest[first:]
 
 
-@pytest.mark.parametrize("edit,first_rebuilt", [
-    ("launchers", "COPY launchers"),
-    ("python/trainbox/__init__.py", "COPY python/trainbox"),
+@pytest.mark.parametrize("edit,first_rebuilt,files_marker", [
+    ("launchers", "COPY --from=files /out/launchers/", "source=launchers"),
+    ("python/trainbox/__init__.py", "COPY --from=files /out/package/", "source=python/trainbox"),
 ])
-def test_edit_rebuilds_only_later_steps(cpu_build, tmp_path, monkeypatch, edit, first_rebuilt):
+def test_edit_rebuilds_only_later_steps(cpu_build, tmp_path, monkeypatch, edit, first_rebuilt, files_marker):
     from trainbox import image
     from trainbox.paths import REPO_ROOT
 
@@ -209,7 +214,7 @@ def test_edit_rebuilds_only_later_steps(cpu_build, tmp_path, monkeypatch, edit, 
         tag_latest=False, labels={"trainbox.test": "1"}, report=str(tmp_path / "report.json")))
     try:
         assert not out.skipped and out.tag != cpu_build.tag
-        before, after = _steps_after(out.report, first_rebuilt)
+        before, after = _steps_after(out.report, first_rebuilt, files_marker)
         assert before and all(s["status"] == "cached" for s in before), \
             [(s["name"][:60], s["status"]) for s in before if s["status"] != "cached"]
         assert after and all(s["status"] == "done" for s in after), \

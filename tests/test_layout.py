@@ -202,10 +202,13 @@ def _shipped_tree(tmp_path: Path) -> Path:
     """The package files the rendered Dockerfile copies into an image, laid out as in the image."""
     text = (REPO_ROOT / "build" / "generated" / "cpu" / "Dockerfile").read_text()
     root = tmp_path / "image"
-    for m in re.finditer(r"^COPY (python/trainbox\S*(?: python/trainbox\S*)*) /opt/trainbox/python/(\S+)$", text, re.M):
-        srcs, dest = m.group(1).split(), root / m.group(2)
+    # the files stage's RUN that assembles the package: python/trainbox mounted at /tmp/ctx, copied to ${pkg}
+    run = text[text.index("--mount=type=bind,source=python/trainbox,target=/tmp/ctx"):]
+    run = run[:run.index("\n\n")]
+    for m in re.finditer(r'cp (?:-R )?((?:/tmp/ctx/\S+ )+)"\$\{pkg\}/(\S*)"', run):
+        srcs, dest = m.group(1).split(), root / "trainbox" / m.group(2)
         for src in srcs:
-            s = REPO_ROOT / src
+            s = REPO_ROOT / "python" / "trainbox" / src.removeprefix("/tmp/ctx/")
             if s.is_dir():
                 subprocess.run(["cp", "-r", str(s), str(dest)], check=True)
             else:

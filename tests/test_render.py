@@ -59,9 +59,11 @@ def test_stacks_with_the_same_pins_share_the_install_layer():
 def test_layer_order_is_cache_aware():
     text = render_stack(load_stack("npu-910b")).dockerfile
     """What changes least comes first; the trainbox package, edited most, is the last file layer, so an edit to it
-    reruns only its own COPY and compile steps."""
-    order = ["apt-get", "requirements.txt", "apply_patches.py", "COPY launchers", "/etc/trainbox/stack.json",
-             "COPY python/trainbox", "compileall -q /opt/trainbox/python", "LABEL"]
+    reruns only its own assembly in the files stage and its own COPY."""
+    order = ["apt-get", "source=launchers", "/etc/trainbox/stack.json", "source=python/trainbox",
+             "compileall -q -f --invalidation-mode unchecked-hash", "requirements.txt", "apply_patches.py",
+             "COPY --from=files /out/launchers/", "COPY --from=files /out/manifest/",
+             "COPY --from=files /out/package/", "LABEL"]
     pos = [text.index(marker) for marker in order]
     assert pos == sorted(pos), list(zip(order, pos))
 
@@ -70,9 +72,9 @@ def test_builder_stage_only_where_build_only_work_happens():
     """cpu patches nothing and builds nothing from source: the venv is made in the final stage itself, with no
     builder and no copy of it between stages; npu-910b patches megatron-core: it keeps its builder."""
     cpu = render_stack(load_stack("cpu")).dockerfile
-    assert "AS builder" not in cpu and "COPY --from=" not in cpu
+    assert "AS builder" not in cpu and "COPY --from=builder" not in cpu
     final = cpu[cpu.index("AS final"):]
-    assert final.index("-m venv") < final.index("--require-hashes") < final.index("COPY python/trainbox")
+    assert final.index("-m venv") < final.index("--require-hashes") < final.index("COPY --from=files /out/package/")
     npu = render_stack(load_stack("npu-910b")).dockerfile
     assert "FROM system AS builder" in npu and "COPY --from=builder /opt/venv /opt/venv" in npu
     builder = npu[npu.index("AS builder"):npu.index("AS final")]

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 from .paths import CACHE_DIR, REPO_ROOT
 from .platforms import tag_suffix
+from .sbom import source_date_epoch
 from .wheelhouse import WheelFile, fetch_plan, wheelhouse_notes
 
 SCHEMA = "trainbox.build-plan/1"
@@ -187,6 +188,8 @@ def render_for(stack, base: BuildBase):
 def _args(inp: PlanInputs, dockerfile: Path, tags: list[str], labels: dict[str, str], mode: str) -> list[str]:
     args = ["-f", str(dockerfile), "--network", "none" if inp.offline else "host", "--platform", inp.platform]
     args += ["--build-arg", "TRAINBOX_OFFLINE=1"] if inp.offline else []
+    if os.environ.get("SOURCE_DATE_EPOCH"):  # the mtime of what trainbox writes (the templates' default: 0)
+        args += ["--build-arg", f"SOURCE_DATE_EPOCH={source_date_epoch()}"]
     for t in tags:
         args += ["-t", t]
     for k, v in labels.items():
@@ -226,7 +229,9 @@ def make_plan(stack, base: BuildBase, inp: PlanInputs, client=None) -> BuildPlan
     files[dockerfile_rel] = rendered.dockerfile.encode()
     files.update(inp.sources)
     extra = {"base": base.image_id or base.used, "platform": inp.platform,
-             **{f"label {k}": v for k, v in inp.labels.items()}}
+             **{f"label {k}": v for k, v in inp.labels.items()},
+             # another mtime makes other layers (only when set: the default keeps every tag as it was)
+             **({"source_date_epoch": str(source_date_epoch())} if os.environ.get("SOURCE_DATE_EPOCH") else {})}
     # the wheelhouse counts only where it can change what is installed: with every requirement hash-locked,
     # online and `--bundle` builds install the same bytes and get the same tag
     digest = content_hash(files, [] if rendered.manifest.get("deps_locked") else inp.wheels, extra)

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cann_bake
+from . import cann_bake, sbom
 from .buildplan import BuildPlan, stage
 from .engine import Client, ConsoleProgress, run_build
 from .runtime.errors import TrainboxError
@@ -55,6 +55,7 @@ def _skip(plan: BuildPlan, client: Client, report_path: Path, say) -> BuildOutco
     for t in plan.tags[1:]:
         client.tag(plan.tag, t)
     baked = bake_cann_env(plan, client, say)  # an image from before the bake, or one whose bake was cut short
+    baked.update(add_sbom(plan, client, report_path, say))  # ... or from before SBOMs
     report = {**common_report(plan, client), **image_facts(client, plan.tag), "ok": True, "skipped": True,
               **baked,
               "wall_s": round(time.monotonic() - t0, 3), "steps": [], "cached_steps": 0, "rebuilt_steps": 0}
@@ -67,6 +68,7 @@ def _skip(plan: BuildPlan, client: Client, report_path: Path, say) -> BuildOutco
 def run(plan: BuildPlan, client: Client, report_path: Path, *, force: bool = False, verbose: bool = False,
         pip_index_url: str | None = None, say=print) -> BuildOutcome:
     """Execute `plan` with `client`: skip when its tag exists (unless `force`), else build and report."""
+    sbom.require_library()  # every image gets an SBOM: fail now, not after the build
     if not force and client.image_exists(plan.tag):
         return _skip(plan, client, report_path, say)
     with stage(plan, pip_index_url=pip_index_url):
@@ -81,6 +83,7 @@ def run(plan: BuildPlan, client: Client, report_path: Path, *, force: bool = Fal
     if not result.ok:
         _fail(plan, result, report, report_path)
     report.update(bake_cann_env(plan, client, say))
+    report.update(add_sbom(plan, client, report_path, say))
     report.update(image_facts(client, plan.tag))
     write_report(report, report_path)
     print(summary(report))
@@ -95,6 +98,14 @@ def bake_cann_env(plan: BuildPlan, client: Client, say) -> dict:
         return {"cann_env": cann_bake.bake(client, plan.tags, say)}
     except TrainboxError as exc:  # EngineError included
         raise BuildFailed(f"{plan.tag}: baking the CANN environment as ENV failed: {exc}") from None
+
+
+def add_sbom(plan: BuildPlan, client: Client, report_path: Path, say) -> dict:
+    """The image's SBOM (trainbox.sbom), written into it as its last layer and beside the report."""
+    try:
+        return sbom.for_plan(plan, client, report_path, say)
+    except TrainboxError as exc:  # EngineError included
+        raise BuildFailed(f"{plan.tag}: writing the SBOM failed: {exc}") from None
 
 
 def _fail(plan: BuildPlan, result, report: dict, report_path: Path) -> None:

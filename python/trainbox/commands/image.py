@@ -1,4 +1,4 @@
-"""`trainbox image build|ls|prune` (stdlib only at import time)."""
+"""`trainbox image build|ls|prune|push|wheelhouse|sbom` (stdlib only at import time)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_json(pr, "what was (or would be) removed")
     pr.set_defaults(func=_prune)
     _register_push(isub)
+
+    sb = isub.add_parser(
+        "sbom", help="print an image's SBOM: installed distributions, git sources, patches, base, toolkits",
+        description="The CycloneDX SBOM that `trainbox image build` wrote into IMAGE (/etc/trainbox/sbom.cdx.json): "
+        "every installed distribution with its version and artifact sha256 (or why none is known), every git "
+        "source with URL, commit and tree id, every patch with its sha256, the base image's digest (or its id "
+        "where it has none), and the CANN / CUDA toolkit versions. A copy lies beside the build report.")
+    sb.add_argument("image", nargs="?", metavar="IMAGE", help="an image reference, e.g. trainbox/cpu:latest (required)")
+    sb.set_defaults(_required=[("image", "IMAGE")])
+    add_json(sb, "the SBOM document itself (CycloneDX JSON: its schema is named by $schema and specVersion)")
+    exits(sb, None, **{"2": ENGINE_2 + ", or IMAGE has no SBOM"})
+    sb.set_defaults(func=_sbom)
 
     p.set_defaults(func=group_help(p))
 
@@ -254,6 +266,33 @@ def _push_platforms(args: argparse.Namespace, say) -> int:
     else:
         print(f"pushed {listed.ref} ({', '.join(plats)})\n  cluster targets now name it: trainbox launch render "
               "RECIPE --target slurm")
+    return 0
+
+
+def _sbom(args: argparse.Namespace) -> int:
+    import json
+
+    from trainbox import sbom
+    from trainbox.engine import find_client
+
+    client = find_client()
+    client.require_engine()
+    text = sbom.read_from_image(client, args.image)
+    if args.json:
+        sys.stdout.write(text)
+        return 0
+    doc = json.loads(text)
+    subject = (doc.get("metadata") or {}).get("component") or {}
+    print(f"{args.image}: {subject.get('name')} {subject.get('version')} ({doc.get('bomFormat')} "
+          f"{doc.get('specVersion')}, {len(doc.get('components') or [])} components)")
+    rows = []
+    for c in doc.get("components") or []:
+        props = {p["name"].removeprefix(sbom.PROP): p["value"] for p in c.get("properties") or []}
+        sha = next((h["content"] for h in c.get("hashes") or [] if h.get("alg") == "SHA-256"), "")
+        note = props.get("git-url") or props.get("base-reference") or props.get("toolkit-source") \
+            or props.get("hash-source") or props.get("patch-series") or ""
+        rows.append([c.get("type"), c.get("name"), c.get("version") or "", sha[:16], note])
+    print_table(["TYPE", "NAME", "VERSION", "SHA256", "FROM"], rows)
     return 0
 
 

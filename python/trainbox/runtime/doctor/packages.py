@@ -6,6 +6,7 @@ import json
 import re
 import sys
 
+from ..installed import SBOM_FILE, canon, distributions
 from ..manifest import manifest_path
 from .core import (
     CPU_ON_PURPOSE,
@@ -139,6 +140,39 @@ def check_sources(ctx: Context) -> Result:
         return Result(FAIL, "source trees differ from the stack: " + "; ".join(bad),
                       "rebuild the image; trees are not meant to be edited in place", data={"problems": bad})
     return Result(PASS, "source trees as pinned: " + ", ".join(good), data={"trees": good})
+
+
+@check("packages.sbom")
+def check_sbom(ctx: Context) -> Result:
+    """The image's SBOM (/etc/trainbox/sbom.cdx.json, written by `trainbox image build`) lists every installed
+    distribution at its installed version, and nothing that is not installed."""
+    if not ctx.manifest:
+        return Result(SKIP, "not inside a trainbox image (no stack manifest): no SBOM to check")
+    path = ctx.path(SBOM_FILE)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        return Result(WARN, f"no SBOM at {SBOM_FILE}: the image was not built by `trainbox image build` (a plain "
+                            "`docker build` adds none)", "build it with `trainbox image build STACK`")
+    except (OSError, ValueError) as exc:
+        return Result(FAIL, f"{SBOM_FILE} cannot be read as JSON: {exc}", "rebuild the image")
+    listed = {}
+    for c in doc.get("components") or [] if isinstance(doc, dict) else []:
+        if isinstance(c, dict) and str(c.get("purl", "")).startswith("pkg:pypi/"):
+            listed[canon(str(c.get("name")))] = c.get("version")
+    have = {d["canonical_name"]: d["version"] for d in distributions(ctx.sys_path)}
+    problems = [f"{n} {v} installed, not in the SBOM" for n, v in sorted(have.items()) if n not in listed]
+    problems += [f"{n} {v} in the SBOM, not installed" for n, v in sorted(listed.items()) if n not in have]
+    problems += [f"{n} installed {have[n]}, SBOM {listed[n]}" for n in sorted(have)
+                 if n in listed and listed[n] != have[n]]
+    if problems:
+        return Result(FAIL, f"the SBOM at {SBOM_FILE} differs from what is installed: " + "; ".join(problems[:8])
+                      + (f" (+{len(problems) - 8} more)" if len(problems) > 8 else ""),
+                      "something was installed or removed after the build: rebuild the image",
+                      data={"problems": problems})
+    return Result(PASS, f"SBOM {SBOM_FILE} lists all {len(have)} installed distributions at their versions",
+                  data={"distributions": len(have)})
 
 
 def _tree_marker(ctx: Context, path: str) -> dict | None:
