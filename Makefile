@@ -33,7 +33,7 @@ install:
 
 # install on first use, so that a fresh clone needs only `make demo` / `make test`
 ensure-installed:
-	@$(PYTHON) -c 'import trainbox, jinja2, pydantic, yaml, rich, docker, pytest, xdist, torch, jsonschema, kubernetes_validate' 2>/dev/null || $(MAKE) install
+	@$(PYTHON) -c 'import trainbox, jinja2, pydantic, yaml, rich, docker, pytest, xdist, torch, jsonschema, kubernetes_validate, cyclonedx' 2>/dev/null || $(MAKE) install
 
 engine:
 	bash ci/ensure-docker.sh
