@@ -48,7 +48,7 @@ def test_emulation_problem_reads_binfmt_misc(tmp_path, monkeypatch, text, proble
 def test_an_arm64_plan_names_its_platform_in_tag_label_and_manifest(tmp_path, monkeypatch):
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     stack = load_stack("cpu")
-    base = buildplan.Base(requested="debian:bookworm-slim", used="local/debian:bookworm-arm64",
+    base = buildplan.BuildBase(requested="debian:bookworm-slim", used="local/debian:bookworm-arm64",
                           substituted="local/debian:bookworm-arm64")
     amd = buildplan.make_plan(stack, base, buildplan.PlanInputs(platform="linux/amd64"))
     arm = buildplan.make_plan(stack, base, buildplan.PlanInputs(platform="linux/arm64"))

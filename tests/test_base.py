@@ -278,7 +278,7 @@ def test_profile_base_one_policy_for_smoke_and_image_build_profile(monkeypatch):
     (a dry run on a CPU host) auto plans on the substitute, as the build there would; never keeps the own base."""
     import trainbox.base as b
 
-    def no_engine(image, client=None, timeout=8.0):
+    def no_engine(image, client=None, timeout=8.0, **kw):
         raise b.TrainboxError("no Docker engine answers")
 
     monkeypatch.setattr(b, "base_available", no_engine)
@@ -289,6 +289,6 @@ def test_profile_base_one_policy_for_smoke_and_image_build_profile(monkeypatch):
     assert (c.decision, c.base) == ("own", None)
     assert b.profile_base("never", "quay.io/ascend/cann:x", "local/debian:bookworm", False).base is None
     # a stack that substitutes by itself gets no --base (its image is the one everyone's build makes)
-    monkeypatch.setattr(b, "base_available", lambda image, client=None, timeout=8.0: (False, "unreachable"))
+    monkeypatch.setattr(b, "base_available", lambda image, client=None, timeout=8.0, **kw: (False, "unreachable"))
     c = b.profile_base("auto", "debian:x", "local/debian:bookworm", auto_substitute=True)
     assert (c.decision, c.base, c.substituted) == ("substitute", None, "local/debian:bookworm")

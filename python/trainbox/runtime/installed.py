@@ -17,8 +17,9 @@ import hashlib
 import importlib.metadata as md
 import json
 import os
-import re
 import sys
+
+from .apply_patches import canon_name
 
 SCHEMA = "trainbox.inventory/1"
 #: Where `trainbox image build` writes the image's CycloneDX SBOM (made on the host: trainbox.sbom).
@@ -28,11 +29,7 @@ CANN_INFO_GLOBS = ("/usr/local/Ascend/ascend-toolkit/latest/*-linux/ascend_toolk
                    "/usr/local/Ascend/cann/*-linux/ascend_toolkit_install.info",
                    "/usr/local/Ascend/cann-*/*-linux/ascend_toolkit_install.info")
 CUDA_VERSION_FILE = "/usr/local/cuda/version.json"
-
-
-def canon(name: str) -> str:
-    """PEP 503 normalised name (what pip compares)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+canon = canon_name  # PEP 503 normalised name (what pip compares): the package's one rule
 
 
 def _read(dist: md.Distribution, name: str) -> str | None:
