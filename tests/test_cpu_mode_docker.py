@@ -3,12 +3,16 @@ the NPU stacks on their Debian substitute base with torch 2.13.0+cpu and torch-n
 load there: no CANN). The frameworks' own tests run in them, and the patched SpecForge (patches/specforge) brings up
 a 2-rank Gloo group with torchrun.
 
-What the stacks lack: SpecForge's package __init__ (specforge -> specforge.modeling -> the target-model backends)
-imports sglang at top level, and the specforge stack has no sglang (issue 21, item 3). SpecForge's own
-tests/test_utils/test_dflash_losses.py already loads its module with the `specforge` packages registered empty; the
-other test modules and the bring-up below are run the same way (SPECFORGE_HARNESS): the code under test is
-SpecForge's, unchanged; only specforge/__init__.py and specforge/modeling/__init__.py (re-exports) are not executed.
-test_specforge_package_import_needs_sglang holds that gap, so it is seen to close when sglang arrives.
+What the substitute image lacks: SpecForge's package __init__ (specforge -> specforge.modeling -> the target-model
+backends) imports sglang at top level. The stack holds sglang 0.5.9 for NPU, but sglang's import needs torchvision
+(sglang.srt.multimodal.internvl_utils; with transformers 5.x also for the image processor it registers), and the
+only torchvision this runner can install is PyPI's x86_64 CUDA build, which fails beside a CPU torch and breaks
+transformers' imports with it: the smoke profile leaves timm (which brings it) out, so the image has none (the CPU
+build is on PyTorch's index only). SpecForge's own tests/test_utils/test_dflash_losses.py already loads its module with the `specforge`
+packages registered empty; the other test modules and the bring-up below are run the same way (SPECFORGE_HARNESS):
+the code under test is SpecForge's, unchanged; only specforge/__init__.py and specforge/modeling/__init__.py
+(re-exports) are not executed. test_specforge_package_import_needs_a_cpu_torchvision holds that gap, so it is seen
+to close when a CPU torchvision arrives (then drop the harness).
 """
 
 from __future__ import annotations
@@ -110,9 +114,11 @@ def test_cpu_mode_through_the_entrypoint_skips_cann(specforge_img):
     assert "sourced: none;" in proc.stderr
 
 
-def test_specforge_package_import_needs_sglang(specforge_img):
-    proc = python_in(specforge_img, "import specforge", env=CPU)
-    assert proc.returncode == 1 and "No module named 'sglang'" in proc.stderr, proc.stderr
+def test_specforge_package_import_needs_a_cpu_torchvision(specforge_img):
+    probe = "import importlib.metadata as md; print(md.version('sglang'), md.version('sglang-router')); import specforge"
+    proc = python_in(specforge_img, probe, env=CPU)
+    assert proc.stdout.split() == ["0.5.9", "0.3.2"], proc.stderr  # sglang is there now, and its router
+    assert proc.returncode == 1 and "AutoImageProcessor requires the Torchvision library" in proc.stderr, proc.stderr
 
 
 # The specforge package registered without running its __init__ (and specforge.modeling's), as SpecForge's own

@@ -332,3 +332,101 @@ def test_install_source_sdist_builds_the_staged_sdist_against_the_venv_without_i
     check = subprocess.run([str(venv / "bin" / "python"), "-c", "import ext, importlib.metadata as m; print(m.version('ext'))"],
                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert check.stdout.strip() == "1.0"
+
+
+SDIST = ("{source: url, name: sglang, url: 'https://files.invalid/sglang-0.5.9.tar.gz', sha256: [%s], install: build, "
+         "build: ['cp pyproject_npu.toml pyproject.toml', 'python3 -m pip wheel --no-deps -w dist .']}" % SHA)
+
+
+def test_url_source_archive_builds_with_its_own_commands(tmp_path):
+    """An sdist built with another pyproject (sglang's NPU build): staged, checked, built by its commands."""
+    r = rendered(tmp_path, SDIST)
+    assert r.manifest["components"]["extra"] == {
+        "name": "sglang", "source": "url", "url": "https://files.invalid/sglang-0.5.9.tar.gz", "sha256": [SHA],
+        "install": "build"}
+    assert ("--mode build --url https://files.invalid/sglang-0.5.9.tar.gz --sha256 " + SHA +
+            " --build 'cp pyproject_npu.toml pyproject.toml' --build 'python3 -m pip wheel --no-deps -w dist .'"
+            ) in r.dockerfile
+    assert "sglang" not in r.requirements  # not a pip requirement: the builder builds and installs it
+
+
+@pytest.mark.parametrize("component, expected", [
+    (f"{{source: url, url: 'https://x.invalid/x-1-py3-none-any.whl', sha256: [{SHA}], install: build, "
+     "build: [make]}", r"install: build needs a source archive"),
+    (f"{{source: url, url: 'https://x.invalid/x-1.tar.gz', sha256: [{SHA}], install: build}}",
+     r"install: build needs `build:`"),
+    (f"{{source: url, url: 'https://x.invalid/x-1.tar.gz', sha256: [{SHA}], build: [make]}}",
+     r"`build` belongs to `install: build`"),
+])
+def test_url_build_keys_are_refused_where_they_cannot_apply(tmp_path, component, expected):
+    with pytest.raises(TrainboxError, match=r"kind-test.yaml: components.extra: " + expected):
+        load_stack(stack_with(tmp_path, component))
+
+
+def _sdist(tmp_path: Path) -> tuple[Path, str]:
+    """A tiny sdist whose default pyproject is not the one to build (as sglang's: pyproject_npu.toml)."""
+    import hashlib
+    import io
+    import tarfile
+
+    files = {"pkg-1.0/pyproject.toml": "this is not the pyproject to build\n",
+             "pkg-1.0/pyproject_npu.toml": "[build-system]\nrequires=[]\n",
+             "pkg-1.0/make_wheel.py": (
+                 "import sys, zipfile\n"
+                 "with zipfile.ZipFile(sys.argv[1], 'w') as z:\n"
+                 "    z.writestr('npupkg/__init__.py', 'BUILT_WITH = ' + repr(open('pyproject.toml').read()))\n"
+                 "    z.writestr('npupkg-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: npupkg\\nVersion: 1.0\\n')\n"
+                 "    z.writestr('npupkg-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n"
+                 "    z.writestr('npupkg-1.0.dist-info/RECORD', '')\n")}
+    staged = tmp_path / "sources" / "pkg"
+    staged.mkdir(parents=True)
+    archive = staged / "pkg-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    return archive, hashlib.sha256(archive.read_bytes()).hexdigest()
+
+
+def _install_sdist(tmp_path: Path, sha: str, python: str):
+    import os
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "python"))
+    return subprocess.run([python, "-m", "trainbox.runtime.install_source", "--component", "pkg", "--mode", "build",
+                           "--url", "https://x.invalid/pkg-1.0.tar.gz", "--sha256", sha,
+                           "--build", "cp pyproject_npu.toml pyproject.toml", "--build", "mkdir -p dist",
+                           "--build", "python3 make_wheel.py dist/npupkg-1.0-py3-none-any.whl",
+                           "--sources-dir", str(tmp_path / "sources")],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_install_source_refuses_a_source_archive_with_other_bytes(tmp_path):
+    import sys
+
+    _sdist(tmp_path)
+    proc = _install_sdist(tmp_path, SHA, sys.executable)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("trainbox-install-source: error: pkg: pkg-1.0.tar.gz has sha256 ")
+    assert f"the pin says {SHA}" in proc.stderr
+
+
+@pytest.mark.slow
+def test_install_source_builds_a_source_archive_with_the_swapped_pyproject(tmp_path):
+    """--mode build from a staged sdist in a throwaway venv: checked, unpacked to its top directory, the commands
+    run there (the NPU pyproject in place of the default one), the wheel they leave installs."""
+    import subprocess
+    import sys
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    archive, sha = _sdist(tmp_path)
+    proc = _install_sdist(tmp_path, sha, str(venv / "bin" / "python"))
+    assert proc.returncode == 0, proc.stderr
+    assert (f"pkg: installed npupkg-1.0-py3-none-any.whl built from https://x.invalid/pkg-1.0.tar.gz "
+            f"(sha256 {sha[:12]})") in proc.stdout
+    check = subprocess.run([str(venv / "bin" / "python"), "-c", "import npupkg; print(repr(npupkg.BUILT_WITH))"],
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert check.stdout.strip() == repr("[build-system]\nrequires=[]\n"), check.stderr
+    assert archive.read_bytes()  # the staged archive stays as fetched

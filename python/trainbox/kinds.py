@@ -8,8 +8,10 @@ is a new `source:` value everywhere at once; a value with no kind is refused at 
     pypi  name==version from an index, hash-checked (the lock records the hashes per platform); with `needs:`
           an sdist compiled against a toolkit of the base in its own step, after the pins it builds against
           (`build_isolation: false`: against the venv's torch), left out on a substitute base
-    url   one file by URL and sha256: a wheel (installed from its URL, hash-checked) or an archive of wheels
-          (.tar.gz/.tgz/.zip: fetched on the host, verified, its wheels installed --no-deps)
+    url   one file by URL and sha256: a wheel (installed from its URL, hash-checked), an archive of wheels
+          (.tar.gz/.tgz/.zip: fetched on the host, verified, its wheels installed --no-deps), or a source archive
+          that its own `build:` commands turn into wheels (`install: build`: an sdist built with another
+          pyproject, as sglang's NPU image builds sglang)
     git   a repository at a full 40-hex commit: a wheel built from the tree (`install: pip`), the tree itself
           on sys.path (`install: tree`), optionally below `subdir:`, or the wheels its own `build:` commands
           leave (`install: build`, with the toolkits it `needs:`); a patch series applies first
@@ -207,7 +209,7 @@ class PypiKind(Kind):
 
 class UrlKind(Kind):
     name = "url"
-    foreign = ("git", "commit", "subdir", "build", "wheels", "needs", "build_requires")
+    foreign = ("git", "commit", "subdir", "build_requires")  # build_requires: git trees built as wheels
 
     def validate(self, c: Any) -> None:
         super().validate(c)
@@ -219,8 +221,17 @@ class UrlKind(Kind):
         if not path.endswith((".whl",) + ARCHIVE_SUFFIXES):
             raise ValueError(f"url {c.url!r}: expected a wheel (.whl) or an archive of wheels "
                              f"({', '.join(ARCHIVE_SUFFIXES)}); other files cannot be installed")
+        if c.install == "build":
+            if not self.is_archive(c):
+                raise ValueError("install: build needs a source archive (.tar.gz/.tgz/.zip), not a wheel")
+            _validate_build(c)
+            return
+        for f in ("build", "wheels", "needs"):
+            if getattr(c, f) not in (None, []):
+                raise ValueError(f"`{f}` belongs to `install: build` (a source archive its own commands compile)")
         if c.install not in (True, False, "pip"):
-            raise ValueError(f"install: {c.install!r} is for git components; a url component takes true or false")
+            raise ValueError(f"install: {c.install!r}: a url component takes true, false or build (a source "
+                             "archive its `build:` commands turn into wheels)")
 
     def ref_problem(self, ref: str, pin: Any) -> str | None:
         m = URL_REF_RE.match(ref)
@@ -247,11 +258,41 @@ class UrlKind(Kind):
             return []  # staged by the host, verified and installed by the builder (see install_source.py)
         return [f"{c.dist_name} @ {c.url} {_hash_suffix(c.sha256)}"]
 
-    def manifest_entry(self, c: Any, stack: Any) -> dict:
-        return {**super().manifest_entry(c, stack), "url": c.url, "sha256": list(c.sha256)}
-
     def install_args(self, c: Any) -> list[str]:
+        if c.install == "build":  # the staged archive is the tree: unpacked, built by its commands
+            return ["--mode", "build", "--url", c.url, "--sha256", c.sha256[0], *_build_args(c)]
         return ["--mode", "archive", "--sha256", c.sha256[0]] if self.is_archive(c) else []
+
+    def manifest_entry(self, c: Any, stack: Any) -> dict:
+        entry = {**super().manifest_entry(c, stack), "url": c.url, "sha256": list(c.sha256)}
+        if c.install == "build":
+            entry["install"] = "build"
+            if c.needs:
+                entry["needs"] = list(c.needs)
+        return entry
+
+
+def _validate_build(c: Any) -> None:
+    """`install: build` (git trees and source archives): one-line commands, a wheels glob."""
+    if not c.build:
+        raise ValueError("install: build needs `build:`, the commands that compile it (run in the tree)")
+    for cmd in c.build:  # one line each: a newline or other control would end the Dockerfile's RUN
+        if not cmd.strip() or grammar.controls(cmd):
+            raise ValueError(f"build: {cmd[:60]!r}: expected one command per line (no control characters)")
+        grammar.check_text(cmd, "build")
+    if c.wheels is not None:
+        grammar.check_glob(c.wheels, "wheels")
+
+
+def _build_args(c: Any) -> list[str]:
+    args: list[str] = []
+    for cmd in c.build:
+        args += ["--build", cmd]
+    if c.wheels:
+        args += ["--wheels", c.wheels]
+    for name in c.needs:
+        args += ["--needs", name]
+    return args
 
 
 class GitKind(Kind):
@@ -293,14 +334,7 @@ class GitKind(Kind):
                 if getattr(c, f) not in (None, []):
                     raise ValueError(f"`{f}` belongs to `install: build` (a component its own commands compile)")
             return
-        if not c.build:
-            raise ValueError("install: build needs `build:`, the commands that compile it (run in the tree)")
-        for cmd in c.build:  # one line each: a newline or other control would end the Dockerfile's RUN
-            if not cmd.strip() or grammar.controls(cmd):
-                raise ValueError(f"build: {cmd[:60]!r}: expected one command per line (no control characters)")
-            grammar.check_text(cmd, "build")
-        if c.wheels is not None:
-            grammar.check_glob(c.wheels, "wheels")
+        _validate_build(c)
         if c.version or c.subdir:
             raise ValueError("`version` and `subdir` are for install: pip; install: build installs the wheels "
                              "its commands leave (`wheels:`)")
@@ -330,12 +364,7 @@ class GitKind(Kind):
             args += ["--version", c.version]
         if not c.build_isolation:
             args.append("--no-build-isolation")
-        for cmd in c.build:
-            args += ["--build", cmd]
-        if c.wheels:
-            args += ["--wheels", c.wheels]
-        for name in c.needs:
-            args += ["--needs", name]
+        args += _build_args(c)
         if c.patches:
             args += ["--patches", f"/tmp/trainbox/patches/{c.patches}"]
         return args

@@ -18,7 +18,9 @@ HEAD is checked against the pin.
                     and the toolkits it --needs, build and install it --no-deps (--no-build-isolation: against the
                     venv's own torch, as CUDA extensions build)
     --mode build    apply the series, check the toolkits it --needs are in the builder, run each --build command
-                    (bash, in the tree, the venv first on PATH), install the wheels matching --wheels --no-deps
+                    (bash, in the tree, the venv first on PATH), install the wheels matching --wheels --no-deps;
+                    with --url and --sha256 instead of --git, the tree is the staged source archive (an sdist),
+                    checked and unpacked (its one top-level directory)
 """
 
 from __future__ import annotations
@@ -110,8 +112,36 @@ def _member_problem(m: tarfile.TarInfo, links: set[str], seen: set[str]) -> str:
     return "it is given twice" if name in seen else ""
 
 
+def _what(args: argparse.Namespace) -> str:
+    return f"{args.git}@{args.commit}" if args.git else f"{args.url} (sha256 {', '.join(h[:12] for h in args.sha256)})"
+
+
+def _unpack(archive: Path, dest: Path) -> None:
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as zf:
+            for name in zf.namelist():
+                parts = name.replace("\\", "/").split("/")
+                if name.startswith("/") or ".." in parts:
+                    raise SourceFailed(f"{archive.name}: member {name!r} lands outside the tree; refusing it")
+            zf.extractall(dest)
+    else:
+        with tarfile.open(archive) as tar:
+            tar.extractall(dest, members=_plain_members(tar, archive.name),
+                           **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+
+
+def _archive_tree(args: argparse.Namespace, work: Path) -> Path:
+    """A source archive (an sdist) as the tree: its one top-level directory, unpacked from the checked file."""
+    archive, _ = _staged_file(args, "source archive")
+    _unpack(archive, work)
+    tops = list(work.iterdir())
+    return tops[0] if len(tops) == 1 and tops[0].is_dir() else work
+
+
 def _tree(args: argparse.Namespace, work: Path) -> Path:
     """A writable copy of the pinned tree at `work`."""
+    if not args.git:
+        return _archive_tree(args, work)
     staged = args.sources_dir / args.component
     marker = staged / MARKER
     if marker.is_file():
@@ -221,9 +251,8 @@ def _install_built(args: argparse.Namespace, tree: Path) -> None:
     if not wheels:
         raise SourceFailed(f"the build commands left no wheel matching {args.wheels!r} in the tree")
     _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
-          *wheels], f"installing the wheels built from {args.git}@{args.commit}")
-    print(f"{args.component}: installed {', '.join(Path(w).name for w in wheels)} built from "
-          f"{args.git}@{args.commit}")
+          *wheels], f"installing the wheels built from {_what(args)}")
+    print(f"{args.component}: installed {', '.join(Path(w).name for w in wheels)} built from {_what(args)}")
 
 
 def _install_tree(args: argparse.Namespace, tree: Path, applied: list[dict]) -> None:
@@ -279,21 +308,14 @@ def _install_sdist(args: argparse.Namespace, tmp: Path) -> None:
 
 def _install_archive(args: argparse.Namespace, tmp: Path) -> None:
     archive, got = _staged_file(args, "archive")
-    files = [archive]
     unpacked = tmp / "archive"
-    if files[0].name.endswith(".zip"):
-        with zipfile.ZipFile(files[0]) as zf:
-            zf.extractall(unpacked)
-    else:
-        with tarfile.open(files[0]) as tar:
-            tar.extractall(unpacked, members=_plain_members(tar, files[0].name),
-                           **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    _unpack(archive, unpacked)
     wheels = sorted(str(p) for p in unpacked.rglob("*.whl"))
     if not wheels:
-        raise SourceFailed(f"{files[0].name} holds no wheels")
+        raise SourceFailed(f"{archive.name} holds no wheels")
     _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
-          *wheels], f"installing the wheels of {files[0].name}")
-    print(f"{args.component}: installed {len(wheels)} wheel(s) from {files[0].name} (sha256 {got[:12]})")
+          *wheels], f"installing the wheels of {archive.name}")
+    print(f"{args.component}: installed {len(wheels)} wheel(s) from {archive.name} (sha256 {got[:12]})")
 
 
 def _plain_members(tar: tarfile.TarFile, archive: str) -> list[tarfile.TarInfo]:
@@ -314,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--component", required=True)
     ap.add_argument("--mode", choices=("pip", "tree", "archive", "build", "sdist"), required=True)
     ap.add_argument("--git")
+    ap.add_argument("--url", help="--mode build: the source archive's URL (its staged copy is checked by --sha256)")
     ap.add_argument("--commit")
     ap.add_argument("--sha256", action="append", default=[], help="archive, sdist: a pinned sha256 of the file")
     ap.add_argument("--subdir")
