@@ -407,5 +407,5 @@ def arm64_artifacts(stack: Stack) -> Iterator[Finding]:
         elif pin.index != "pypi":
             owner = next((o for part, o in _INDEX_OWNERS.items() if part in url), f"index {pin.index} only")
             yield Finding("arm64-artifacts", "info", f"components.{key}: {c.dist_name}=={pin.version} for "
-                          f"linux/arm64 is on {owner} ({url}), not on PyPI; sha256 {pin.sha256[0][:12]}... as the "
-                          f"stack file or lock records")
+                          f"linux/arm64 is on {owner} ({url}), not on PyPI; its sha256 among "
+                          f"{', '.join(h[:12] + '...' for h in pin.sha256)} as the stack file or lock records")
