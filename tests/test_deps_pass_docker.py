@@ -44,7 +44,14 @@ def test_unlocked_stack_resolves_its_dependencies_within_the_pins(tmp_path):
     from trainbox.render import render_stack
     from trainbox.stack import load_stack
 
-    stack = _unlocked_stack(tmp_path)
+    from trainbox.index import project_files
+
+    # one pin the parent's lock does not hold (six): a stack that adds a pin cannot use cpu.lock for its
+    # dependencies (as a derived stack that changes nothing would), so they are resolved in the build
+    wheel = next(f for f in project_files("pypi", "https://pypi.org/simple", "six")
+                 if f["filename"] == "six-1.17.0-py2.py3-none-any.whl")
+    stack = _unlocked_stack(tmp_path, {"six": {"source": "pypi", "version": "1.17.0",
+                                               "sha256": [wheel["hashes"]["sha256"]]}})
     rendered = render_stack(load_stack(str(stack)))
     assert not rendered.manifest["deps_locked"] and "-c /tmp/trainbox-pins.txt" in rendered.dockerfile
     out = _build(tmp_path, stack)
