@@ -88,3 +88,16 @@ def every_built_image_carries_its_sbom():
     mp.setattr(buildrun, "run", run_and_check)
     yield
     mp.undo()
+
+
+@pytest.fixture(scope="module")
+def registry():
+    """A real registry on 127.0.0.1 (Debian's docker-registry) for the push tests, one per test module."""
+    from docker_helpers import _unavailable
+    from registry_helpers import local_registry
+
+    try:
+        with local_registry() as where:
+            yield where
+    except FileNotFoundError as exc:
+        _unavailable(str(exc))

@@ -12,18 +12,9 @@ import pytest
 import yaml
 
 import docker_helpers as dh
-from registry_helpers import docker_cli, local_registry, names_restored, remove_all_names
+from registry_helpers import docker_cli, names_restored, remove_all_names
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def registry():
-    try:
-        with local_registry() as where:
-            yield where
-    except FileNotFoundError as exc:
-        dh._unavailable(str(exc))
 
 
 def _rendered_refs(target: str, image: str) -> list[str]:

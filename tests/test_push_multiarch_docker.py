@@ -14,21 +14,11 @@ import uuid
 import pytest
 
 import docker_helpers as dh
-from registry_helpers import local_registry
 
 pytestmark = [pytest.mark.docker]
 
 LIST_TYPES = ("application/vnd.docker.distribution.manifest.list.v2+json, "
               "application/vnd.oci.image.index.v1+json")
-
-
-@pytest.fixture
-def registry():
-    try:
-        with local_registry() as where:
-            yield where
-    except FileNotFoundError as exc:
-        dh._unavailable(str(exc))
 
 
 @pytest.fixture

@@ -121,19 +121,6 @@ def test_cpu_ddp_runs_on_two_slurm_nodes(slurm_env, cpu_image, tmp_path):
     assert containers(job_id) == []
 
 
-@pytest.fixture()
-def registry():
-    from registry_helpers import local_registry
-
-    try:
-        with local_registry() as where:
-            yield where
-    except FileNotFoundError as exc:
-        import docker_helpers as dh
-
-        dh._unavailable(str(exc))
-
-
 @pytest.mark.docker
 @pytest.mark.slurm
 @pytest.mark.slow
