@@ -56,7 +56,7 @@ lint: render-check
 	$(TRAINBOX) launch check --target slurm --target slurm-pyxis --target ascendjob --target volcano --target pytorchjob --target rayjob
 
 test: engine ensure-installed
-	$(PYTEST) -q -ra
+	$(PYTEST) -q -ra --durations=25
 
 # The Slurm tests start the two-node test cluster themselves (and stop it afterwards); these keep one up.
 slurm-up:

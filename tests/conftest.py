@@ -7,7 +7,9 @@ missing engine is a failure: CI must prove the real builds every time.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,52 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "docker" in item.keywords:
             item.add_marker(skip)
+
+
+# One disk holds the engine's build cache, the images the tests build and pytest's temporary directories (bundles,
+# wheelhouses). A full `make test` builds dozens of images: left alone, the build cache alone grows by tens of GB
+# and a full disk fails every later build (it failed CI's last 2% once). Before each docker test, when either place
+# has less than LOW_DISK_GIB free, the build cache is cut back and untagged images are removed.
+LOW_DISK_GIB = float(os.environ.get("TRAINBOX_TEST_LOW_DISK_GIB", "25"))
+_docker_root: list[str] = []
+_engine: list = []
+
+
+def _free_gib(path: str) -> float:
+    try:
+        return shutil.disk_usage(path).free / 2**30
+    except OSError:
+        return float("inf")
+
+
+def _free_disk_when_low(client) -> str:
+    if not _docker_root:
+        out = client.run("info", "--format", "{{.DockerRootDir}}", check=False).stdout.decode().strip()
+        _docker_root.append(out if out.startswith("/") else "/var/lib/docker")
+    before = min(_free_gib(_docker_root[0]), _free_gib(tempfile.gettempdir()))
+    if before >= LOW_DISK_GIB:
+        return ""
+    client.run("builder", "prune", "-f", "--keep-storage", "5GB", timeout=600, check=False)
+    client.run("image", "prune", "-f", timeout=600, check=False)
+    after = min(_free_gib(_docker_root[0]), _free_gib(tempfile.gettempdir()))
+    return f"low disk before a docker test: {before:.1f} GiB free; build cache cut to 5 GB: {after:.1f} GiB free"
+
+
+def pytest_runtest_setup(item):
+    if "docker" not in item.keywords:
+        return
+    if not _engine:
+        from docker_helpers import _client_or_reason
+
+        _engine.append(_client_or_reason()[0])
+    if _engine[0] is None:
+        return
+    said = _free_disk_when_low(_engine[0])
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    capture = item.config.pluginmanager.get_plugin("capturemanager")
+    if said and reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():  # shown in the run's output, not only a failure's
+            reporter.write_line(said)
 
 
 @pytest.fixture(scope="session")
