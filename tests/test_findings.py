@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainbox import image, lock as lockmod
+from trainbox import buildplan, image, lock as lockmod
 from trainbox.cli import main
 from trainbox.paths import REPO_ROOT, STACKS_DIR
 from trainbox.stack import load_stack
@@ -24,6 +24,13 @@ from upstream_helpers import MEGATRON, git_env, make_mirrors
 OWN_TORCH_NPU = ("npu-910b-megatron", "twinkle", "twinkle-a3", "swift")
 WRONG = "2.8.0.post2"  # torch_npu built for torch 2.8.0 (Ascend's table); npu-910b pins torch 2.9.0
 FINDING = re.compile(r"^\s*(\S+): \[torch-npu-cann\] error: (.*)$", re.M)
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """A dry run stages its context under the cache: each test its own, never the user's (~/.cache/trainbox),
+    which a build running beside the tests would share."""
+    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
 
 
 @pytest.fixture

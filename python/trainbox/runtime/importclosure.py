@@ -38,6 +38,7 @@ DISTRIBUTIONS = {
     "ray.serve": "ray[serve]", "modelscope": "modelscope", "addict": "addict", "sglang": "sglang",
     "transformer_engine": "transformer-engine", "flash_attn": "flash-attn", "fla": "flash-linear-attention",
     "mindspeed": "mindspeed (git: Ascend/MindSpeed)", "swift": "ms-swift", "torch_npu": "torch-npu",
+    "torchvision": "torchvision",
 }
 _CATCHES_IMPORT_ERROR = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
