@@ -352,7 +352,7 @@ def test_unpack_is_all_or_nothing(env, tmp_path):
         tar.addfile(info, io.BytesIO(b"x"))
     pin = url_pin(evil, hashlib.sha256(evil.read_bytes()).hexdigest())
     dest = tmp_path / "tree"
-    with pytest.raises(SourceError, match="outside the tree"):
+    with pytest.raises(SourceError, match="leaves the tree; nothing was unpacked"):
         unpack(fetch(pin, cache_dir=env["cache"]), dest)
     assert not dest.exists() and not (tmp_path / ".tree.partial").exists()
 

@@ -30,6 +30,7 @@ from typing import Any, Iterable
 
 from .dists import is_dist_of, sha256_file, wheel_tags
 from .runtime.errors import TrainboxError
+from .runtime.unpack import MemberRefused, extract_tar, extract_zip
 from .gitobjects import ObjectError, tree_of, verify_tree
 from .index import project_files, ssl_context
 from .paths import CACHE_DIR
@@ -352,13 +353,6 @@ def fetch_url(pin: Any, offline: bool, cache_dir: Path | None) -> Fetched:
 # unpack
 
 
-def _safe_members(names: Iterable[str], archive: str) -> None:
-    for n in names:
-        parts = Path(n).parts
-        if n.startswith("/") or ".." in parts:
-            raise SourceError(f"{archive}: member {n!r} would land outside the tree; refusing to unpack it")
-
-
 def _strip_single_top(dest: Path) -> None:
     entries = list(dest.iterdir())
     if len(entries) == 1 and entries[0].is_dir():
@@ -389,32 +383,20 @@ def unpack(fetched: Fetched, dest: Path) -> Path:
             verified_tree_id(fetched, part)
         elif fetched.filename.endswith((".whl", ".zip")):
             with zipfile.ZipFile(fetched.path) as zf:
-                _safe_members(zf.namelist(), fetched.filename)
-                zf.extractall(part)
+                extract_zip(zf, part, fetched.filename)
             if not fetched.filename.endswith(".whl"):
                 _strip_single_top(part)
         elif fetched.filename.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar")):
             with tarfile.open(fetched.path) as tar:
-                _extract_tar(tar, part, fetched.filename)
+                extract_tar(tar, part, fetched.filename)
             _strip_single_top(part)
         else:
             raise SourceError(f"{fetched.filename}: unknown archive type; patches need a wheel, sdist, tar or zip")
         os.rename(part, dest)
+    except MemberRefused as exc:
+        shutil.rmtree(part, ignore_errors=True)
+        raise SourceError(str(exc)) from None
     except BaseException:
         shutil.rmtree(part, ignore_errors=True)
         raise
     return dest
-
-
-
-
-def _extract_tar(tar: tarfile.TarFile, dest: Path, archive: str) -> None:
-    members = tar.getmembers()
-    _safe_members((m.name for m in members), archive)
-    if hasattr(tarfile, "data_filter"):
-        tar.extractall(dest, filter="data")
-    else:  # Python without extraction filters: links and devices are refused by hand
-        for m in members:
-            if not (m.isfile() or m.isdir()):
-                raise SourceError(f"{archive}: member {m.name!r} is not a plain file or directory")
-        tar.extractall(dest)

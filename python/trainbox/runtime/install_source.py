@@ -38,7 +38,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from . import apply_patches
+from . import apply_patches, unpack
 
 PROG = "trainbox-install-source"
 MARKER = ".trainbox-source.json"
@@ -80,36 +80,11 @@ def _git_fetch(url: str, commit: str, dest: Path) -> None:
 
 
 def extract_tree(tar: tarfile.TarFile, dest: Path, what: str) -> None:
-    """Unpack a source tree with our own member checks, whatever the builder's Python (Debian's 3.11.2 has no
-    extraction filter): files, directories and symlinks only, each inside `dest`, none below a symlink (a link
-    is kept as a link, never followed out of the tree: absolute links, which real trees ship, stay as they are),
-    no name twice. Nothing is written when a member is refused."""
-    members, links, seen = tar.getmembers(), set(), set()
-    for m in members:
-        bad = _member_problem(m, links, seen)
-        if bad:
-            raise SourceFailed(f"{what}: archive member {m.name!r} refused: {bad}; nothing was unpacked")
-        name = m.name.removeprefix("./").rstrip("/")
-        seen.add(name)
-        if m.issym():
-            links.add(name)
-        m.mode &= 0o755  # no setuid/setgid/sticky bits, nothing group- or world-writable
-    tar.extractall(dest, members=members, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
-
-
-def _member_problem(m: tarfile.TarInfo, links: set[str], seen: set[str]) -> str:
-    name = m.name.removeprefix("./").rstrip("/")
-    parts = name.split("/")
-    if name in ("", ".") and m.isdir():
-        return ""  # the tree's own root
-    if m.name.startswith("/") or ".." in parts or "" in parts:
-        return "its name leaves the tree"
-    if not (m.isfile() or m.isdir() or m.issym()):
-        return "it is a hard link, device or fifo"
-    below = next(("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in links), None)
-    if below:
-        return f"it lies below the symlink {below!r} (writing it would follow the link)"
-    return "it is given twice" if name in seen else ""
+    """Unpack a git tree (runtime.unpack's checks; links kept as links, never followed)."""
+    try:
+        unpack.extract_tar(tar, dest, what, keep_links=True)
+    except unpack.MemberRefused as exc:
+        raise SourceFailed(str(exc)) from None
 
 
 def _what(args: argparse.Namespace) -> str:
@@ -117,17 +92,16 @@ def _what(args: argparse.Namespace) -> str:
 
 
 def _unpack(archive: Path, dest: Path) -> None:
-    if archive.name.endswith(".zip"):
-        with zipfile.ZipFile(archive) as zf:
-            for name in zf.namelist():
-                parts = name.replace("\\", "/").split("/")
-                if name.startswith("/") or ".." in parts:
-                    raise SourceFailed(f"{archive.name}: member {name!r} lands outside the tree; refusing it")
-            zf.extractall(dest)
-    else:
-        with tarfile.open(archive) as tar:
-            tar.extractall(dest, members=_plain_members(tar, archive.name),
-                           **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    """An archive of wheels or an sdist: files and directories only (runtime.unpack)."""
+    try:
+        if archive.name.endswith(".zip"):
+            with zipfile.ZipFile(archive) as zf:
+                unpack.extract_zip(zf, dest, archive.name)
+        else:
+            with tarfile.open(archive) as tar:
+                unpack.extract_tar(tar, dest, archive.name)
+    except unpack.MemberRefused as exc:
+        raise SourceFailed(str(exc)) from None
 
 
 def _archive_tree(args: argparse.Namespace, work: Path) -> Path:
@@ -316,19 +290,6 @@ def _install_archive(args: argparse.Namespace, tmp: Path) -> None:
     _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
           *wheels], f"installing the wheels of {archive.name}")
     print(f"{args.component}: installed {len(wheels)} wheel(s) from {archive.name} (sha256 {got[:12]})")
-
-
-def _plain_members(tar: tarfile.TarFile, archive: str) -> list[tarfile.TarInfo]:
-    """Our own member check, whatever the builder's Python (Debian's 3.11.2 has no extraction filter): an
-    archive of wheels needs only files and directories, each inside the target."""
-    members = tar.getmembers()
-    for m in members:
-        parts = m.name.replace("\\", "/").split("/")
-        if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
-            raise SourceFailed(f"{archive}: member {m.name!r} is a link, a device or lands outside the tree; "
-                               "refusing to unpack it")
-        m.mode &= 0o755  # no setuid/setgid/sticky bits, nothing group- or world-writable
-    return members
 
 
 def main(argv: list[str] | None = None) -> int:
