@@ -120,3 +120,62 @@ def test_a_setuptools_99_wheel_in_the_wheelhouse_never_runs(offline_pip, tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not marker.exists(), "the setuptools-99 wheel ran its code"
     assert "installed demo-1.0" in proc.stdout
+
+
+def test_an_sdist_built_by_its_own_commands_gets_the_locked_build_requirements(tmp_path):
+    """specforge's sglang (a PyPI sdist its `build:` commands turn into a wheel): its [build-system] requirements
+    are locked as `build_deps` and passed to that step; fetch --bundle carries them like the git trees' ones."""
+    stack = load_stack("specforge")
+    assert {"setuptools-scm>=8.0", "setuptools>=61.0", "wheel"} <= set(stack.build_requirements())
+    deps = stack.locked_build_deps("linux/amd64")
+    assert {"setuptools", "setuptools-scm", "wheel"} <= set(deps), deps
+    text = render_stack(stack).dockerfile
+    line = next(ln for ln in text.splitlines() if "--component sglang" in ln)
+    rest = text[text.index(line):].split("\n\n")[0]
+    for name, d in deps.items():
+        assert f"--build-req '{name}=={d['version']} --hash=sha256:{d['sha256'][0]}'" in rest, rest
+    assert "--no-build-isolation" in rest  # its command builds in that environment, not an isolated one
+
+
+def test_build_requires_on_a_url_component_that_builds_nothing_is_refused(tmp_path):
+    def edit(d):
+        d["components"]["demo-wheel"] = {"source": "url", "url": "https://example.invalid/demo-1.0-py3-none-any.whl",
+                                         "sha256": ["a" * 64], "build_requires": ["setuptools"]}
+    with pytest.raises(StackError, match="demo-wheel.*build_requires"):
+        load_stack(stack_file(tmp_path, edit))
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_an_sdist_build_command_never_runs_a_setuptools_99_wheel(offline_pip, tmp_path):
+    """--mode build with --build-req: the commands find exactly the pinned build requirements (on PYTHONPATH) and
+    build with --no-build-isolation; the hostile setuptools-99 beside them in the wheelhouse never runs."""
+    import hashlib
+    import tarfile
+
+    venv, wheelhouse, lines = offline_pip
+    marker = tmp_path / "setuptools-99-ran"
+    hostile_setuptools_wheel(wheelhouse, str(marker))
+    src = tmp_path / "demo-1.0"
+    src.mkdir()
+    (src / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools>=40.8.0", "wheel"]\n'
+                                        'build-backend = "setuptools.build_meta"\n')
+    (src / "setup.py").write_text("from setuptools import setup\nsetup(name='demo', version='1.0', "
+                                  "py_modules=['demo'])\n")
+    (src / "demo.py").write_text("X = 1\n")
+    staged = tmp_path / "sources" / "demo"
+    staged.mkdir(parents=True)
+    archive = staged / "demo-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(src, arcname="demo-1.0")
+    argv = [str(venv / "bin" / "python"), "-m", "trainbox.runtime.install_source", "--component", "demo",
+            "--mode", "build", "--url", "https://example.invalid/demo-1.0.tar.gz",
+            "--sha256", hashlib.sha256(archive.read_bytes()).hexdigest(),
+            "--build", "python3 -m pip wheel --no-deps --no-build-isolation --check-build-dependencies -w dist .",
+            "--sources-dir", str(tmp_path / "sources"), *(a for ln in lines for a in ("--build-req", ln))]
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python"), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheelhouse),
+               PIP_CONSTRAINT="", PIP_CONFIG_FILE=os.devnull)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert not marker.exists(), "the setuptools-99 wheel ran its code"
+    assert "installed demo-1.0" in proc.stdout

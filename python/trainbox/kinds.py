@@ -209,7 +209,7 @@ class PypiKind(Kind):
 
 class UrlKind(Kind):
     name = "url"
-    foreign = ("git", "commit", "subdir", "build_requires")  # build_requires: git trees built as wheels
+    foreign = ("git", "commit", "subdir")
 
     def validate(self, c: Any) -> None:
         super().validate(c)
@@ -225,7 +225,12 @@ class UrlKind(Kind):
             if not self.is_archive(c):
                 raise ValueError("install: build needs a source archive (.tar.gz/.tgz/.zip), not a wheel")
             _validate_build(c)
+            for r in c.build_requires or []:
+                grammar.check_requirement(r, "build_requires")
             return
+        if c.build_requires is not None:
+            raise ValueError("`build_requires` are the PEP 518 requirements an `install: build` archive's commands "
+                             "build with (a wheel or an archive of wheels builds nothing)")
         for f in ("build", "wheels", "needs"):
             if getattr(c, f) not in (None, []):
                 raise ValueError(f"`{f}` belongs to `install: build` (a source archive its own commands compile)")
@@ -257,6 +262,11 @@ class UrlKind(Kind):
         if self.is_archive(c):
             return []  # staged by the host, verified and installed by the builder (see install_source.py)
         return [f"{c.dist_name} @ {c.url} {_hash_suffix(c.sha256)}"]
+
+    def needs_build_env(self, c: Any) -> bool:
+        # an sdist its own commands build (sglang's `pip wheel`): given `build_requires`, the lock pins them and
+        # the commands get exactly those (on PYTHONPATH; the commands build with --no-build-isolation)
+        return c.install == "build" and c.build_requires is not None
 
     def install_args(self, c: Any) -> list[str]:
         if c.install == "build":  # the staged archive is the tree: unpacked, built by its commands

@@ -320,7 +320,7 @@ class Stack(_Strict):
         reqs = self.build_requirements()
         plats = [p for p in self.platforms if not ((lock.get("platforms") or {}).get(p) or {}).get("build_deps")]
         if reqs and lock.get("build_requires") != reqs:
-            return [f"build_requires: locked for {lock.get('build_requires') or '(none)'}, the stack's git wheels "
+            return [f"build_requires: locked for {lock.get('build_requires') or '(none)'}, the stack's built wheels "
                     f"build with {reqs}"]
         return [f"build_deps: not locked for {', '.join(plats)}"] if reqs and plats else []
 

@@ -18,7 +18,8 @@ HEAD is checked against the pin.
                     and the toolkits it --needs, build and install it --no-deps (--no-build-isolation: against the
                     venv's own torch, as CUDA extensions build)
     --mode build    apply the series, check the toolkits it --needs are in the builder, run each --build command
-                    (bash, in the tree, the venv first on PATH), install the wheels matching --wheels --no-deps;
+                    (bash, in the tree, the venv first on PATH, with --build-req the hash-pinned build requirements
+                    on PYTHONPATH), install the wheels matching --wheels --no-deps;
                     with --url and --sha256 instead of --git, the tree is the staged source archive (an sdist),
                     checked and unpacked (its one top-level directory)
 """
@@ -160,13 +161,18 @@ def _build_env(args: argparse.Namespace, tmp: Path) -> tuple[list[str], dict | N
         return ["--no-build-isolation"], None
     if not args.build_req:
         return [], None
+    return ["--no-build-isolation", "--use-pep517", "--check-build-dependencies"], _pinned_build_env(args, tmp)
+
+
+def _pinned_build_env(args: argparse.Namespace, tmp: Path, base: dict | None = None) -> dict:
+    """The environment with the lock's hash-pinned build requirements (--build-req) installed --require-hashes
+    into their own directory, first on PYTHONPATH (before the venv's own site-packages)."""
     reqs, env_dir = tmp / "build-requirements.txt", tmp / "build-env"
     reqs.write_text("".join(line + "\n" for line in args.build_req))
     _run([sys.executable, "-m", "pip", "install", "--no-deps", "--require-hashes", "--no-compile",
           "--disable-pip-version-check", "--target", str(env_dir), "-r", str(reqs)],
          "installing the hash-pinned build requirements")
-    env = dict(os.environ, PYTHONPATH=str(env_dir))  # before the venv's own site-packages
-    return ["--no-build-isolation", "--use-pep517", "--check-build-dependencies"], env
+    return dict(base or os.environ, PYTHONPATH=str(env_dir))
 
 
 def _install_wheel(args: argparse.Namespace, tree: Path, tmp: Path) -> None:
@@ -211,13 +217,17 @@ def _missing_toolkits(needs: list[str]) -> list[str]:
     return missing
 
 
-def _install_built(args: argparse.Namespace, tree: Path) -> None:
-    """A component that compiles (kernels against CANN or CUDA): its own build commands, then its wheels."""
+def _install_built(args: argparse.Namespace, tree: Path, tmp: Path) -> None:
+    """A component its own commands build (kernels against CANN or CUDA, an sdist with its own pyproject): the
+    commands, then its wheels. With --build-req the commands find exactly the lock's hash-pinned build
+    requirements on PYTHONPATH (they build with pip's --no-build-isolation, so nothing unpinned is fetched)."""
     missing = _missing_toolkits(args.needs)
     if missing:
         raise SourceFailed(f"needs {', '.join(missing)} in the builder; build it FROM a base that has the toolkit "
                            "(a substitute base leaves it out, and the manifest says so)")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if args.build_req:
+        env = _pinned_build_env(args, tmp, env)
     for cmd in args.build:
         print(f"{args.component}: $ {cmd}", flush=True)
         _run(["bash", "-euo", "pipefail", "-c", cmd], f"`{cmd}`", cwd=tree, env=env)
@@ -306,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--patches", type=Path, help="series directory to apply before building")
     ap.add_argument("--no-build-isolation", dest="build_isolation", action="store_false")
     ap.add_argument("--build-req", action="append", default=[], metavar="LINE",
-                    help="--mode pip: a hash-pinned build requirement (`name==version --hash=sha256:...`)")
+                    help="--mode pip, build: a hash-pinned build requirement (`name==version --hash=sha256:...`)")
     ap.add_argument("--build", action="append", default=[], metavar="CMD", help="--mode build: a build command")
     ap.add_argument("--wheels", default="dist/*.whl", help="--mode build: the wheels it leaves (glob in the tree)")
     ap.add_argument("--needs", action="append", default=[], choices=sorted(TOOLKITS),
@@ -327,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "pip":
             _install_wheel(args, tree, tmp)
         elif args.mode == "build":
-            _install_built(args, tree)
+            _install_built(args, tree, tmp)
         else:
             _install_tree(args, tree, applied)
     except (SourceFailed, apply_patches.PatchError, OSError) as exc:
