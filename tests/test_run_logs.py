@@ -40,3 +40,26 @@ def test_logs_prints_the_newest_run_of_a_recipe(tmp_path):
     assert [p.rsplit("/", 1)[1] for p in listed] == [name for name, _ in runs]  # oldest first
     none = subprocess.run(cli + ["swift-megatron-qwen35-8npu"], env=env, capture_output=True, text=True, timeout=60)
     assert none.returncode == 2 and "no kept log of swift-megatron-qwen35-8npu" in none.stderr
+
+
+def test_only_the_newest_logs_of_a_recipe_are_kept(tmp_path, monkeypatch):
+    """Each run adds a log per node: when a run ends, all but the newest KEEP_LOGS of its recipe go; another
+    recipe's logs (a name that shares the prefix included) are not touched."""
+    import os
+    import time
+
+    from trainbox.launch import docker as launch_docker
+
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    now = time.time()
+    names = [f"cpu-ddp-20260101T0000{i:02d}Z-node0.log" for i in range(25)]
+    names += [f"cpu-ddp-long-20260101T0000{i:02d}Z-node0.log" for i in range(3)]
+    for i, name in enumerate(names):
+        (logs / name).write_text(name)
+        os.utime(logs / name, (now - 100 + i, now - 100 + i))
+    removed = launch_docker.prune_logs("cpu-ddp", keep=20)
+    assert [p.name for p in removed] == names[:5]
+    assert sorted(p.name for p in logs.iterdir()) == sorted(names[5:])
+    assert launch_docker.prune_logs("cpu-ddp", keep=20) == []

@@ -73,6 +73,18 @@ def kept_logs(recipe: str | None = None) -> list[Path]:
     return sorted(logs, key=lambda p: (p.stat().st_mtime, p.name))
 
 
+#: run logs kept per recipe: each run adds one per node, so older ones go when a run ends
+KEEP_LOGS = 20
+
+
+def prune_logs(recipe: str, keep: int = KEEP_LOGS) -> list[Path]:
+    """Remove all but the newest `keep` kept logs of `recipe`; the removed paths."""
+    old = kept_logs(recipe)[:-keep] if keep > 0 else kept_logs(recipe)
+    for p in old:
+        p.unlink(missing_ok=True)
+    return old
+
+
 def write_job_script(name: str, script: str) -> Path:
     digest = hashlib.sha256(script.encode()).hexdigest()[:12]
     d = jobs_dir()
@@ -230,7 +242,8 @@ def execute(plan: RunPlan, node_rank: int = 0) -> int:
     log = logs_dir() / f"{plan.recipe.name}-{stamp}-node{node_rank}.log"
     print(f"trainbox run {plan.recipe.name}: {plan.image}, script {plan.script_path}", file=sys.stderr)
     rc = client.attached(*plan.argv_per_node[node_rank][1:], log=log)
-    # the container is gone (--rm); its output is not
+    # the container is gone (--rm); its output is not (the newest KEEP_LOGS per recipe are kept)
+    prune_logs(plan.recipe.name)
     print(f"trainbox run {plan.recipe.name}: exit {rc}; log kept at {log} (trainbox logs {plan.recipe.name})",
           file=sys.stderr)
     return rc
