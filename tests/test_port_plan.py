@@ -104,3 +104,21 @@ def test_run_and_slurm_ports_never_meet():
     run = set().union(*(_ports(j) for j in _docker_jobs()))
     slurm = set().union(*(_ports(j) for j in _slurm_jobs()))
     assert not run & slurm, sorted(run & slurm)[:5]
+
+
+def test_ray_workers_take_ports_clear_of_every_planned_port_and_hccl_block():
+    """Ray's default worker range (10002-19999) covered the Slurm dashboards and MASTER_PORTs, `trainbox run`'s
+    MASTER_PORTs and HCCL's default NPU ports: a worker could hold a port a job's rendezvous or HCCL then needed.
+    The rendered Ray scripts name trainbox.ports' range, which meets none of them."""
+    from trainbox.ports import RAY_WORKER_PORTS
+
+    lo, hi = RAY_WORKER_PORTS
+    workers = set(range(lo, hi + 1))
+    run, slurm = _docker_jobs(), _slurm_jobs()
+    planned = set().union(*(_ports(j) for j in run + slurm))
+    assert not workers & planned, sorted(workers & planned)[:5]
+    assert not workers & (_blocks_of(run) | _blocks_of(slurm))
+    assert not workers & set(range(16666, 16666 + 16)) and 1024 <= lo and hi < 32768 and hi - lo >= 1000
+    for target in ("docker", "slurm"):
+        text = render_target(resolve_for(target, "ray-cpu", **({"nodes": 2} if target == "slurm" else {})), target)
+        assert f"--min-worker-port {lo} --max-worker-port {hi}" in text, target

@@ -8,6 +8,10 @@ job id (id % SLURM_SLOTS). Resulting ranges (a Ray head listens on RAY_PORT .. R
 All lie below HCCL's default NPU ports (16666..) and every per-job HCCL block (20480-32767: the socket ranges and,
 on A2, the HCCL_IF_BASE_PORT blocks that trainbox.runtime derives from MASTER_PORT), and apart from each other.
 torchrun's customary 29500 and Ray's 6379/8265 are not used: 29500 lies in the A2 HCCL_IF_BASE_PORT region.
+Ray's workers (one gRPC port each) take ports from RAY_WORKER_PORTS, 17000-20479: clear of all of the above, of
+HCCL's default NPU ports and of every HCCL block. Ray's own default (10002-19999) covered the Slurm dashboards and
+MASTER_PORTs, `trainbox run`'s MASTER_PORTs and HCCL's 16666... Every Ray job on a host shares the range: Ray
+test-binds each port before it hands it to a worker, so two jobs only ever share its width.
 """
 
 from __future__ import annotations
@@ -18,3 +22,4 @@ RUN_BASES = {"MASTER_PORT": 16400, "RAY_PORT": 9500, "RAY_DASHBOARD_PORT": 9800}
 RUN_SLOTS = 16  # first cards 0..15
 SLURM_BASES = {"MASTER_PORT": 13400, "RAY_PORT": 6400, "RAY_DASHBOARD_PORT": 10300}
 SLURM_SLOTS = 300
+RAY_WORKER_PORTS = (17000, 20479)

@@ -17,6 +17,7 @@ import jinja2
 
 from .. import __version__
 from ..paths import LAUNCHERS_DIR, REPO_ROOT
+from ..ports import RAY_WORKER_PORTS
 from ..recipe import (
     VISIBLE_DEVICES_VARS,
     Input,
@@ -225,6 +226,7 @@ def render_script(recipe: Recipe, stack: StackInfo, sets: dict[str, str] | None 
         workdir=shell_word(recipe.workdir) if recipe.workdir else "",
         entry_check=" ".join(shell_word(w) for w in entry) if entry else "", stack_name=stack.name,
         command=command, ray_resources=_ray_resources(stack.device, recipe.devices_per_node),
+        ray_worker_ports=RAY_WORKER_PORTS,
         runtime_env_vars=runtime_env_vars)
 
 
