@@ -572,3 +572,64 @@ def test_ci_definitions_use_real_stacks_options_and_recipes():
     if shellcheck:
         proc = subprocess.run([shellcheck, str(REPO / "ci" / "npu-runner.sh")], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout
+
+
+class _Timed(smoke.Smoke):
+    """run_stack replaced by a timed sleep (and a chosen failure): only the scheduling of run_all is under test."""
+
+    def __init__(self, opts, fail=()):
+        super().__init__(opts, say=lambda m: None)
+        import threading
+
+        self.fail, self.spans, self.lock = set(fail), {}, threading.Lock()
+        self.running, self.most, self.started = 0, 0, []
+
+    def run_stack(self, stack, not_run=None):
+        import time
+
+        sr = smoke.StackResult(stack)
+        if not_run:
+            sr.steps = [smoke.StepResult(s, smoke.SKIPPED, not_run) for s in smoke.STEPS]
+            return sr
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.started.append(stack)
+        t0 = time.monotonic()
+        time.sleep(0.3)
+        with self.lock:
+            self.running -= 1
+            self.spans[stack] = (t0, time.monotonic())
+        sr.steps = [smoke.StepResult("build", smoke.FAIL if stack in self.fail else smoke.PASS)]
+        return sr
+
+
+def _overlaps(spans, a, b) -> bool:
+    return spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
+
+
+def test_jobs_runs_the_first_stack_alone_then_the_rest_at_once_in_order(tmp_path):
+    names = ["base-maker", "a", "b", "c", "d"]
+    s = _Timed(smoke.Options(stacks=names, workdir=tmp_path, jobs=2, keep_going=True))
+    report = s.run_all()
+    assert [r["stack"] for r in report["stacks"]] == names  # the report keeps the given order
+    assert not any(_overlaps(s.spans, "base-maker", n) for n in names[1:])  # it made the base: alone
+    assert s.most == 2 and s.started == names  # two at a time, started in the given order
+
+
+def test_jobs_without_keep_going_reports_the_stacks_not_yet_started_as_not_run(tmp_path):
+    s = _Timed(smoke.Options(stacks=["base-maker", "a", "b", "c", "d", "e"], workdir=tmp_path, jobs=2), fail={"a"})
+    report = s.run_all()
+    ran = set(s.spans)
+    assert {"base-maker", "a", "b"} <= ran and "e" not in ran  # a and b started together; after a failed, none
+    for r in report["stacks"]:
+        if r["stack"] not in ran:
+            assert all(st["reason"].startswith("not run: stack a failed") for st in r["steps"])
+    assert report["ok"] is False
+
+
+def test_jobs_is_checked(tmp_path):
+    with pytest.raises(TrainboxError, match="--jobs 9: expected 1 to 8"):
+        smoke.build_options(stacks=["cpu"], sets=None, profile=None, wheelhouse=None, substitute_base=None,
+                            keep_going=False, skip=None, workdir=str(tmp_path), pull_timeout=None, verbose=False,
+                            jobs=9)

@@ -28,6 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-going", action="store_true",
                    help="check every stack even after one failed (default: the stacks after a failed one are "
                    "reported as not run)")
+    p.add_argument("--jobs", type=int, metavar="N",
+                   help="check N stacks at once (default: the profile's `jobs`, else 1): the first stack runs "
+                   "alone, since it makes the substitute base present; the rest start in the order given as "
+                   "others finish (stacks that share image layers are best listed one after the other)")
     p.add_argument("--set", action="append", metavar="[STACK:]COMPONENT.FIELD=VALUE", dest="sets",
                    help="override a pin of STACK (without STACK: of every stack); for the build and the patch "
                    "check, e.g. npu-910b:torch.version=2.13.0+cpu (repeatable; recorded in the report and the "
@@ -61,5 +65,5 @@ def _smoke(args: argparse.Namespace) -> int:
     opts = smoke.build_options(stacks=args.stacks, sets=args.sets, profile=args.profile, wheelhouse=args.wheelhouse,
                                substitute_base=args.substitute_base, keep_going=args.keep_going, skip=args.skip,
                                workdir=args.output, pull_timeout=args.pull_timeout, verbose=args.verbose,
-                               build_cache=args.build_cache)
+                               build_cache=args.build_cache, jobs=args.jobs)
     return smoke.main(opts, as_json=args.json, junit=args.junit)

@@ -34,7 +34,7 @@ a schema number::
       "started_at": "2026-01-01T00:00:00+00:00",
       "duration_s": 123.4,
       "steps": ["validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes", "args"],
-      "options": {"stacks": [...], "keep_going": bool, "substitute_base": "auto" | "never" | IMAGE,
+      "options": {"stacks": [...], "keep_going": bool, "jobs": int, "substitute_base": "auto" | "never" | IMAGE,
                   "wheelhouse": str | null, "profile": str | null, "skip": [...], "workdir": str,
                   "build_cache": str | null, "expect_fail": {RECIPE: why}, "accept_not_checked": [RECIPE]},
       "summary": {"pass": 10, "fail": 1, "skipped": 5,

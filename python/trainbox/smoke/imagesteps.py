@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 from .. import base
-from ..runtime.errors import TrainboxError
 from .findings import classify_doctor
 from .model import _PLACEHOLDER, FAIL, NOT_CHECKED, PASS, SKIPPED, XFAIL, XPASS, StackResult, StepResult
 from .proc import _json, cli_argv, failure_message

@@ -102,6 +102,7 @@ class Options:
     wheelhouse: str | None = None
     substitute_base: str = "auto"  # auto | never | IMAGE
     keep_going: bool = False
+    jobs: int = 1  # stacks checked at once; the first runs alone (it makes the substitute base present)
     skip: list[str] = field(default_factory=list)
     workdir: Path = REPO_ROOT / "build" / "reports" / "smoke"
     profile: str | None = None

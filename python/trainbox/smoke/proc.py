@@ -15,6 +15,18 @@ from pathlib import Path
 from .model import Proc
 
 
+# Every child running now (a parallel smoke runs several): cancelling the smoke takes them all down.
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_running() -> None:
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for p in live:
+        _kill_group(p)
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     # The CLI's own children (docker build, pip) must go too, not only the python that started them.
     try:
@@ -44,6 +56,8 @@ def run_process(argv: list[str], timeout: float, log: Path | None = None, stream
             if fh:
                 fh.write(msg + "\n# exit 127\n\n")
             return Proc(argv, 127, "", msg, 0.0)
+        with _LIVE_LOCK:
+            _LIVE.add(p)
         out_chunks: list[str] = []
         err_chunks: list[str] = []
 
@@ -71,6 +85,9 @@ def run_process(argv: list[str], timeout: float, log: Path | None = None, stream
         except BaseException:  # Ctrl-C, or CI cancelling the job (SIGTERM, see main): take the build down too
             _kill_group(p)
             raise
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(p)
         for t in threads:
             t.join(timeout=10)
         out, err = "".join(out_chunks), "".join(err_chunks)

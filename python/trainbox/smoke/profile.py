@@ -34,6 +34,7 @@ def load_profile(path: str | Path) -> dict:
         description: str | None = None
         stacks: list[str] | None = None
         keep_going: bool | None = None
+        jobs: int | None = Field(None, ge=1, le=8)  # stacks built at once (the first always alone)
         substitute_base: str | None = None
         wheelhouse: str | None = None
         skip: list[str] = Field(default_factory=list)
@@ -61,7 +62,7 @@ def load_profile(path: str | Path) -> dict:
         prof = Profile.model_validate(data)
     except ValidationError as exc:
         raise TrainboxError(format_validation(p, exc, unknown="profile keys: description, stacks, keep_going, "
-                                              "substitute_base, wheelhouse, skip, set, expect_fail, "
+                                              "jobs, substitute_base, wheelhouse, skip, set, expect_fail, "
                                               "accept_not_checked")) from None
     for stack, sets in prof.set.items():
         for k in sets:
@@ -94,7 +95,8 @@ def _check_recipe_names(p: Path, expect_fail: dict[str, str], accept: list[str])
 
 def build_options(stacks: list[str] | None, sets: list[str] | None, profile: str | None, wheelhouse: str | None,
                   substitute_base: str | None, keep_going: bool, skip: list[str] | None, workdir: str | None,
-                  pull_timeout: float | None, verbose: bool, build_cache: str | None = None) -> Options:
+                  pull_timeout: float | None, verbose: bool, build_cache: str | None = None,
+                  jobs: int | None = None) -> Options:
     from ..stack import list_stacks
 
     prof = load_profile(profile) if profile else {}
@@ -126,7 +128,9 @@ def build_options(stacks: list[str] | None, sets: list[str] | None, profile: str
         raise TrainboxError(f"--wheelhouse {wh}: not a directory")
     mode = substitute_base or prof.get("substitute_base") or "auto"
     timeouts = dict(DEFAULT_TIMEOUTS)
-    return Options(stacks=chosen, sets=merged, wheelhouse=wh, substitute_base=mode,
+    if jobs is not None and not 1 <= jobs <= 8:
+        raise TrainboxError(f"--jobs {jobs}: expected 1 to 8 (stacks checked at once)")
+    return Options(stacks=chosen, sets=merged, wheelhouse=wh, substitute_base=mode, jobs=jobs or prof.get("jobs") or 1,
                    keep_going=keep_going or bool(prof.get("keep_going")), skip=skips,
                    workdir=Path(workdir).resolve() if workdir else REPO_ROOT / "build" / "reports" / "smoke",
                    profile=str(profile) if profile else None,

@@ -6,7 +6,9 @@ import datetime as _dt
 import json
 import signal
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -28,7 +30,7 @@ from .model import (
     XFAIL,
     XPASS,
 )
-from .proc import _json, cli_argv, run_process
+from .proc import _json, cli_argv, kill_running, run_process
 from .report import format_matrix, junit_xml
 
 Runner = Callable[..., Proc]
@@ -39,6 +41,7 @@ class Smoke(CheckSteps, ImageSteps):
         self.opts = opts
         self.run = run
         self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self._cancelled = threading.Event()  # a parallel run was cancelled: running stacks stop at their next step
 
     def _stack_info(self, stack: str, log: Path) -> tuple[dict | None, Proc]:
         proc = self.run(cli_argv("stack", "show", stack, "--json"), self.opts.timeouts["validate"], log=log)
@@ -69,6 +72,8 @@ class Smoke(CheckSteps, ImageSteps):
             return res
 
         for name in STEPS:
+            if self._cancelled.is_set():
+                break
             prior = {s.step: s for s in sr.steps}
             if name in self.opts.skip:
                 add(StepResult(name, SKIPPED, f"--skip {name}"))
@@ -96,17 +101,42 @@ class Smoke(CheckSteps, ImageSteps):
     def run_all(self) -> dict:
         started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         t0 = time.monotonic()
-        results: list[StackResult] = []
-        first_failed = None
-        for stack in self.opts.stacks:
-            not_run = None
-            if first_failed and not self.opts.keep_going:
-                not_run = f"not run: stack {first_failed} failed (--keep-going runs every stack)"
+        stacks = self.opts.stacks
+        results: dict[str, StackResult] = {}
+        failed: list[str] = []
+        lock = threading.Lock()
+
+        def one(stack: str) -> None:
+            with lock:
+                not_run = None
+                if failed and not self.opts.keep_going:
+                    not_run = f"not run: stack {failed[0]} failed (--keep-going runs every stack)"
             sr = self.run_stack(stack, not_run)
-            results.append(sr)
-            if not sr.ok and not first_failed:
-                first_failed = stack
-        return self.report(results, started, time.monotonic() - t0)
+            with lock:
+                results[stack] = sr
+                if not sr.ok and not failed:
+                    failed.append(stack)
+
+        jobs = max(1, min(self.opts.jobs, len(stacks)))
+        if stacks:
+            one(stacks[0])  # alone: it makes the substitute base present (two builds would bootstrap it at once)
+        if jobs == 1:
+            for stack in stacks[1:]:
+                one(stack)
+        else:
+            # the rest start in the given order as others finish; concurrent builds share identical steps (one
+            # BuildKit solver), so stacks sharing an install layer lose nothing by overlapping
+            pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="smoke")
+            try:
+                for future in [pool.submit(one, stack) for stack in stacks[1:]]:
+                    future.result()
+            except BaseException:
+                self._cancelled.set()
+                kill_running()
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+            pool.shutdown(wait=True)
+        return self.report([results[s] for s in stacks], started, time.monotonic() - t0)
 
     def report(self, results: list[StackResult], started: str, duration: float) -> dict:
         all_steps = [s for r in results for s in r.steps]
@@ -119,7 +149,7 @@ class Smoke(CheckSteps, ImageSteps):
             "started_at": started,
             "duration_s": round(duration, 2),
             "steps": list(STEPS),
-            "options": {"stacks": self.opts.stacks, "keep_going": self.opts.keep_going,
+            "options": {"stacks": self.opts.stacks, "keep_going": self.opts.keep_going, "jobs": self.opts.jobs,
                         "substitute_base": self.opts.substitute_base, "wheelhouse": self.opts.wheelhouse,
                         "profile": self.opts.profile, "skip": self.opts.skip, "workdir": str(self.opts.workdir),
                         "build_cache": str(self.opts.build_cache) if self.opts.build_cache else None,
