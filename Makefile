@@ -55,8 +55,14 @@ lint: render-check
 	shellcheck .ci/run ci/*.sh ci/slurm/*.sh
 	$(TRAINBOX) launch check --target slurm --target slurm-pyxis --target ascendjob --target volcano --target pytorchjob --target rayjob
 
+# Two runs: the inner loop's tests on every core (they share no port, image or cache directory), then the engine,
+# PyPI and multi-second torch tests one at a time. Both always run; the target fails if either does.
+FAST_MARKS = not docker and not network and not slow
 test: engine ensure-installed
-	$(PYTEST) -q -ra --durations=25
+	@rc=0; \
+	$(PYTEST) -q -ra -n $(TEST_FAST_JOBS) -m "$(FAST_MARKS)" || rc=$$?; \
+	$(PYTEST) -q -ra --durations=25 -m "not ($(FAST_MARKS))" || rc=$$?; \
+	exit $$rc
 
 # The Slurm tests start the two-node test cluster themselves (and stop it afterwards); these keep one up.
 slurm-up:
@@ -74,7 +80,7 @@ registry:
 # every core (pytest-xdist): these tests share no fixed port, image or cache directory.
 TEST_FAST_JOBS ?= auto
 test-fast: ensure-installed
-	$(PYTEST) -q -ra -n $(TEST_FAST_JOBS) -m "not docker and not network and not slow"
+	$(PYTEST) -q -ra -n $(TEST_FAST_JOBS) -m "$(FAST_MARKS)"
 
 # The workload stacks' git components come from the seeds' upstream trees: beside a checkout that has
 # ../shared/upstream (CI), smoke reaches them through writable mirrors (ci/upstream-mirrors.sh); elsewhere
