@@ -58,6 +58,7 @@ def test_sbatch_args_become_sbatch_lines_and_owned_or_odd_ones_are_refused():
             render_target(job, "slurm", RenderOptions(sbatch_args=(bad,)))
 
 
+@pytest.mark.slow
 def test_a_local_image_on_many_nodes_warns_and_strict_refuses():
     local = resolve_for("slurm", "cpu-ddp", nodes=2, image="trainbox/cpu:latest")
     assert "local tag without a registry" in unpullable(local, "slurm")

@@ -851,6 +851,7 @@ def test_cli_json_and_missing_manifest(tmp_path):
     assert missing.returncode == 2 and "trainbox: error: --manifest" in missing.stderr
 
 
+@pytest.mark.slow
 def test_doctor_does_not_import_torch_in_process():
     code = ("import sys, trainbox.runtime.doctor as d\n"
             "ctx = d.Context.from_environment(quick=False)\n"

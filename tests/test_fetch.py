@@ -34,6 +34,7 @@ def fetch_cli(args, env):
                           text=True, timeout=300, cwd=REPO_ROOT)
 
 
+@pytest.mark.slow
 def test_fetch_fills_the_cache_then_works_offline(tmp_path, mirrors):
     env = git_env(mirrors, TRAINBOX_CACHE=str(tmp_path / "cache"))
     stack = str(stack_file(tmp_path))
@@ -149,6 +150,7 @@ def test_patches_import_turns_one_diff_into_series_entries(tmp_path, mirrors, gi
     assert sorted(p.name for p in (patches / "mindspeed").iterdir()) == before
 
 
+@pytest.mark.slow
 def test_builder_fetches_with_git_when_no_tree_is_staged(tmp_path, mirrors):
     """The plain `docker build` path of install_source: nothing staged, so git fetches the commit (through the
     same insteadOf config), the HEAD is checked, and the tree lands without .git on the venv's sys.path."""

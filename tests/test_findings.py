@@ -125,6 +125,7 @@ def mirrors(tmp_path_factory):
     return make_mirrors(tmp_path_factory.mktemp("mirrors"))
 
 
+@pytest.mark.slow
 def test_a_new_stack_extending_cpu_with_a_git_component_needs_no_lock(tmp_path, mirrors):
     """It validates (strict) and dry-runs with no warning about the pins it inherits: cpu's lock serves them. The
     plan lists the git source with its URL and commit."""

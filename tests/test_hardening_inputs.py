@@ -164,6 +164,7 @@ def test_stack_path_that_is_a_directory_or_not_utf8(tmp_path, capsys):
     assert "Traceback" not in text
 
 
+@pytest.mark.slow
 def test_render_out_is_all_or_nothing(tmp_path, capsys):
     out = tmp_path / "out"
     assert cli(["render", "--out", str(out)]) == 0
@@ -288,6 +289,7 @@ def test_git_url_is_never_an_option(tmp_path, monkeypatch):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_render_check_flags_a_stale_generated_directory(tmp_path, capsys):
     outputs = render_all()
     write_set(outputs, tmp_path)

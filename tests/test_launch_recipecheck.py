@@ -124,6 +124,7 @@ def test_a_mounted_workload_plans_from_its_entry_alone_and_says_why_nothing_ran(
                             "CODE_DIR checkout of 93e989e; no mirror of Relax here)")
 
 
+@pytest.mark.slow
 def test_not_checked_is_never_printed_as_ok():
     """The CLI line and --json of a recipe that could not be checked say `not checked` with the reason; the exit
     status stays 0 (nothing failed), and the smoke decides whether that is accepted."""

@@ -21,6 +21,7 @@ def _lint_lines() -> list[str]:
     return [line.strip() for line in body.group(1).splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool", ["hadolint", "shellcheck"])
 def test_the_lint_targets_linter_passes(tool):
     if not shutil.which(tool):

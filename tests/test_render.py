@@ -25,6 +25,7 @@ def test_same_input_same_bytes():
     assert render_all() == render_all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top", sorted(DEFAULT_DOCKERFILES.values()))
 def test_hand_edit_is_detected(tmp_path, top, capsys):
     # a copy of the repo's generated files with one of them edited by hand
@@ -205,6 +206,7 @@ def test_template_error_writes_nothing(tmp_path, monkeypatch):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_hadolint_clean_on_every_rendered_dockerfile(tmp_path):
     exe = shutil.which("hadolint")
     if not exe:

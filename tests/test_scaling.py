@@ -77,6 +77,7 @@ def test_run_and_check_refuse_the_same_way():
     assert check.returncode == 1 and "fixed at 1 node(s) x 8" in check.stderr, check.stderr
 
 
+@pytest.mark.slow
 def test_check_renders_the_scaled_variant():
     proc = _cli("launch", "check", SCALES, "--devices", "4-7", "--target", "ascendjob", "--json")
     assert proc.returncode == 0, proc.stderr

@@ -33,6 +33,7 @@ def _run(tmp_path, device: str, **env):
     return subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=e, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device, words", [("cuda", "no NVIDIA GPU visible"), ("npu", "npu")])
 def test_accelerator_stack_without_its_device_refuses_the_cpu(tmp_path, device, words):
     proc = _run(tmp_path, device)
@@ -43,12 +44,14 @@ def test_accelerator_stack_without_its_device_refuses_the_cpu(tmp_path, device, 
     assert "gloo" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_trainbox_device_cpu_is_the_deliberate_way(tmp_path):
     proc = _run(tmp_path, "cuda", TRAINBOX_DEVICE="cpu")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["cpu", "gloo"]
 
 
+@pytest.mark.slow
 def test_cpu_stack_still_runs_on_the_cpu(tmp_path):
     proc = _run(tmp_path, "cpu")
     assert proc.returncode == 0, proc.stderr

@@ -60,6 +60,7 @@ def _refused(env, stack, words: str, tmp: Path, monkeypatch) -> None:
     assert not (ctx / "build" / "sources" / "mindspeed").exists()
 
 
+@pytest.mark.slow
 def test_a_replace_ref_in_the_cache_is_ignored_on_use(cached, tmp_path, monkeypatch):
     env, stack, repo = cached
     evil = git(repo, "hash-object", "-w", "--stdin", input=b"raise SystemExit('swapped')\n")
@@ -79,12 +80,14 @@ def test_a_replace_ref_in_the_cache_is_ignored_on_use(cached, tmp_path, monkeypa
     assert "swapped" not in setup and "setup(" in setup
 
 
+@pytest.mark.slow
 def test_a_rewritten_object_in_the_cache_is_refused_on_use(cached, tmp_path, monkeypatch):
     env, stack, repo = cached
     blob = rewrite_blob(repo, MINDSPEED[2], "setup.py", b"raise SystemExit('rewritten')\n")
     _refused(env, stack, f"object {blob} does not hash to its name", tmp_path, monkeypatch)
 
 
+@pytest.mark.slow
 def test_two_fetches_at_once_both_succeed(tmp_path, mirrors):
     env = git_env(mirrors, TRAINBOX_CACHE=str(tmp_path / "cache"))
     stack = str(stack_file(tmp_path))
@@ -96,6 +99,7 @@ def test_two_fetches_at_once_both_succeed(tmp_path, mirrors):
     assert all(rc == 0 for rc, _ in results), results
 
 
+@pytest.mark.slow
 def test_a_fetch_killed_mid_way_does_not_block_the_next(tmp_path, mirrors):
     env = git_env(mirrors, TRAINBOX_CACHE=str(tmp_path / "cache"))
     stack = str(stack_file(tmp_path))

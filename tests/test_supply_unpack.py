@@ -122,6 +122,7 @@ def test_the_builders_git_fetch_unpacks_through_the_checks():
     assert "extract_tree(" in src and "extractall" not in src
 
 
+@pytest.mark.slow
 def test_a_tree_with_an_absolute_symlink_is_staged_with_the_link_kept(tmp_path):
     """Issue 22's input: an upstream tree holding an absolute symlink (many real projects ship one) ended in a
     traceback and could not be built. `trainbox fetch` and the build's staging (a dry run stages the context) now
