@@ -65,10 +65,10 @@ def _free_disk_when_low(client) -> str:
     before = min(_free_gib(_docker_root[0]), _free_gib(tempfile.gettempdir()))
     if before >= LOW_DISK_GIB:
         return ""
-    client.run("builder", "prune", "-f", "--keep-storage", "5GB", timeout=600, check=False)
+    client.run("builder", "prune", "-f", "--keep-storage", "10GB", timeout=600, check=False)
     client.run("image", "prune", "-f", timeout=600, check=False)
     after = min(_free_gib(_docker_root[0]), _free_gib(tempfile.gettempdir()))
-    return f"low disk before a docker test: {before:.1f} GiB free; build cache cut to 5 GB: {after:.1f} GiB free"
+    return f"low disk before a docker test: {before:.1f} GiB free; build cache cut to 10 GB: {after:.1f} GiB free"
 
 
 def pytest_runtest_setup(item):
