@@ -265,7 +265,7 @@ class UrlKind(Kind):
 
     def needs_build_env(self, c: Any) -> bool:
         # an sdist its own commands build (sglang's `pip wheel`): given `build_requires`, the lock pins them and
-        # the commands get exactly those (on PYTHONPATH; the commands build with --no-build-isolation)
+        # the commands' pip gets exactly those (install_source: on PYTHONPATH, build isolation off)
         return c.install == "build" and c.build_requires is not None
 
     def install_args(self, c: Any) -> list[str]:

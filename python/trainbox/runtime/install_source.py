@@ -19,7 +19,7 @@ HEAD is checked against the pin.
                     venv's own torch, as CUDA extensions build)
     --mode build    apply the series, check the toolkits it --needs are in the builder, run each --build command
                     (bash, in the tree, the venv first on PATH, with --build-req the hash-pinned build requirements
-                    on PYTHONPATH), install the wheels matching --wheels --no-deps;
+                    on PYTHONPATH and pip's build isolation off), install the wheels matching --wheels --no-deps;
                     with --url and --sha256 instead of --git, the tree is the staged source archive (an sdist),
                     checked and unpacked (its one top-level directory)
 """
@@ -219,8 +219,8 @@ def _missing_toolkits(needs: list[str]) -> list[str]:
 
 def _install_built(args: argparse.Namespace, tree: Path, tmp: Path) -> None:
     """A component its own commands build (kernels against CANN or CUDA, an sdist with its own pyproject): the
-    commands, then its wheels. With --build-req the commands find exactly the lock's hash-pinned build
-    requirements on PYTHONPATH (they build with pip's --no-build-isolation, so nothing unpinned is fetched)."""
+    commands, then its wheels. With --build-req the commands' pip builds without isolation in exactly the lock's
+    hash-pinned build requirements (on PYTHONPATH), so nothing unpinned is fetched."""
     missing = _missing_toolkits(args.needs)
     if missing:
         raise SourceFailed(f"needs {', '.join(missing)} in the builder; build it FROM a base that has the toolkit "
@@ -228,6 +228,10 @@ def _install_built(args: argparse.Namespace, tree: Path, tmp: Path) -> None:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     if args.build_req:
         env = _pinned_build_env(args, tmp, env)
+        # ... and the commands' pip builds in it, not in an isolated environment filled from an index. pip reads
+        # PIP_NO_BUILD_ISOLATION as the value of its `build_isolation` setting: "false" turns isolation off.
+        # Without --build-req (no fresh lock) the commands build as written (pip's own isolation).
+        env.update(PIP_NO_BUILD_ISOLATION="false", PIP_CHECK_BUILD_DEPENDENCIES="true")
     for cmd in args.build:
         print(f"{args.component}: $ {cmd}", flush=True)
         _run(["bash", "-euo", "pipefail", "-c", cmd], f"`{cmd}`", cwd=tree, env=env)
