@@ -179,7 +179,7 @@ def test_json_report_follows_the_documented_schema(keep_going):
                            "options", "summary", "stacks"}
     assert report["schema"] == 1 and report["steps"] == list(smoke.STEPS)
     assert set(report["options"]) == {"stacks", "keep_going", "substitute_base", "wheelhouse", "profile", "skip",
-                                      "build_cache", "workdir", "expect_fail", "accept_not_checked"}
+                                      "build_cache", "workdir", "expect_fail", "accept_not_checked", "jobs"}
     assert report["options"]["skip"] == ["lock", "build"] and report["options"]["keep_going"] is True
     assert set(report["summary"]) == {"pass", "fail", "skipped", "failed", "xfail", "xpass", "not_checked"}
     n = sum(len(s["steps"]) for s in report["stacks"])
