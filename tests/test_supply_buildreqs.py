@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainbox.bundle import _build_pins
 from trainbox.paths import REPO_ROOT
 from trainbox.render import render_stack
 from trainbox.stack import StackError, load_stack
@@ -29,16 +30,21 @@ from upstream_helpers import DATA, hostile_setuptools_wheel, stack_file
 LOCK = DATA / "stacks" / "cpu-sources.lock"
 
 
+def _assert_render_passes_build_reqs(stack, component: str, deps: dict) -> None:
+    """The rendered RUN step of `component` hands install_source each locked build requirement with its hash."""
+    text = render_stack(stack).dockerfile
+    line = next(ln for ln in text.splitlines() if f"--component {component}" in ln)
+    rest = text[text.index(line):].split("\n\n")[0]
+    for name, d in deps.items():
+        assert f"--build-req '{name}=={d['version']} --hash=sha256:{d['sha256'][0]}'" in rest, rest
+
+
 def test_the_lock_pins_the_build_requirements_and_the_render_passes_them(tmp_path):
     stack = load_stack(stack_file(tmp_path))
     assert stack.build_requirements() == ["setuptools>=40.8.0", "wheel"] and stack.lock_is_fresh()
     deps = stack.locked_build_deps("linux/amd64")
     assert {"setuptools", "wheel"} <= set(deps) and all(len(d["sha256"]) == 1 for d in deps.values())
-    text = render_stack(stack).dockerfile
-    line = next(ln for ln in text.splitlines() if "--component mindspeed" in ln)
-    rest = text[text.index(line):].split("\n\n")[0]
-    for name, d in deps.items():
-        assert f"--build-req '{name}=={d['version']} --hash=sha256:{d['sha256'][0]}'" in rest, rest
+    _assert_render_passes_build_reqs(stack, "mindspeed", deps)
 
 
 def test_a_lock_without_build_deps_is_stale_and_names_them(tmp_path):
@@ -129,11 +135,8 @@ def test_an_sdist_built_by_its_own_commands_gets_the_locked_build_requirements(t
     assert {"setuptools-scm>=8.0", "setuptools>=61.0", "wheel"} <= set(stack.build_requirements())
     deps = stack.locked_build_deps("linux/amd64")
     assert {"setuptools", "setuptools-scm", "wheel"} <= set(deps), deps
-    text = render_stack(stack).dockerfile
-    line = next(ln for ln in text.splitlines() if "--component sglang" in ln)
-    rest = text[text.index(line):].split("\n\n")[0]
-    for name, d in deps.items():
-        assert f"--build-req '{name}=={d['version']} --hash=sha256:{d['sha256'][0]}'" in rest, rest
+    _assert_render_passes_build_reqs(stack, "sglang", deps)
+    assert {p.name for p in _build_pins(stack, "linux/amd64")} == set(deps)  # what fetch --bundle adds
 
 
 def test_build_requires_on_a_url_component_that_builds_nothing_is_refused(tmp_path):

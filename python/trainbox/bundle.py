@@ -5,7 +5,7 @@
     bundle.json             stack, platform, pins digest, trainbox version, the stack's manifest
     stack/<name>.yaml/.lock the stack as resolved (extends merged) and its lock, for the record
     wheelhouse/             every hash-pinned wheel: components, the locked dependency closure and the locked
-                            build requirements of wheels built from git trees (setuptools, wheel), nothing else
+                            build requirements of wheels built in the image (setuptools, wheel ...), nothing else
     sources/                trainbox's cache layout for the git commits (bare repositories holding just them)
                             and the archives (by sha256)
     SHA256SUMS              of every file above
@@ -79,7 +79,7 @@ def _seed_cache(wheelhouse: Path | None, cache_dir: Path) -> None:
 
 
 def _build_pins(stack, plat: str) -> list:
-    """kinds.Pin for each hash-pinned PEP 518 build requirement of the wheels built from git trees (the lock's
+    """kinds.Pin for each hash-pinned PEP 518 build requirement of the wheels built in the image (the lock's
     `build_deps`: the builder installs exactly these, --require-hashes)."""
     from .kinds import Pin
     from .sources import index_url

@@ -61,7 +61,8 @@ def _dep_lines(stack: Stack) -> list[str]:
 
 
 def _build_req_lines(stack: Stack) -> list[str]:
-    """The hash-pinned PEP 518 build requirements of the wheels built from git trees, or [] when not locked."""
+    """The hash-pinned PEP 518 build requirements of the wheels built in the image (git trees, `install: build`
+    sdists that name `build_requires`), or [] when not locked."""
     return _locked_lines(stack, {p: stack.locked_build_deps(p) for p in stack.platforms})
 
 

@@ -393,10 +393,9 @@ def unpack(fetched: Fetched, dest: Path) -> Path:
         else:
             raise SourceError(f"{fetched.filename}: unknown archive type; patches need a wheel, sdist, tar or zip")
         os.rename(part, dest)
-    except MemberRefused as exc:
+    except BaseException as exc:
         shutil.rmtree(part, ignore_errors=True)
-        raise SourceError(str(exc)) from None
-    except BaseException:
-        shutil.rmtree(part, ignore_errors=True)
+        if isinstance(exc, MemberRefused):
+            raise SourceError(str(exc)) from None
         raise
     return dest

@@ -316,7 +316,7 @@ class Stack(_Strict):
         return list(dict.fromkeys(why))
 
     def _build_staleness(self, lock: dict) -> list[str]:
-        """The wheels built from git trees need their PEP 518 requirements hash-pinned in the lock."""
+        """The wheels built in the image need their PEP 518 requirements hash-pinned in the lock."""
         reqs = self.build_requirements()
         plats = [p for p in self.platforms if not ((lock.get("platforms") or {}).get(p) or {}).get("build_deps")]
         if reqs and lock.get("build_requires") != reqs:
@@ -328,7 +328,8 @@ class Stack(_Strict):
         return {k: c for k, c in self.installed_components.items() if c.source == "pypi"}
 
     def build_requirements(self) -> list[str]:
-        """The PEP 518 requirements of the wheels built from git trees (the lock pins them as `build_deps`)."""
+        """The PEP 518 requirements of the wheels built in the image: git trees and `install: build` sdists that
+        name `build_requires` (the lock pins them as `build_deps`)."""
         return sorted({r for c in self.installed_components.values() if c.kind.needs_build_env(c)
                        for r in (DEFAULT_BUILD_REQUIRES if c.build_requires is None else c.build_requires)})
 

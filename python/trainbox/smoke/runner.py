@@ -117,25 +117,19 @@ class Smoke(CheckSteps, ImageSteps):
                 if not sr.ok and not failed:
                     failed.append(stack)
 
-        jobs = max(1, min(self.opts.jobs, len(stacks)))
         if stacks:
             one(stacks[0])  # alone: it makes the substitute base present (two builds would bootstrap it at once)
-        if jobs == 1:
-            for stack in stacks[1:]:
-                one(stack)
-        else:
-            # the rest start in the given order as others finish; concurrent builds share identical steps (one
-            # BuildKit solver), so stacks sharing an install layer lose nothing by overlapping
-            pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="smoke")
-            try:
-                for future in [pool.submit(one, stack) for stack in stacks[1:]]:
-                    future.result()
-            except BaseException:
-                self._cancelled.set()
-                kill_running()
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
-            pool.shutdown(wait=True)
+        # the rest start in the given order as others finish (a pool of one: one after the other)
+        pool = ThreadPoolExecutor(max_workers=max(1, self.opts.jobs), thread_name_prefix="smoke")
+        try:
+            for future in [pool.submit(one, stack) for stack in stacks[1:]]:
+                future.result()
+        except BaseException:
+            self._cancelled.set()
+            kill_running()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
         return self.report([results[s] for s in stacks], started, time.monotonic() - t0)
 
     def report(self, results: list[StackResult], started: str, duration: float) -> dict:
