@@ -151,6 +151,40 @@ def ensure_base() -> str:
     return DEFAULT_TAG
 
 
+def kept_base(repo: str, dockerfile: str, files: dict[str, str] | None = None, network: str = "host") -> str:
+    """A test base derived from the substitute base, tagged `repo:<hash of its Dockerfile and files>` and kept
+    between runs, as the substitute base is. Why kept: a base rebuilt per run gets a new image ID, and every
+    layer built on it is then cold; on a kept one a warm engine answers the unchanged layers. Older tags of the
+    same repository are removed when a new one is made, so edits do not pile up bases."""
+    import hashlib
+    import tempfile
+
+    client = docker_client()
+    ensure_base()
+    files = files or {}
+    digest = hashlib.sha256(dockerfile.encode())
+    for rel in sorted(files):
+        digest.update(b"\0" + rel.encode() + b"\0" + files[rel].encode())
+    tag = f"{repo}:{digest.hexdigest()[:12]}"
+    if client.image_exists(tag):
+        return tag
+    with tempfile.TemporaryDirectory(prefix="trainbox-test-base-") as tmp:
+        ctx = Path(tmp)
+        (ctx / "Dockerfile").write_text(dockerfile)
+        for rel, body in files.items():
+            (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
+            (ctx / rel).write_text(body)
+        proc = subprocess.run([client.docker, "build", "--network", network, "--label", TEST_LABEL, "-t", tag,
+                               str(ctx)], env=dict(os.environ, DOCKER_BUILDKIT="1"), capture_output=True, text=True,
+                              timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    old = client.run("images", "--format", "{{.Repository}}:{{.Tag}}", repo, check=False).stdout.decode().split()
+    for other in old:
+        if other != tag:
+            client.run("rmi", "-f", other, check=False)
+    return tag
+
+
 def build_cpu_image() -> str:
     """The cpu stack's image tag (trainbox/cpu:<content hash>), built once per session."""
     return build_cpu_outcome().tag

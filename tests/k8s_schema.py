@@ -70,7 +70,9 @@ def to_json_schema(node, strict: bool = True):
 def crd_schema(group: str, kind: str, version: str) -> dict:
     d = crd_dir()
     assert d is not None, "no shared/k8s-crds found (set TRAINBOX_K8S_CRDS)"
-    for doc in yaml.safe_load_all((d / CRD_FILES[(group, kind)]).read_text()):
+    # libyaml's loader where PyYAML has it: the CRDs are megabytes, 5 s each through the pure-Python one
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    for doc in yaml.load_all((d / CRD_FILES[(group, kind)]).read_text(), Loader=loader):
         if doc and doc.get("kind") == "CustomResourceDefinition" and doc["spec"]["names"]["kind"] == kind:
             for v in doc["spec"]["versions"]:
                 if v["name"] == version:

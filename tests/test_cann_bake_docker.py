@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -139,26 +138,19 @@ def test_a_value_that_did_not_survive_fails_naming_the_variable(standin):
 def test_image_build_of_the_npu_stack_bakes_what_the_base_scripts_export(tmp_path):
     """The whole flow: Dockerfile.npu's steps (npu-910b, the smoke pins) on a base holding the stand-in CANN tree:
     the build records the scripts' environment, `image build` bakes it, a bypassing command sees it."""
-    from docker_helpers import NPU_OVERRIDES, build_options, ensure_base, wheelhouse_dir
+    from docker_helpers import NPU_OVERRIDES, build_options, kept_base, wheelhouse_dir
 
     from trainbox.image import build
 
     client = docker_client()
-    ensure_base()
-    ctx = tmp_path / "base"
-    for rel, body in SCRIPTS.items():
-        p = ctx / "Ascend" / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(body)
     # The stand-in CANN base: the substitute Debian with the stand-in tree, and python3-venv because a stack
     # built on a base other than its declared substitute uses the base's own Python (as a cann base ships one).
-    (ctx / "Dockerfile").write_text(
-        f"FROM {BASE}\nRUN apt-get -o Acquire::Retries=5 update && DEBIAN_FRONTEND=noninteractive apt-get install -y "
-        "--no-install-recommends python3-venv && rm -rf /var/lib/apt/lists/*\nCOPY Ascend /usr/local/Ascend\n")
-    base = f"trainbox-test/cann-standin-base:{uuid.uuid4().hex[:10]}"
-    proc = subprocess.run([client.docker, "build", "--network", "host", "--label", TEST_LABEL, "-t", base, str(ctx)],
-                          env=dict(os.environ, DOCKER_BUILDKIT="1"), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Kept between runs (kept_base), so that a warm engine answers the npu-910b layers built on it.
+    base = kept_base("trainbox-test/cann-standin-base",
+                     f"FROM {BASE}\nRUN apt-get -o Acquire::Retries=5 update && DEBIAN_FRONTEND=noninteractive "
+                     "apt-get install -y --no-install-recommends python3-venv && rm -rf /var/lib/apt/lists/*\n"
+                     "COPY Ascend /usr/local/Ascend\n",
+                     {f"Ascend/{rel}": body for rel, body in SCRIPTS.items()})
     tags = []
     try:
         out = build(build_options(stack="npu-910b", base=base, sets=dict(NPU_OVERRIDES),
@@ -173,5 +165,5 @@ def test_image_build_of_the_npu_stack_bakes_what_the_base_scripts_export(tmp_pat
         assert bypass["TB_STANDIN_QUOTES"] == QUOTES and bypass["VIRTUAL_ENV"] == "/opt/venv"
         assert client.inspect(out.tag)["Config"]["Entrypoint"][-1] == "trainbox-entrypoint"
     finally:
-        for t in tags + [base]:
+        for t in tags:
             client.run("rmi", "-f", t, check=False)

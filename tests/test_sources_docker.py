@@ -29,9 +29,6 @@ def trainbox(args: list[str], env: dict[str, str], timeout: int = 900) -> subpro
                           timeout=timeout, cwd=REPO_ROOT)
 
 
-TOOLS_BASE = "trainbox-test/base-build-tools:bookworm"
-
-
 def build_args(stack: Path, report: Path, base: str | None = None, wheelhouse: Path | None = None) -> list[str]:
     args = ["image", "build", str(stack), "-o", str(report)] + (["--base", base] if base else [])
     if wheelhouse:
@@ -55,21 +52,14 @@ def hostile_wheelhouse(tmp: Path) -> Path:
 def tools_base():
     """The Debian base with the builder's system packages (git, patch) already in it, as an air-gapped site's base
     has them: an offline (--bundle) build cannot apt-get, and this engine (BuildKit 0.8) does not reuse the online
-    build's cached apt layer under --network none. The builder's dpkg-query check then skips apt."""
+    build's cached apt layer under --network none. The builder's dpkg-query check then skips apt. Kept between
+    runs (docker_helpers.kept_base): the online build's layers on it are then answered by a warm engine, while
+    the offline build runs every step with --no-cache."""
     base = docker_helpers.ensure_base()
-    name = f"trainbox-test-tools-{uuid.uuid4().hex[:8]}"
-    proc = subprocess.run(["docker", "run", "--name", name, "--network", "host", base, "bash", "-c",
-                           "apt-get -o Acquire::Retries=5 update && DEBIAN_FRONTEND=noninteractive apt-get install "
-                           "-y --no-install-recommends git patch && rm -rf /var/lib/apt/lists/*"],
-                          capture_output=True, text=True, timeout=600)
-    try:
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        subprocess.run(["docker", "commit", "--change", 'CMD ["bash"]', name, TOOLS_BASE], check=True,
-                       capture_output=True, timeout=120)
-    finally:
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
-    yield TOOLS_BASE
-    subprocess.run(["docker", "rmi", "-f", TOOLS_BASE], capture_output=True)
+    return docker_helpers.kept_base(
+        "trainbox-test/base-build-tools",
+        f"FROM {base}\nRUN apt-get -o Acquire::Retries=5 update && DEBIAN_FRONTEND=noninteractive apt-get install "
+        "-y --no-install-recommends git patch && rm -rf /var/lib/apt/lists/*\nCMD [\"bash\"]\n")
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +191,7 @@ def test_tampered_archive_fails_before_the_build(tmp_path, mirrors):
                                     f"has sha256")
 
 
-def test_bundle_builds_with_the_network_off_to_the_same_tag(built, mirrors):
+def test_bundle_builds_with_the_network_off_to_the_same_tag(built, mirrors, tools_base):
     """fetch --bundle, then image build --bundle with no git config (no mirror) and `--network none`."""
     tag, env, tmp, wheelhouse = built
     bundle = tmp / "bundle.tar"
@@ -218,13 +208,13 @@ def test_bundle_builds_with_the_network_off_to_the_same_tag(built, mirrors):
     assert [n for n in names if n.startswith("./wheelhouse/setuptools-84.2.1-")], names
     offline = {k: v for k, v in env.items() if not k.startswith("GIT_CONFIG_")}
     offline["TRAINBOX_CACHE"] = str(tmp / "empty-cache")  # nothing from the online build's source cache
-    dry = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle), "--base", TOOLS_BASE,
+    dry = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle), "--base", tools_base,
                     "--dry-run"], offline)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "--network none" in dry.stdout and "TRAINBOX_OFFLINE=1" in dry.stdout
     report = tmp / "offline.json"
-    proc = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle), "--base", TOOLS_BASE,
-                     "--force", "-o", str(report)], offline, timeout=1200)
+    proc = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bundle), "--base", tools_base,
+                     "--force", "--no-cache", "-o", str(report)], offline, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rep = json.loads(report.read_text())
     assert rep["tag"] == tag and not rep["skipped"] and rep["rebuilt_steps"] > 0
@@ -253,7 +243,7 @@ def test_a_tampered_bundle_is_refused(built, tmp_path):
     assert "bundle.json does not match its SHA256SUMS entry" in proc.stderr
 
 
-def test_a_setuptools_99_wheel_added_to_a_bundle_with_its_sums_rewritten_is_refused(built, tmp_path):
+def test_a_setuptools_99_wheel_added_to_a_bundle_with_its_sums_rewritten_is_refused(built, tmp_path, tools_base):
     """Issue 22's HIGH input as a forger would add it: the hostile wheel in the bundle's wheelhouse and SHA256SUMS
     rewritten to match (so the seal holds). A real `image build --bundle` refuses it in one line, exit 2, naming the
     file, before the engine is asked for anything: no image, no report."""
@@ -284,7 +274,7 @@ def test_a_setuptools_99_wheel_added_to_a_bundle_with_its_sums_rewritten_is_refu
     images = ["docker", "images", "-q", "--no-trunc", "trainbox/cpu-sources"]
     before = set(subprocess.run(images, capture_output=True, text=True).stdout.split())
     report = tmp_path / "report.json"
-    proc = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bad), "--base", TOOLS_BASE,
+    proc = trainbox(["image", "build", str(tmp / "cpu-sources.yaml"), "--bundle", str(bad), "--base", tools_base,
                      "--force", "-o", str(report)], offline, timeout=600)
     err = proc.stderr.strip()
     assert proc.returncode == 2 and len(err.splitlines()) == 1, err[-3000:]

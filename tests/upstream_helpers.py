@@ -141,5 +141,8 @@ def hostile_setuptools_wheel(dest: Path, marker: str = "/setuptools-99-ran") -> 
     wheel = dest / "setuptools-99.0.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         for name, text in files.items():
-            zf.writestr(name, text)
+            # a fixed date: the same bytes every run, so a build whose wheelhouse holds it stays cacheable
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, text)
     return wheel
