@@ -60,13 +60,21 @@ def test_the_job_s_exit_code_comes_back(cpu_image):
 
 
 def free_port_block(n: int) -> int:
-    """A base port with n free ports after it (the Ray head derives its agents' ports from its own)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65000:
-            continue
+    """A base port with n free ports after it (the Ray head derives its agents' ports from its own), between Ray's
+    worker ports and the kernel's ephemeral range. Not from the ephemeral range: Ray's own processes bind
+    ephemeral ports while the head starts, and once one of them took the dashboard port chosen there before the
+    dashboard bound it ("address already in use")."""
+    import random
+
+    from trainbox.ports import RAY_WORKER_PORTS
+
+    try:
+        ephemeral = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    low, high = RAY_WORKER_PORTS[1] + 1, ephemeral - n
+    for _ in range(200):
+        base = random.randrange(low, high)
         socks = []
         try:
             for p in range(base, base + n):
@@ -79,12 +87,12 @@ def free_port_block(n: int) -> int:
         finally:
             for s in socks:
                 s.close()
-    raise RuntimeError("no block of free ports")
+    raise RuntimeError(f"no block of {n} free ports in {low}-{high + n}")
 
 
 def test_ray_cpu_recipe_runs_a_real_ray_head(cpu_ray_image):
-    ray_port = free_port_block(8)
-    dash = free_port_block(1)
+    ray_port = free_port_block(9)  # the head and its agents' 8 ports, then the dashboard: one block, no overlap
+    dash = ray_port + 8
     proc = trainbox_run("ray-cpu", "--image", cpu_ray_image, "--set", f"RAY_PORT={ray_port}",
                         "--set", f"RAY_DASHBOARD_PORT={dash}", timeout=900)
     output = proc.stdout + proc.stderr
