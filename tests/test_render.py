@@ -206,7 +206,6 @@ def test_template_error_writes_nothing(tmp_path, monkeypatch):
     assert not out.exists()
 
 
-@pytest.mark.slow
 def test_hadolint_ignores_have_reasons():
     text = (REPO_ROOT / ".hadolint.yaml").read_text().splitlines()
     for i, line in enumerate(text):
