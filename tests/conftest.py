@@ -64,20 +64,22 @@ def _free_disk_when_low(client) -> str:
     if not _docker_root:
         out = client.run("info", "--format", "{{.DockerRootDir}}", check=False).stdout.decode().strip()
         _docker_root.append(out if out.startswith("/") else "/var/lib/docker")
-    before = min(_free_gib(_docker_root[0]), _free_gib(tempfile.gettempdir()))
+
+    def free() -> float:
+        return min(_free_gib(_docker_root[0]), _free_gib(tempfile.gettempdir()))
+
+    before = free()
     if before >= LOW_DISK_GIB:
         return ""
     # In steps, least recently used first, so that what this run builds stays warm: untagged images, then the
     # build cache down to 20 GB, and to 10 GB only when that was not enough (10 GB at once left later builds cold).
     client.run("image", "prune", "-f", timeout=600, check=False)
-    after = before
-    for keep in ("", "20GB", "10GB"):
-        if keep:
-            client.run("builder", "prune", "-f", "--keep-storage", keep, timeout=600, check=False)
-        after = min(_free_gib(_docker_root[0]), _free_gib(tempfile.gettempdir()))
+    after, cut = free(), "untagged images removed"
+    for keep in ("20GB", "10GB"):
         if after >= LOW_DISK_GIB:
             break
-    cut = f"build cache cut to {keep}" if keep else "untagged images removed"
+        client.run("builder", "prune", "-f", "--keep-storage", keep, timeout=600, check=False)
+        after, cut = free(), f"build cache cut to {keep}"
     return f"low disk before a docker test: {before:.1f} GiB free; {cut}: {after:.1f} GiB free"
 
 

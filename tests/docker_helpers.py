@@ -151,18 +151,20 @@ def ensure_base() -> str:
     return DEFAULT_TAG
 
 
-def kept_base(repo: str, dockerfile: str, files: dict[str, str] | None = None, network: str = "host") -> str:
-    """A test base derived from the substitute base, tagged `repo:<hash of its Dockerfile and files>` and kept
-    between runs, as the substitute base is. Why kept: a base rebuilt per run gets a new image ID, and every
-    layer built on it is then cold; on a kept one a warm engine answers the unchanged layers. Older tags of the
-    same repository are removed when a new one is made, so edits do not pile up bases."""
+def kept_base(repo: str, steps: str, files: dict[str, str] | None = None) -> str:
+    """A test base: `steps` (Dockerfile instructions) on the substitute base, tagged `repo:<hash of the substitute
+    base's id, the steps and the files>` and kept between runs, as the substitute base is. Why kept: a base
+    rebuilt per run gets a new image ID, and every layer built on it is then cold; on a kept one a warm engine
+    answers the unchanged layers. A new substitute base gives a new tag. Older tags of the same repository are
+    removed when a new one is made, so edits do not pile up bases."""
     import hashlib
     import tempfile
 
     client = docker_client()
-    ensure_base()
+    base = ensure_base()
+    dockerfile = f"FROM {base}\n{steps}"
     files = files or {}
-    digest = hashlib.sha256(dockerfile.encode())
+    digest = hashlib.sha256(client.inspect(base)["Id"].encode() + b"\0" + dockerfile.encode())
     for rel in sorted(files):
         digest.update(b"\0" + rel.encode() + b"\0" + files[rel].encode())
     tag = f"{repo}:{digest.hexdigest()[:12]}"
@@ -174,7 +176,7 @@ def kept_base(repo: str, dockerfile: str, files: dict[str, str] | None = None, n
         for rel, body in files.items():
             (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
             (ctx / rel).write_text(body)
-        proc = subprocess.run([client.docker, "build", "--network", network, "--label", TEST_LABEL, "-t", tag,
+        proc = subprocess.run([client.docker, "build", "--network", "host", "--label", TEST_LABEL, "-t", tag,
                                str(ctx)], env=dict(os.environ, DOCKER_BUILDKIT="1"), capture_output=True, text=True,
                               timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

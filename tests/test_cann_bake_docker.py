@@ -147,7 +147,7 @@ def test_image_build_of_the_npu_stack_bakes_what_the_base_scripts_export(tmp_pat
     # built on a base other than its declared substitute uses the base's own Python (as a cann base ships one).
     # Kept between runs (kept_base), so that a warm engine answers the npu-910b layers built on it.
     base = kept_base("trainbox-test/cann-standin-base",
-                     f"FROM {BASE}\nRUN apt-get -o Acquire::Retries=5 update && DEBIAN_FRONTEND=noninteractive "
+                     "RUN apt-get -o Acquire::Retries=5 update && DEBIAN_FRONTEND=noninteractive "
                      "apt-get install -y --no-install-recommends python3-venv && rm -rf /var/lib/apt/lists/*\n"
                      "COPY Ascend /usr/local/Ascend\n",
                      {f"Ascend/{rel}": body for rel, body in SCRIPTS.items()})

@@ -55,10 +55,9 @@ def tools_base():
     build's cached apt layer under --network none. The builder's dpkg-query check then skips apt. Kept between
     runs (docker_helpers.kept_base): the online build's layers on it are then answered by a warm engine, while
     the offline build runs every step with --no-cache."""
-    base = docker_helpers.ensure_base()
     return docker_helpers.kept_base(
         "trainbox-test/base-build-tools",
-        f"FROM {base}\nRUN apt-get -o Acquire::Retries=5 update && DEBIAN_FRONTEND=noninteractive apt-get install "
+        "RUN apt-get -o Acquire::Retries=5 update && DEBIAN_FRONTEND=noninteractive apt-get install "
         "-y --no-install-recommends git patch && rm -rf /var/lib/apt/lists/*\nCMD [\"bash\"]\n")
 
 
