@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,30 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ["PYTHONPATH"] = os.pathsep.join([_PKG] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
+# `make test` runs everything in one pytest-xdist run (--dist loadgroup). The docker tests stay in two serial
+# queues, so that no two of a queue share the engine at once: "engine" for those that use the cpu image, push it
+# (a push untags it for a while) or start the Slurm cluster, and the default for a new module; "engine-own" for
+# the modules below, which build, use and remove only images of their own. The other tests (no engine) fill the
+# remaining workers while these two queues wait on builds, registries and containers; the slow and PyPI ones keep
+# to one worker per module, so that a module's costly fixture (a megatron-core install, a bundle) is made once.
+OWN_IMAGE_MODULES = {"test_arm64_docker", "test_cann_bake_docker", "test_cli_docker", "test_cpu_mode_docker",
+                     "test_deps_pass_docker", "test_patches_docker", "test_recipe_args_megatron",
+                     "test_relax_imports", "test_repro_docker", "test_sources_docker", "test_supply_bundle",
+                     "test_supply_unpack"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the test's id
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2]
+        if "docker" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("engine-own" if module in OWN_IMAGE_MODULES else "engine"))
+        elif "slow" in item.keywords or "network" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group(module))
+    _skip_docker_without_engine(items)
+
+
+def _skip_docker_without_engine(items):
     if not any("docker" in item.keywords for item in items):
         return
     # the same client choice the product and the fixtures make (BuildKit-capable, TRAINBOX_DOCKER honoured)
@@ -93,11 +117,12 @@ def pytest_runtest_setup(item):
     if _engine[0] is None:
         return
     said = _free_disk_when_low(_engine[0])
-    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
-    capture = item.config.pluginmanager.get_plugin("capturemanager")
-    if said and reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():  # shown in the run's output, not only a failure's
-            reporter.write_line(said)
+    if said:  # a warning: shown in the run's summary, also from an xdist worker (whose own output is dropped)
+        warnings.warn(LowDiskCut(said), stacklevel=1)
+
+
+class LowDiskCut(UserWarning):
+    """The low-disk guard cut the engine's images or build cache before a docker test."""
 
 
 @pytest.fixture(scope="session")
