@@ -60,13 +60,15 @@ lint: render-check
 	shellcheck .ci/run ci/*.sh ci/slurm/*.sh
 	$(TRAINBOX) launch check --target slurm --target slurm-pyxis --target ascendjob --target volcano --target pytorchjob --target rayjob
 
-# One pytest-xdist run on TEST_JOBS workers: the docker tests in their two serial queues (tests/conftest.py says
-# which), everything else spread over the workers as they free up. The engine's builds and containers, the registry
-# and PyPI leave the cores idle much of the time; more workers than cores fill it.
+# One pytest-xdist run on TEST_JOBS workers: the docker tests that share the cpu image in one serial queue, the
+# modules with images of their own and the slow ones each in a queue of its own, the longest queues handed out
+# first (tests/conftest.py says which), everything else spread over the workers as they free up. The engine's
+# builds and containers, the registry and PyPI leave the cores idle much of the time; more workers than cores
+# fill it.
 TEST_JOBS ?= 4
 FAST_MARKS = not docker and not network and not slow
 test: engine ensure-installed
-	$(PYTEST) -q -ra -n $(TEST_JOBS) --dist loadgroup --durations=25
+	$(PYTEST) -q -ra -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder --durations=25
 
 # The Slurm tests start the two-node test cluster themselves (and stop it afterwards); these keep one up.
 slurm-up:

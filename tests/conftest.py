@@ -26,26 +26,41 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ["PYTHONPATH"] = os.pathsep.join([_PKG] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
-# `make test` runs everything in one pytest-xdist run (--dist loadgroup). The docker tests stay in two serial
-# queues, so that no two of a queue share the engine at once: "engine" for those that use the cpu image, push it
-# (a push untags it for a while) or start the Slurm cluster, and the default for a new module; "engine-own" for
-# the modules below, which build, use and remove only images of their own. The other tests (no engine) fill the
-# remaining workers while these two queues wait on builds, registries and containers; the slow and PyPI ones keep
-# to one worker per module, so that a module's costly fixture (a megatron-core install, a bundle) is made once.
+# `make test` runs everything in one pytest-xdist run (--dist loadgroup). The docker tests that use the cpu image,
+# push it (a push untags it for a while) or start the Slurm cluster stay in one serial queue, "engine", so that no
+# two of them share the engine at once; it is also where a new docker module goes. The modules below build, use and
+# remove only images of their own (unique tags, their own kept bases, no prune beyond their own stacks): each is a
+# queue of its own, beside "engine" and beside each other. The slow and PyPI tests also keep to one worker per
+# module, so that a module's costly fixture (a megatron-core install, a bundle, an arm64 build) is made once. The
+# rest fill the workers as they free up.
 OWN_IMAGE_MODULES = {"test_arm64_docker", "test_cann_bake_docker", "test_cli_docker", "test_cpu_mode_docker",
                      "test_deps_pass_docker", "test_patches_docker", "test_recipe_args_megatron",
                      "test_relax_imports", "test_repro_docker", "test_sources_docker", "test_supply_bundle",
                      "test_supply_unpack"}
+# The longest queues go out first (`make test` passes --no-loadscope-reorder, so xdist hands out the groups in the
+# order of the collection): one that starts late becomes the run's tail, with one core idle. Longest first, as
+# measured in a parallel `make test` (2026-11-27, seconds of its tests under load): engine 1072, arm64 376,
+# teardown 332, cpu mode 223, deps pass 171, bundle 159, sources 155, megatron patches 135, repro 98, relax 92,
+# megatron recipe args 70. An order, not a result: a queue missing here only starts later.
+LONG_FIRST = ("engine", "test_arm64_docker", "test_dist_teardown", "test_cpu_mode_docker", "test_deps_pass_docker",
+              "test_supply_bundle", "test_sources_docker", "test_megatron_patches", "test_repro_docker",
+              "test_relax_imports", "test_recipe_args_megatron")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the test's id
 def pytest_collection_modifyitems(config, items):
+    groups = {}
     for item in items:
         module = item.module.__name__.rpartition(".")[2]
         if "docker" in item.keywords:
-            item.add_marker(pytest.mark.xdist_group("engine-own" if module in OWN_IMAGE_MODULES else "engine"))
+            groups[item.nodeid] = module if module in OWN_IMAGE_MODULES else "engine"
         elif "slow" in item.keywords or "network" in item.keywords:
-            item.add_marker(pytest.mark.xdist_group(module))
+            groups[item.nodeid] = module
+        if item.nodeid in groups:
+            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        rank = {g: i for i, g in enumerate(LONG_FIRST)}
+        items.sort(key=lambda it: rank.get(groups.get(it.nodeid), len(LONG_FIRST)))  # stable: the rest keep order
     _skip_docker_without_engine(items)
 
 
@@ -177,9 +192,12 @@ def every_built_image_carries_its_sbom():
     mp.undo()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def registry():
-    """A real registry on 127.0.0.1 (Debian's docker-registry) for the push tests, one per test module."""
+    """A real registry on 127.0.0.1 (Debian's docker-registry) for the push tests, one per test process: the push
+    tests (all in the "engine" queue, one worker) share it, so the cpu image is compressed and uploaded once per run;
+    a later push of it finds its layers there ("Layer already exists"), as a second push to a cluster's registry
+    does. Each test still pulls by digest what only the registry has."""
     from docker_helpers import _unavailable
     from registry_helpers import local_registry
 

@@ -143,11 +143,18 @@ def build_options(**kw):
 
 @functools.cache
 def ensure_base() -> str:
+    import fcntl
+    import tempfile
+
     from trainbox.base import DEFAULT_TAG, bootstrap
 
     client = docker_client()
-    if not client.image_exists(DEFAULT_TAG):
-        bootstrap(tag=DEFAULT_TAG, client=client)
+    # One bootstrap at a time across the test workers (several docker queues run at once): the second waits and
+    # then finds the base, instead of making its own and moving the tag under the first one's builds.
+    with open(Path(tempfile.gettempdir()) / "trainbox-test-base.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not client.image_exists(DEFAULT_TAG):
+            bootstrap(tag=DEFAULT_TAG, client=client)
     return DEFAULT_TAG
 
 

@@ -106,9 +106,7 @@ def test_cpu_stack_for_arm64_tag_config_and_manifest(arm64_cpu):
                                                  entrypoint="").stdout)
     assert man["platform"] == PLAT
     assert man["components"]["torch"]["version"] == "2.10.0"  # PyPI's aarch64 CPU build, not 2.13.0+cpu
-    proc = run_emulated(tag, "python", "-c", "import platform, torch; "
-                        "print(platform.machine(), torch.__version__, torch.version.cuda)")
-    assert proc.stdout.split() == ["aarch64", "2.10.0+cpu", "None"], proc.stdout + proc.stderr
+    # that torch imports as aarch64's CPU build: the doctor test (each emulated torch import costs a minute here)
 
 
 def test_image_ls_shows_the_platform(arm64_cpu):
@@ -133,6 +131,9 @@ def test_doctor_passes_in_the_arm64_image(arm64_cpu):
     checks = {c["id"]: c for c in rep["checks"]}
     assert checks["packages.versions"]["status"] == "PASS", checks["packages.versions"]
     assert checks["torch.import"]["status"] == "PASS", checks["torch.import"]
+    # imported in the image, under qemu: PyPI's aarch64 CPU build, which sees no CUDA
+    assert checks["torch.import"]["data"]["torch"] == "2.10.0+cpu", checks["torch.import"]
+    assert checks["torch.import"]["data"]["cuda"] == 0, checks["torch.import"]
     assert rep["context"]["device"] == "cpu"
     assert rep["context"]["platform"] == PLAT and rep["context"]["machine"] == "aarch64", rep["context"]
     assert ", linux/arm64," in checks["manifest"]["message"], checks["manifest"]
