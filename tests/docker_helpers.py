@@ -194,6 +194,18 @@ def kept_base(repo: str, steps: str, files: dict[str, str] | None = None) -> str
     return tag
 
 
+def cold_base() -> str:
+    """The substitute base under an image ID of its own (one LABEL more), for the tests' --no-cache builds.
+
+    Why: a --no-cache build of steps the cpu image shares points BuildKit's cache index at its own results (a
+    normal build after one reuses the no-cache build's layers, not the first build's; checked on this engine).
+    When those go, the cpu image's steps miss and build cold again (in a parallel run the edit-rebuild test once
+    saw all 12 of its steps rerun). On a base of their own, their cache keys never meet the cpu image's. Used by
+    the reproducibility test; the dependency-pass test keeps the substitute base (with another base its stack took
+    the parent's lock)."""
+    return kept_base("trainbox-test/cold-base", 'LABEL io.trainbox.test.cold-base="1"\n')
+
+
 def build_cpu_image() -> str:
     """The cpu stack's image tag (trainbox/cpu:<content hash>), built once per session."""
     return build_cpu_outcome().tag

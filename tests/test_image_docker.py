@@ -209,11 +209,16 @@ def test_edit_rebuilds_only_later_steps(cpu_build, tmp_path, monkeypatch, edit, 
         files = sorted(p for p in (REPO_ROOT / "launchers").rglob("*") if p.is_file())
         assert files, "no launcher files to edit"
         edit = str(files[0].relative_to(REPO_ROOT))
-    out = image.build(dh.build_options(
-        stack="cpu", source_root=_edited_repo(tmp_path, edit), wheelhouse=str(dh.wheelhouse_dir()), ca_bundle=str(dh.marker_ca_bundle()),
-        tag_latest=False, labels={"trainbox.test": "1"}, report=str(tmp_path / "report.json")))
+    opts = dict(stack="cpu", wheelhouse=str(dh.wheelhouse_dir()), ca_bundle=str(dh.marker_ca_bundle()),
+                tag_latest=False, labels={"trainbox.test": "1"})
+    # The unedited tree built again just before (all cached, unless something dropped its cache): the cpu image
+    # may have been built long ago, and the docker queues beside this one build the same first steps meanwhile,
+    # some with --no-cache, which re-points BuildKit's cache index at their own results.
+    unedited = image.build(dh.build_options(**opts, force=True, report=str(tmp_path / "unedited.json")))
+    out = image.build(dh.build_options(**opts, source_root=_edited_repo(tmp_path, edit),
+                                       report=str(tmp_path / "report.json")))
     try:
-        assert not out.skipped and out.tag != cpu_build.tag
+        assert not out.skipped and out.tag not in (cpu_build.tag, unedited.tag)
         before, after = _steps_after(out.report, first_rebuilt, files_marker)
         assert before and all(s["status"] == "cached" for s in before), \
             [(s["name"][:60], s["status"]) for s in before if s["status"] != "cached"]
@@ -222,6 +227,7 @@ def test_edit_rebuilds_only_later_steps(cpu_build, tmp_path, monkeypatch, edit, 
         assert json.loads((tmp_path / "report.json").read_text())["rebuilt_steps"] == len(after)
     finally:
         dh.docker_client().remove_image(out.tag)
+        dh.docker_client().remove_image(unedited.tag)
 
 
 def test_substituted_wheel_fails_the_build_in_hash_checking_mode(tmp_path, cpu_build):

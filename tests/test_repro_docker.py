@@ -1,8 +1,9 @@
 """Layers that rebuild bit for bit (marker `docker`): the cpu stack built twice from cold (`--no-cache`: BuildKit
-runs every step again instead of taking a cached layer; the build cache of other builds is left alone), then each
-layer's digest (DiffID) compared step by step. trainbox's own layers (its files, launchers, manifest, SBOM) must be
-the same bytes, and so must the hash-pinned pip layer and the rest of the final stage; the README says which
-layers match and why. Two cold builds: slow, and CPU-heavy on a 2-core host."""
+runs every step again instead of taking a cached layer), on a base of its own (`docker_helpers.cold_base`, so that
+the cache index of the cpu image's steps is left alone), then each layer's digest (DiffID) compared step by step.
+trainbox's own layers (its files, launchers, manifest, SBOM) must be the same bytes, and so must the hash-pinned
+pip layer and the rest of the final stage; the README says which layers match and why. Two cold builds: slow, and
+CPU-heavy on a 2-core host."""
 
 from __future__ import annotations
 
@@ -58,14 +59,14 @@ def test_two_cold_builds_give_the_same_layers(tmp_path):
     from trainbox.image import build
 
     client = dh.docker_client()
-    dh.ensure_base()
+    base = dh.cold_base()
     mark = {"trainbox.test": "1", "trainbox.test.repro": uuid.uuid4().hex[:12]}  # its own content hash and tag
     layers, ids = [], []
     try:
         for i in (1, 2):
             out = build(dh.build_options(
-                stack="cpu", wheelhouse=str(dh.wheelhouse_dir()), no_cache=True, force=True, tag_latest=False,
-                labels=mark, report=str(tmp_path / f"report-{i}.json")))
+                stack="cpu", base=base, wheelhouse=str(dh.wheelhouse_dir()), no_cache=True, force=True,
+                tag_latest=False, labels=mark, report=str(tmp_path / f"report-{i}.json")))
             assert out.report["cached_steps"] == 0, "a cold build ran every step"
             ids.append(out.report["image_id"])
             layers.append(_layers_by_step(client, out.report["image_id"]))
