@@ -215,6 +215,7 @@ def test_edit_rebuilds_only_later_steps(cpu_build, tmp_path, monkeypatch, edit, 
     # may have been built long ago, and the docker queues beside this one build the same first steps meanwhile,
     # some with --no-cache, which re-points BuildKit's cache index at their own results.
     unedited = image.build(dh.build_options(**opts, force=True, report=str(tmp_path / "unedited.json")))
+    assert unedited.tag != cpu_build.tag  # its label gives it its own tag: removing it below leaves the cpu image
     out = image.build(dh.build_options(**opts, source_root=_edited_repo(tmp_path, edit),
                                        report=str(tmp_path / "report.json")))
     try:
