@@ -47,20 +47,25 @@ LONG_FIRST = ("engine", "test_arm64_docker", "test_dist_teardown", "test_cpu_mod
               "test_relax_imports", "test_recipe_args_megatron")
 
 
+def _queue(item) -> str | None:
+    """The xdist group a test waits in (see above), None for a test that may run on any worker."""
+    module = item.module.__name__.rpartition(".")[2]
+    if "docker" in item.keywords:
+        return module if module in OWN_IMAGE_MODULES else "engine"
+    if "slow" in item.keywords or "network" in item.keywords:
+        return module
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the test's id
 def pytest_collection_modifyitems(config, items):
-    groups = {}
     for item in items:
-        module = item.module.__name__.rpartition(".")[2]
-        if "docker" in item.keywords:
-            groups[item.nodeid] = module if module in OWN_IMAGE_MODULES else "engine"
-        elif "slow" in item.keywords or "network" in item.keywords:
-            groups[item.nodeid] = module
-        if item.nodeid in groups:
-            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+        queue = _queue(item)
+        if queue:
+            item.add_marker(pytest.mark.xdist_group(queue))
     if getattr(config.option, "dist", "no") == "loadgroup":
         rank = {g: i for i, g in enumerate(LONG_FIRST)}
-        items.sort(key=lambda it: rank.get(groups.get(it.nodeid), len(LONG_FIRST)))  # stable: the rest keep order
+        items.sort(key=lambda it: rank.get(_queue(it), len(LONG_FIRST)))  # stable: the rest keep their order
     _skip_docker_without_engine(items)
 
 
@@ -112,7 +117,7 @@ def _free_disk_when_low(client) -> str:
         return ""
     # In steps, least recently used first, so that what this run builds stays warm: untagged images, then the
     # build cache down to 20 GB, and to 10 GB only when that was not enough (10 GB at once left later builds cold).
-    # Only untagged images older than an hour: a docker test in the other queue may be using one it just made
+    # Only untagged images older than an hour: a docker test in another queue may be using one it just made
     # (test_cli_docker's prune test failed so once).
     client.run("image", "prune", "-f", "--filter", "until=1h", timeout=600, check=False)
     after, cut = free(), "untagged images over an hour old removed"
