@@ -201,8 +201,8 @@ def cold_base() -> str:
     normal build after one reuses the no-cache build's layers, not the first build's; checked on this engine).
     When those go, the cpu image's steps miss and build cold again (in a parallel run the edit-rebuild test once
     saw all 12 of its steps rerun). On a base of their own, their cache keys never meet the cpu image's. Used by
-    the reproducibility test; the dependency-pass test keeps the substitute base (on this one its second test's
-    constrained pass let the too-old pin through and `pip check` failed instead: not understood yet)."""
+    the reproducibility test. (The dependency-pass test needs no --no-cache at all; on this base with `--base`
+    its stack would also be locked again as an override, which gives it the parent's dependency closure.)"""
     return kept_base("trainbox-test/cold-base", 'LABEL io.trainbox.test.cold-base="1"\n')
 
 

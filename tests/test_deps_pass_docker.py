@@ -3,7 +3,12 @@
 The NPU stacks have no lock for their pins' dependencies, so their builds resolve those with a second
 `pip install`, constrained to the hash-checked pins. Their bases cannot be had here, so the pass runs on the cpu
 stack with its lock left out (tmp stack `cpu-unlocked`): the pins come from the stack file, torch's dependencies
-from PyPI during the build. A pin that a dependency wants moved must fail the build, not be replaced."""
+from PyPI during the build. A pin that a dependency wants moved must fail the build, not be replaced.
+
+No --no-cache: on the base the cpu image uses, a --no-cache build points BuildKit's cache index at its own results
+and the other docker tests' builds then missed their cached steps (see docker_helpers.cold_base), and it is not
+needed: a step that fails is never cached, so the refused pass runs every time, and the resolving pass is the
+same step over the same requirement files as any earlier build it is taken from (a template edit reruns it)."""
 
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ def _build(tmp_path: Path, stack: Path):
 
     dh.ensure_base()
     return image.build(dh.build_options(
-        stack=str(stack), wheelhouse=str(dh.wheelhouse_dir()), tag_latest=False, no_cache=True, force=True,
+        stack=str(stack), wheelhouse=str(dh.wheelhouse_dir()), tag_latest=False, force=True,
         labels={"trainbox.test": "1"}, report=str(tmp_path / f"report-{uuid.uuid4().hex[:6]}.json")))
 
 
@@ -57,7 +62,7 @@ def test_unlocked_stack_resolves_its_dependencies_within_the_pins(tmp_path):
     out = _build(tmp_path, stack)
     try:
         pip_step = next(s for s in out.report["steps"] if "--require-hashes" in s["name"])
-        assert pip_step["status"] == "done"
+        assert pip_step["status"] in ("done", "cached"), pip_step  # cached: an identical earlier build's pass
         proc = dh.run_in_image(out.tag, "python", "-c",
                                "import importlib.metadata as m, os, torch, numpy, sympy; "
                                "print(m.version('torch'), m.version('numpy'), m.version('typing-extensions'), "
