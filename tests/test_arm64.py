@@ -66,6 +66,59 @@ def test_an_arm64_plan_names_its_platform_in_tag_label_and_manifest(tmp_path, mo
     assert 'torch==2.13.0+cpu ; platform_machine == "x86_64"' in reqs
 
 
+def _stages(dockerfile: str) -> list[str]:
+    return [line for line in dockerfile.splitlines() if line.startswith("FROM ")]
+
+
+@pytest.mark.parametrize("stack_name", ["cpu", "twinkle"])  # the venv made in the final stage / in a builder
+def test_a_cross_build_compiles_the_venv_natively(tmp_path, monkeypatch, stack_name):
+    """With the build machine's twin of the base, an arm64 plan compiles the venv's bytecode in a stage of the build
+    platform (qemu would take minutes over torch) and copies only the .pyc into the image; without it, as before."""
+    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    stack = load_stack(stack_name)
+    base = buildplan.BuildBase(requested=stack.base.image, used="local/debian:bookworm-arm64",
+                               substituted="local/debian:bookworm-arm64")
+    plain = buildplan.make_plan(stack, base, buildplan.PlanInputs(platform="linux/arm64"))
+    cross = buildplan.make_plan(stack, base, buildplan.PlanInputs(platform="linux/arm64",
+                                                                  native_base="local/debian:bookworm"))
+    assert cross.content_hash != plain.content_hash
+    assert "AS pyc" not in plain.dockerfile and "NATIVE_BASE_IMAGE" not in plain.dockerfile
+    venv_stage = "builder" if stack_name == "twinkle" else "venv"
+    assert "FROM --platform=$BUILDPLATFORM ${NATIVE_BASE_IMAGE} AS pyc" in _stages(cross.dockerfile)
+    assert "ARG NATIVE_BASE_IMAGE=local/debian:bookworm\n" in cross.dockerfile
+    assert _stages(cross.dockerfile)[-1] == ("FROM system AS final" if stack_name == "twinkle" else "FROM venv AS final")
+    pyc = cross.dockerfile[cross.dockerfile.index(" AS pyc\n"):cross.dockerfile.index(_stages(cross.dockerfile)[-1])]
+    assert f"COPY --from={venv_stage} /opt/venv/lib /opt/venv/lib" in pyc
+    assert "compileall -q -f -j0 --invalidation-mode unchecked-hash /opt/venv/lib" in pyc
+    assert "! -type d ! -name '*.pyc' -delete" in pyc  # only bytecode travels back
+    final = cross.dockerfile[cross.dockerfile.index(_stages(cross.dockerfile)[-1]):]
+    assert "COPY --from=pyc /opt/venv/lib /opt/venv/lib" in final
+    # the emulated compile (the venv's own Python, on the target platform) is gone; the plain plan keeps it
+    assert "/opt/venv/bin/python -m compileall" in plain.dockerfile
+    assert "/opt/venv/bin/python -m compileall" not in cross.dockerfile
+    assert cross.dockerfile.count("-m compileall -q -f -j0") == 1
+
+
+def test_native_twin_is_trainboxs_own_base_for_this_machine(monkeypatch):
+    from trainbox import base
+
+    class Engine:
+        def __init__(self, *have):
+            self.have = set(have)
+
+        def image_exists(self, tag):
+            return tag in self.have
+
+    monkeypatch.setattr(base, "host_platform", lambda: "linux/amd64")
+    engine = Engine("local/debian:bookworm", "local/debian:trixie")
+    assert base.native_twin("local/debian:bookworm-arm64", "linux/arm64", engine) == "local/debian:bookworm"
+    assert base.native_twin("local/debian:trixie-arm64", "linux/arm64", engine) == "local/debian:trixie"
+    assert base.native_twin("local/debian:bookworm", "linux/amd64", engine) is None  # not a cross build
+    assert base.native_twin("local/debian:bookworm-arm64", "linux/arm64", Engine()) is None  # no twin here
+    assert base.native_twin("quay.io/ascend/cann:8.5.0-910b-py3.11-arm64", "linux/arm64", engine) is None
+    assert base.native_twin("local/debian:bookworm-arm64", "linux/arm64", None) is None  # no engine (dry run)
+
+
 def _image(stack, tag, plat, created):
     return inventory.BuiltImage(id=tag[-6:], tags=[tag], stack=stack, hash=tag.split(":")[1][:12], base=None,
                                 substitute=False, overrides={}, size=1, created=created, age_s=1, platform=plat)

@@ -207,6 +207,19 @@ def _local_for(image: str, plat: str, say: Callable[[str], None] | None) -> str:
     return mapped
 
 
+def native_twin(used: str, plat: str, client: Client | None) -> str | None:
+    """For a build for another machine's platform: trainbox's own base for this machine that `used` is the
+    `plat` twin of (local/debian:bookworm for local/debian:bookworm-arm64), when the engine holds it. The build
+    then compiles the venv's bytecode natively (build/templates/partials/pyc.j2). None for a build for this
+    machine, for other bases (their twin's Python is not known) and when the engine lacks it."""
+    suffix = tag_suffix(plat)
+    if client is None or plat == host_platform() or not suffix or not used.endswith(suffix) \
+            or not used.startswith(DEFAULT_TAG.split(":")[0] + ":"):
+        return None
+    twin = local_base_for(used[: -len(suffix)], host_platform())
+    return twin if client.image_exists(twin) else None
+
+
 def outdated(image: str, client: Client, info: dict | None = None) -> str | None:
     """Why `image`, a base that `bootstrap` made, must be made again (it lacks packages of DEFAULT_INCLUDE:
     made by an older trainbox), or None: current, absent, or not made by trainbox (then left alone). `info`:

@@ -172,17 +172,18 @@ class PlanInputs:
     sources: dict[str, Path] = field(default_factory=dict)  # staged git trees and archives (build/sources/...)
     offline: bool = False  # `--bundle`: the build runs with --network none and pip uses the wheelhouse only
     findings: list = field(default_factory=list)  # the stack's warnings (trainbox.findings.Reported): plan notes
+    native_base: str | None = None  # a cross build: the base's twin for the build machine (compiles the venv)
 
 
-def render_for(stack, base: BuildBase):
+def render_for(stack, base: BuildBase, native_base: str | None = None):
     """The rendered Dockerfile, manifest and requirements for `stack` built FROM base.used. A substitute base
     is recorded by render.manifest as base.substituted, the stack's own base staying base.image."""
     from . import render
 
     if not base.substituted or stack.declared_base:
-        return render.render_stack(stack)
+        return render.render_stack(stack, native_base=native_base)
     sub = stack.model_copy(update={"base": stack.base.model_copy(update={"image": base.used})})
-    return render.render_stack(sub.resolved(declared_base=stack.base.image))
+    return render.render_stack(sub.resolved(declared_base=stack.base.image), native_base=native_base)
 
 
 def _args(inp: PlanInputs, dockerfile: Path, tags: list[str], labels: dict[str, str], mode: str) -> list[str]:
@@ -220,7 +221,7 @@ def manifest_for(manifest: dict, platform: str) -> dict:
 def make_plan(stack, base: BuildBase, inp: PlanInputs, client=None) -> BuildPlan:
     """The plan for building `stack` on `base` (pure: reads the checkout, asks no engine and no index).
     `client`: the engine client that will run it (None: a BuildKit-capable `docker build` is assumed)."""
-    rendered = render_for(stack, base)
+    rendered = render_for(stack, base, inp.native_base)
     dockerfile_rel = f"build/generated/{stack.name}/Dockerfile"
     files: dict[str, Path | bytes] = dict(input_files(inp.source_root))
     files.update(rendered.context_files)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import buildrun
-from .base import bootstrap, resolve_base, suite_of
+from .base import bootstrap, native_twin, resolve_base, suite_of
 from .buildplan import (CONTEXT_ITEMS, WHEELHOUSE_DIR, BuildBase, BuildPlan, PlanInputs,  # noqa: F401 - re-exported
                         content_hash, copy_inputs, format_plan, make_plan, stage, tree_files)
 from .buildrun import BuildFailed, BuildOutcome  # noqa: F401 - re-exported
@@ -310,6 +310,10 @@ def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] =
     if make_base and base.bootstrap:
         bootstrap(tag=base.used, suite=suite_of(base.used), client=client, say=say, platform=inp.platform)
         base.image_id = client.image_id(base.used)
+    inp.native_base = native_twin(base.used, inp.platform, client)
+    if inp.platform != host_platform() and not inp.native_base:
+        notes.append(f"the venv's bytecode is compiled under emulation: a native compile needs trainbox's own base "
+                     f"for {host_platform()} beside {base.used} (`trainbox base bootstrap` on a bootstrapped base)")
     inp.sources, stack = _staged_sources(stack, opts, say)
     p = make_plan(stack, base, inp, client)
     p.notes[:0] = notes

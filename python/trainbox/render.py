@@ -218,7 +218,9 @@ def _apt_packages(stack: Stack, base, patching: bool) -> tuple[list[str], list[s
     return sorted(system), sorted(build - system)
 
 
-def render_stack(stack: Stack, template: str = "Dockerfile.j2") -> RenderedStack:
+def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str | None = None) -> RenderedStack:
+    """The stack's Dockerfile, requirement files and manifest. `native_base`: a cross build's base for the build
+    machine (the twin of the stack's base, same Python), which compiles the venv natively (partials/pyc.j2)."""
     patches = _patch_list(stack)
     req_lines = _require_lines(stack)
     dep_lines = _dep_lines(stack)
@@ -263,6 +265,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2") -> RenderedStack
             env_lines=[f"{_env_key(k)}={dockerfile_string(v)}" for k, v in sorted(stack.env.items())],
             label_lines=[f"{k}={dockerfile_string(v)}" for k, v in _labels(stack).items()],
             trainbox_version=__version__,
+            native_base=native_base,
         )
     except jinja2.TemplateError as exc:
         raise TrainboxError(f"{_template_location(exc, template)}: template error: {exc}") from None
