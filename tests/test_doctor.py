@@ -572,7 +572,8 @@ def test_torch_import_real_torch_npu_without_cann(tmp_path_factory, make):
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     py = str(venv / "bin" / "python")
     want = torch_version.split("+")[0]
-    pip = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", f"torch-npu=={want}"],
+    # --no-compile: nothing here imports torch_npu far enough to use its bytecode (pip would compile it all)
+    pip = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", f"torch-npu=={want}"],
                          capture_output=True, text=True, timeout=600)
     if pip.returncode != 0:
         pytest.skip(f"torch-npu=={want} not installable here: {pip.stderr[-300:]}")
