@@ -7,7 +7,7 @@ build/stacks/cpu.yaml). Under qemu the torch imports take most of the time; the 
 amd64 test does (3 are too few for the job's own "the loss fell" check). The image is labelled trainbox.test=1
 (which gives it its own content hash, no :latest tag) and removed afterwards; the arm64 base is kept, as the
 amd64 one is (`trainbox base bootstrap` makes either once). Cold, the build runs pip under qemu (about 2 minutes
-alone, 15 under a loaded `make test`) and compiles the venv's bytecode natively, on the amd64 base (the pyc
+alone, 5 in a cold `.ci/run`'s `make test`) and compiles the venv's bytecode natively, on the amd64 base (the pyc
 stage); with BuildKit's cache warm the module takes about 4 minutes.
 """
 
