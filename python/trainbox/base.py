@@ -26,6 +26,7 @@ from .platforms import (EMULATE_HINT, PLATFORM_ARCH, emulation_problem, host_pla
 from .runtime.errors import TrainboxError
 
 DEFAULT_TAG = "local/debian:bookworm"
+LOCAL_REPO = "local/debian:"  # the repository of every base `trainbox base bootstrap` makes (any suite, platform)
 DEFAULT_SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
@@ -170,7 +171,7 @@ def resolve_base(stack, client: Client, say: Callable[[str], None],
     plat = platform or host_platform()
     image = stack.base.image
     explicit = "base.image" in (stack.overrides or {})
-    if explicit and image.startswith("local/debian:"):
+    if explicit and image.startswith(LOCAL_REPO):
         # trainbox's own base namespace (`trainbox base bootstrap`): made here, never pulled
         image = _local_for(image, plat, say)
         info = client.image_info(image)
@@ -179,7 +180,7 @@ def resolve_base(stack, client: Client, say: Callable[[str], None],
             return image, None, True, None
         return image, None, False, info.get("Id")
     sub = stack.base.substitute
-    local = bool(sub) and (sub == DEFAULT_TAG or sub.startswith("local/debian:"))
+    local = bool(sub) and (sub == DEFAULT_TAG or sub.startswith(LOCAL_REPO))
     sub = _local_for(sub, plat, None) if local else sub
     choice = own_or_substitute(image, sub, stack.base.auto_substitute and not explicit, client, platform=plat)
     if not choice.substituted and choice.available:
@@ -214,7 +215,7 @@ def native_twin(used: str, plat: str, client: Client | None) -> str | None:
     machine, for other bases (their twin's Python is not known) and when the engine lacks it."""
     suffix = tag_suffix(plat)
     if client is None or plat == host_platform() or not suffix or not used.endswith(suffix) \
-            or not used.startswith(DEFAULT_TAG.split(":")[0] + ":"):
+            or not used.startswith(LOCAL_REPO):
         return None
     twin = local_base_for(used[: -len(suffix)], host_platform())
     return twin if client.image_exists(twin) else None
