@@ -317,3 +317,22 @@ def sbom_problems(tag: str) -> list[str]:
             problems.append(f"{name}: pip recorded sha256 {sha}, the SBOM has {c.get('hashes')}")
     problems += [f"{n} {c.get('version')}: in the SBOM, not installed (pip inspect)" for n, c in sorted(listed.items())]
     return problems
+
+
+def history_layers(ref: str) -> list[tuple[str, str, str, int]]:
+    """(created_by, comment, DiffID, bytes) for each layer of an image, oldest first. `docker history` lists
+    every step; those that made a layer are the base's import, RUN, COPY, ADD, WORKDIR and trainbox's SBOM
+    layer (ENV, LABEL, ARG ... make none), and `inspect` gives the layers' DiffIDs in the same order."""
+    client = docker_client()
+    diff_ids = client.inspect(ref)["RootFS"]["Layers"]
+    out = client.run("history", "--no-trunc", "--human=false", "--format",
+                     "{{.CreatedBy}}\t{{.Comment}}\t{{.Size}}", ref).stdout.decode()
+    made = []
+    for line in reversed(out.splitlines()):
+        created_by, comment, size = line.rsplit("\t", 2)
+        text = created_by.split(" # buildkit")[0]
+        if comment.startswith(("Imported from", "trainbox: the SBOM")) or \
+                text.startswith(("RUN ", "COPY ", "ADD ", "WORKDIR ")):
+            made.append((text, comment, int(size)))
+    assert len(made) == len(diff_ids), (made, diff_ids)  # each layer named by the step that made it
+    return [(text, comment, diff_id, size) for (text, comment, size), diff_id in zip(made, diff_ids)]

@@ -89,14 +89,19 @@ def test_a_cross_build_compiles_the_venv_natively(tmp_path, monkeypatch, stack_n
     assert _stages(cross.dockerfile)[-1] == ("FROM system AS final" if stack_name == "twinkle" else "FROM venv AS final")
     pyc = cross.dockerfile[cross.dockerfile.index(" AS pyc\n"):cross.dockerfile.index(_stages(cross.dockerfile)[-1])]
     assert f"COPY --from={venv_stage} /opt/venv/lib /opt/venv/lib" in pyc
-    assert "compileall -q -f -j0 --invalidation-mode unchecked-hash /opt/venv/lib" in pyc
+    # every source of the venv's lib, not only those newer than SOURCE_DATE_EPOCH (the steps that copied them here
+    # stamped them all), with the flags of the venv's own steps
+    assert "find /opt/venv/lib -name '*.py' ! -type d -print0" in pyc
+    assert "-m compileall -q -f \\\n            --invalidation-mode unchecked-hash >/dev/null" in pyc
     assert "! -type d ! -name '*.pyc' -delete" in pyc  # only bytecode travels back
     final = cross.dockerfile[cross.dockerfile.index(_stages(cross.dockerfile)[-1]):]
     assert "COPY --from=pyc /opt/venv/lib /opt/venv/lib" in final
     # the emulated compile (the venv's own Python, on the target platform) is gone; the plain plan keeps it
     assert "/opt/venv/bin/python -m compileall" in plain.dockerfile
     assert "/opt/venv/bin/python -m compileall" not in cross.dockerfile
-    assert cross.dockerfile.count("-m compileall -q -f -j0") == 1
+    venv_compile = "-m compileall -q -f \\\n            --invalidation-mode"  # partials/venv_compile.j2
+    assert cross.dockerfile.count(venv_compile) == 1
+    assert plain.dockerfile.count(venv_compile) == 3  # the venv's pip, torch's own layer, the other pins
 
 
 def test_native_twin_is_trainboxs_own_base_for_this_machine(monkeypatch):

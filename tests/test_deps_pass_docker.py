@@ -61,7 +61,7 @@ def test_unlocked_stack_resolves_its_dependencies_within_the_pins(tmp_path):
     assert not rendered.manifest["deps_locked"] and "-c /tmp/trainbox-pins.txt" in rendered.dockerfile
     out = _build(tmp_path, stack)
     try:
-        pip_step = next(s for s in out.report["steps"] if "--require-hashes" in s["name"])
+        pip_step = next(s for s in out.report["steps"] if "-r /tmp/trainbox/requirements.txt" in s["name"])
         assert pip_step["status"] in ("done", "cached"), pip_step  # cached: an identical earlier build's pass
         proc = dh.run_in_image(out.tag, "python", "-c",
                                "import importlib.metadata as m, os, torch, numpy, sympy; "
@@ -72,6 +72,10 @@ def test_unlocked_stack_resolves_its_dependencies_within_the_pins(tmp_path):
         assert (torch_v, numpy_v) == ("2.13.0+cpu", "2.3.5")  # the pins, as hash-checked
         assert tuple(int(x) for x in te_v.split(".")[:2]) >= (4, 10)  # torch's own floor, resolved in the build
         assert leftover == "False"  # the constraints file does not stay in the image
+        # the torch pin is the cpu stack's: its layer is the cpu image's, shared (built once, stored once)
+        mine, cpu = dh.history_layers(out.tag), dh.history_layers(dh.build_cpu_image())
+        at = next(i for i, (text, *_rest) in enumerate(mine) if "-r /tmp/trainbox/torch.txt" in text)
+        assert [d for _t, _c, d, _s in mine[:at + 1]] == [d for _t, _c, d, _s in cpu[:at + 1]]
     finally:
         dh.docker_client().remove_image(out.tag, force=True)
 

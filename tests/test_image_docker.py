@@ -90,6 +90,18 @@ def test_cpu_history_and_config_show_no_secret(cpu_build):
     assert "pip_cert" not in config and "PIP_CERT=" not in config
 
 
+def test_torch_has_a_layer_of_its_own_that_the_next_step_leaves_alone(cpu_build):
+    """torch is installed in a layer of its own (partials/install.j2), which the stacks on one base that pin it
+    alike share. The pip step after it compiles and stamps only what it installs itself: touching one of torch's
+    files would copy the whole file into its layer, which would then hold a second torch."""
+    layers = dh.history_layers(cpu_build.tag)
+    own = [size for text, _c, _d, size in layers if "-r /tmp/trainbox/torch.txt" in text]
+    rest = [size for text, _c, _d, size in layers if "-r /tmp/trainbox/requirements.txt" in text]
+    assert len(own) == 1 and len(rest) == 1, [text[-80:] for text, *_ in layers]
+    assert own[0] > 500e6, own  # torch 2.13.0+cpu and its bytecode
+    assert rest[0] < own[0] / 2, (own, rest)  # numpy, sympy, networkx ... and nothing of torch's
+
+
 def test_cpu_container_runs_torch_under_tini(cpu_build):
     proc = dh.run_in_image(
         cpu_build.tag, "python", "-c",

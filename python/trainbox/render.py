@@ -22,6 +22,7 @@ from . import __version__
 from .base import APT_PYTHON_PACKAGES, RUNTIME_PACKAGES
 from .grammar import check_env_name, check_image, controls
 from .runtime.errors import TrainboxError
+from .runtime.installed import canon
 from .paths import PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
 from .templating import make_env
 from .platforms import platform_marker
@@ -47,12 +48,24 @@ class RenderedStack:
         return f"{GENERATED_DIR}/{self.stack.name}"
 
 
+#: The pin installed in a layer of its own, before the others (partials/install.j2): the largest wheel (torch is
+#: about 750 MB installed), and the one that most stacks on one base pin alike.
+LAYER_OF_ITS_OWN = "torch"
+
+
 def _require_lines(stack: Stack) -> list[str]:
     """Each installed component's hash-checked requirement lines, as its kind writes them."""
     lines = []
     for key, c in sorted(stack.installed_components.items()):
         lines += c.kind.requirement_lines(c, stack)
     return lines
+
+
+def _own_layer_lines(stack: Stack) -> list[str]:
+    """The requirement lines of LAYER_OF_ITS_OWN (one per platform marker), [] when the stack does not install it
+    from an index (then the build has no such layer)."""
+    return [line for c in stack.installed_components.values() if canon(c.dist_name) == LAYER_OF_ITS_OWN
+            for line in c.kind.requirement_lines(c, stack)]
 
 
 def _dep_lines(stack: Stack) -> list[str]:
@@ -223,6 +236,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
     machine (the twin of the stack's base, same Python), which compiles the venv natively (partials/pyc.j2)."""
     patches = _patch_list(stack)
     req_lines = _require_lines(stack)
+    own_lines = _own_layer_lines(stack)
     dep_lines = _dep_lines(stack)
     man = manifest(stack, patches)
     gen = f"{GENERATED_DIR}/{stack.name}"
@@ -232,6 +246,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
              "beside this file names; do not edit.\n"
     requirements = header + "".join(line + "\n" for line in req_lines)
     deps = header + "".join(line + "\n" for line in dep_lines)
+    own_layer = header + "".join(line + "\n" for line in own_lines)
     manifest_text = json.dumps(man, indent=2, sort_keys=True) + "\n"
     names = sorted({c.dist_name + c.extras_suffix
                     for c in stack.installed_components.values() if c.kind.from_index})
@@ -252,6 +267,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
             dockerfile_name=DEFAULT_DOCKERFILES.get(stack.name, f"{gen}/Dockerfile"),
             deps_locked=bool(dep_lines),
             dep_names=names,
+            own_layer=LAYER_OF_ITS_OWN if own_lines else None,
             patched=patched,
             sourced=sourced,
             compiled=sorted(k for k, c in stack.installed_components.items() if c.kind.compiled(c)),
@@ -272,6 +288,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
     files = {
         f"{gen}/requirements.txt": requirements.encode(),
         f"{gen}/deps.txt": deps.encode(),
+        f"{gen}/{LAYER_OF_ITS_OWN}.txt": own_layer.encode(),
         f"{gen}/stack.json": manifest_text.encode(),
     }
     return RenderedStack(stack, text, man, requirements, deps, files)
@@ -381,7 +398,7 @@ def write_set(outputs: dict[str, bytes], root: Path) -> list[str]:
 
 
 # what a build/generated/<stack>/ directory holds, so a stale one (its stack removed) can be told apart
-GENERATED_FILES = {"Dockerfile", "deps.txt", "requirements.txt", "stack.json"}
+GENERATED_FILES = {"Dockerfile", "deps.txt", "requirements.txt", f"{LAYER_OF_ITS_OWN}.txt", "stack.json"}
 
 
 def stale_generated(outputs: dict[str, bytes], root: Path) -> list[Path]:
