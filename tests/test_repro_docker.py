@@ -61,17 +61,23 @@ def test_two_cold_builds_give_the_same_layers(tmp_path):
     layers, ids = [], []
     try:
         for i in (1, 2):
-            out = build(dh.build_options(
-                stack="cpu", base=base, wheelhouse=str(dh.wheelhouse_dir()), no_cache=True, force=True,
-                tag_latest=False, labels=mark, report=str(tmp_path / f"report-{i}.json")))
+            # BuildKit 0.8 once reported two steps of the second --no-cache build CACHED (the hosts stage's RUN and
+            # its COPY: not rebuilt, so their layers prove nothing). Such a build is made again, once; the
+            # comparison takes only a build that ran every step.
+            for attempt in (1, 2):
+                out = build(dh.build_options(
+                    stack="cpu", base=base, wheelhouse=str(dh.wheelhouse_dir()), no_cache=True, force=True,
+                    tag_latest=False, labels=mark, report=str(tmp_path / f"report-{i}-{attempt}.json")))
+                ids.append(out.report["image_id"])
+                if out.report["cached_steps"] == 0:
+                    break
             assert out.report["cached_steps"] == 0, "a cold build ran every step"
-            ids.append(out.report["image_id"])
             layers.append(_layers_by_step(out.report["image_id"]))
         first, second = layers
         assert set(first) == set(MUST_MATCH) | {"base"}, sorted(first)
         differ = {k: (first[k][:19], second[k][:19]) for k in first if first[k] != second[k]}
         assert not differ, f"layers that did not rebuild bit for bit: {differ}"
-        assert ids[0] != ids[1]  # two builds for real (the image config's `created` differs)
+        assert ids[0] != ids[-1]  # two builds for real (the image config's `created` differs)
     finally:
-        for image_id in ids:
+        for image_id in set(ids):
             client.remove_image(image_id, force=True)
