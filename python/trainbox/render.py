@@ -53,19 +53,17 @@ class RenderedStack:
 LAYER_OF_ITS_OWN = "torch"
 
 
-def _require_lines(stack: Stack) -> list[str]:
-    """Each installed component's hash-checked requirement lines, as its kind writes them."""
-    lines = []
+def _require_lines(stack: Stack) -> tuple[list[str], list[str]]:
+    """Each installed component's hash-checked requirement lines, as its kind writes them, and among them those of
+    LAYER_OF_ITS_OWN (one per platform marker; none when the stack does not install it from an index, and then the
+    build has no such layer)."""
+    lines, own = [], []
     for key, c in sorted(stack.installed_components.items()):
-        lines += c.kind.requirement_lines(c, stack)
-    return lines
-
-
-def _own_layer_lines(stack: Stack) -> list[str]:
-    """The requirement lines of LAYER_OF_ITS_OWN (one per platform marker), [] when the stack does not install it
-    from an index (then the build has no such layer)."""
-    return [line for c in stack.installed_components.values() if canon(c.dist_name) == LAYER_OF_ITS_OWN
-            for line in c.kind.requirement_lines(c, stack)]
+        mine = c.kind.requirement_lines(c, stack)
+        lines += mine
+        if canon(c.dist_name) == LAYER_OF_ITS_OWN:
+            own += mine
+    return lines, own
 
 
 def _dep_lines(stack: Stack) -> list[str]:
@@ -235,8 +233,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
     """The stack's Dockerfile, requirement files and manifest. `native_base`: a cross build's base for the build
     machine (the twin of the stack's base, same Python), which compiles the venv natively (partials/pyc.j2)."""
     patches = _patch_list(stack)
-    req_lines = _require_lines(stack)
-    own_lines = _own_layer_lines(stack)
+    req_lines, own_lines = _require_lines(stack)
     dep_lines = _dep_lines(stack)
     man = manifest(stack, patches)
     gen = f"{GENERATED_DIR}/{stack.name}"
