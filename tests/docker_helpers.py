@@ -29,6 +29,9 @@ MARKER_CA = DATA / "marker-ca.pem"
 SECRET_TOKEN = "trainbox-test-secret-5f0c1e9a"
 SECRET_INDEX_URL = f"https://trainbox-test:{SECRET_TOKEN}@pypi.org/simple"
 TEST_LABEL = "trainbox.test=1"
+# the venv's two pin-install steps (partials/install.j2), told apart in reports and history by the file each installs
+TORCH_STEP = "-r /tmp/trainbox/torch.txt"
+PINS_STEP = "-r /tmp/trainbox/requirements.txt"
 NPU_OVERRIDES = {
     # Dockerfile.npu's own steps with pins this machine can reach: the CPU torch from the wheelhouse,
     # the rest from PyPI. torch_npu then installs, but cannot load without CANN.

@@ -61,7 +61,7 @@ def test_unlocked_stack_resolves_its_dependencies_within_the_pins(tmp_path):
     assert not rendered.manifest["deps_locked"] and "-c /tmp/trainbox-pins.txt" in rendered.dockerfile
     out = _build(tmp_path, stack)
     try:
-        pip_step = next(s for s in out.report["steps"] if "-r /tmp/trainbox/requirements.txt" in s["name"])
+        pip_step = next(s for s in out.report["steps"] if dh.PINS_STEP in s["name"])
         assert pip_step["status"] in ("done", "cached"), pip_step  # cached: an identical earlier build's pass
         proc = dh.run_in_image(out.tag, "python", "-c",
                                "import importlib.metadata as m, os, torch, numpy, sympy; "
@@ -74,7 +74,7 @@ def test_unlocked_stack_resolves_its_dependencies_within_the_pins(tmp_path):
         assert leftover == "False"  # the constraints file does not stay in the image
         # the torch pin is the cpu stack's: its layer is the cpu image's, shared (built once, stored once)
         mine, cpu = dh.history_layers(out.tag), dh.history_layers(dh.build_cpu_image())
-        at = next(i for i, (text, *_rest) in enumerate(mine) if "-r /tmp/trainbox/torch.txt" in text)
+        at = next(i for i, (text, *_rest) in enumerate(mine) if dh.TORCH_STEP in text)
         assert [d for _t, _c, d, _s in mine[:at + 1]] == [d for _t, _c, d, _s in cpu[:at + 1]]
     finally:
         dh.docker_client().remove_image(out.tag, force=True)

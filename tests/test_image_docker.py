@@ -95,8 +95,8 @@ def test_torch_has_a_layer_of_its_own_that_the_next_step_leaves_alone(cpu_build)
     alike share. The pip step after it compiles and stamps only what it installs itself: touching one of torch's
     files would copy the whole file into its layer, which would then hold a second torch."""
     layers = dh.history_layers(cpu_build.tag)
-    own = [size for text, _c, _d, size in layers if "-r /tmp/trainbox/torch.txt" in text]
-    rest = [size for text, _c, _d, size in layers if "-r /tmp/trainbox/requirements.txt" in text]
+    own = [size for text, _c, _d, size in layers if dh.TORCH_STEP in text]
+    rest = [size for text, _c, _d, size in layers if dh.PINS_STEP in text]
     assert len(own) == 1 and len(rest) == 1, [text[-80:] for text, *_ in layers]
     assert own[0] > 500e6, own  # torch 2.13.0+cpu and its bytecode
     assert rest[0] < own[0] / 2, (own, rest)  # numpy, sympy, networkx ... and nothing of torch's

@@ -38,7 +38,7 @@ def _step(text: str, comment: str) -> str:
         return "base"
     if text.startswith("RUN "):
         for marker, key in (("dpkg-query", "RUN apt / dpkg-query"), ("-m venv", "RUN venv"),
-                            ("-r /tmp/trainbox/torch.txt", "RUN pip install torch"),
+                            (dh.TORCH_STEP, "RUN pip install torch"),
                             ("--require-hashes", "RUN pip install")):
             if marker in text:
                 return key
