@@ -129,7 +129,7 @@ def _check_rayjob(obj, job):
     head = obj["spec"]["rayClusterSpec"]["headGroupSpec"]
     if job.device == "npu":
         assert yaml.safe_load(yaml.safe_load(head["rayStartParams"]["resources"])) == {"NPU": job.per_node}
-        env = {e["name"]: e["value"] for e in head["template"]["spec"]["containers"][0]["env"]}
+        env = {e["name"]: e["value"] for e in head["template"]["spec"]["containers"][0]["env"] if "value" in e}
         assert env["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] == "1"
         runtime = yaml.safe_load(obj["spec"]["runtimeEnvYAML"])
         assert runtime["env_vars"]["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] == "1"

@@ -1,8 +1,10 @@
-"""RayJob pods run without the image's entrypoint. KubeRay v1.7.0 (ray-operator controllers/ray/common/pod.go
-BuildPod; utils.GetContainerCommand) sets the Ray container's command to `/bin/bash -c --` and its args to
-`ulimit -n ...; ray start ... --block`, so tini and trainbox-entrypoint never run there. Whatever the entrypoint
-does that a Ray pod needs must come from the image's ENV and the pod spec: the stack's defaults, the NOSET flags,
-the visible devices, and the CANN environment (baked as ENV by `trainbox image build`)."""
+"""RayJob pods keep the image's entrypoint: the RayJob carries `ray.io/overwrite-container-cmd: "true"` (KubeRay
+>= 1.1 then leaves the container's command and args alone and hands its `ray start ...` over in
+KUBERAY_GEN_RAY_START_CMD), no `command` (the image's ENTRYPOINT, tini + trainbox-entrypoint, runs) and args
+that run the generated command. A KubeRay older than 1.1 ignores the annotation and writes `/bin/bash -c --
+ulimit ...; ray start ...` itself (ray-operator common/pod.go BuildPod), skipping the entrypoint: for those the pod
+spec still carries what the entrypoint would give a Ray pod (the stack's defaults, the NOSET flags, the visible
+devices) and the CANN environment comes from the image's ENV (baked by `trainbox image build`)."""
 
 from __future__ import annotations
 
@@ -62,7 +64,9 @@ def test_ray_pods_have_what_the_entrypoint_would_give_them(name):
     runtime_env = yaml.safe_load(obj["spec"]["runtimeEnvYAML"])["env_vars"]
     for pod in _pods(obj):
         (c,) = pod["spec"]["containers"]
-        assert "command" not in c and "args" not in c  # KubeRay's to write: `ray start`
+        # the image's ENTRYPOINT runs (no command), then KubeRay's generated `ray start`
+        assert "command" not in c and "KUBERAY_GEN_RAY_START_CMD" in c["args"][-1]
+        assert obj["metadata"]["annotations"]["ray.io/overwrite-container-cmd"] == "true"
         pod_env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
         effective = {**_image_env(job.stack.name), **pod_env}  # a pod's env wins over the image's ENV
         # the entrypoint's own defaults step would change nothing: the stack's env is all there

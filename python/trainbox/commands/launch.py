@@ -124,6 +124,11 @@ def _cluster_args(r) -> None:
                    "4 per NPU/GPU, 1 per CPU process; requests only, no limit)")
     r.add_argument("--memory", metavar="QTY", help="Kubernetes targets: memory request per pod, e.g. 128Gi (default: "
                    "16Gi per NPU/GPU, 2Gi per CPU process; no limit: a peak must not OOM-kill the job)")
+    r.add_argument("--volume", dest="volumes", action="append", default=[], metavar="NAME=pvc:CLAIM",
+                   help="Kubernetes targets: where a mounted path input (OUTPUT_DIR, MODEL_DIR, ...) comes from: "
+                   "NAME=pvc:CLAIM[/SUBPATH], a PersistentVolumeClaim (or a file or directory in it) mounted at the "
+                   "input's path (default: a claim named after the input, e.g. output-dir), or NAME=hostpath, the "
+                   "node's own path (repeatable)")
     r.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="--OPTION=VALUE",
                    help="slurm targets: an extra #SBATCH line, e.g. --sbatch-arg=--partition=train (repeatable)")
     r.add_argument("--strict", action="store_true", help="fail (exit 2) where a warning would do: a cluster render "
@@ -145,7 +150,8 @@ def cmd_render(args) -> int:
                       stack_name=args.stack, nodes=args.nodes, nproc_per_node=args.nproc_per_node,
                       devices=args.devices)
     recipe, script = job.recipe, render_target(job, args.target, RenderOptions(
-        args.accelerator_type, args.name, args.namespace, tuple(args.sbatch_args), args.cpu, args.memory))
+        args.accelerator_type, args.name, args.namespace, tuple(args.sbatch_args), args.cpu, args.memory,
+        tuple(args.volumes)))
     _image_reachable(job, args.target, args.strict)
     if args.output:
         from ..runtime.errors import TrainboxError

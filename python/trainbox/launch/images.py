@@ -142,9 +142,10 @@ def pull_problem(image: str) -> str | None:
 
 
 def entrypoint_free_problem(job: Job) -> str | None:
-    """Why the pods of an NPU RayJob would start without the CANN environment, or None. KubeRay replaces the
-    container's command (`/bin/bash -c -- ... ray start`), so the image's entrypoint, which otherwise sources
-    or applies CANN's set_env record, does not run: only the image's ENV reaches the raylets. `trainbox image
+    """Why the pods of an NPU RayJob could start without the CANN environment, or None. The RayJob asks KubeRay
+    to keep the image's entrypoint (ray.io/overwrite-container-cmd), but KubeRay < 1.1 ignores that and replaces
+    the container's command (`/bin/bash -c -- ... ray start`), so the entrypoint, which otherwise sources or
+    applies CANN's set_env record, does not run: only the image's ENV reaches the raylets. `trainbox image
     build` bakes that record as ENV (label io.trainbox.cann-env); a plain `docker build` does not. An image
     this engine does not have is not checked."""
     if job.device != "npu":
@@ -163,6 +164,7 @@ def entrypoint_free_problem(job: Job) -> str | None:
     why = (f"it was built on the substitute base {labels[SUBSTITUTE_LABEL]}, which has no CANN"
            if labels.get(SUBSTITUTE_LABEL) else
            f"no baked CANN environment (label {BAKED_LABEL}; a plain `docker build` leaves it to the entrypoint)")
-    return (f"image {job.image}: {why}. KubeRay starts Ray pods with `/bin/bash -c -- ... ray start`, not the "
-            "image's entrypoint, so only the image's ENV and the pod's env reach the raylets: build the image "
+    return (f"image {job.image}: {why}. KubeRay older than 1.1 ignores ray.io/overwrite-container-cmd and starts "
+            "Ray pods with `/bin/bash -c -- ... ray start`, not the image's entrypoint, so only the image's ENV and "
+            "the pod's env reach the raylets: build the image "
             f"with `trainbox image build {job.stack.name}` on its CANN base (it bakes the CANN environment as ENV)")

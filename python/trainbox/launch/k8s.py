@@ -7,9 +7,16 @@ so tini and the trainbox entrypoint stay PID 1). Everything a recipe or user sup
 Facts (shared/k8s-crds/README.md, MindCluster v26.1.0): AscendJob labels `ring-controller.atlas: ascend-910b`
 and `framework: pytorch`, container `ascend` with port `ascendjob-port`, cards requested as
 `huawei.com/Ascend910` (910B and A3 alike, told apart by the `accelerator-type` node selector, --accelerator-type),
-super-pod jobs annotated `sp-block`; NPU pods of every kind but RayJob labelled `ring-controller.atlas` and given
-ASCEND_VISIBLE_DEVICES from Volcano's `huawei.com/Ascend910` pod annotation; the operator injects MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_WORLD_SIZE and
-mounts the rank table. KubeRay <= 1.7.0 does not map huawei.com/Ascend* to Ray's `NPU`: rayStartParams say it.
+super-pod jobs annotated `sp-block`; NPU pods of every kind (RayJob's too) scheduled by Volcano, labelled
+`ring-controller.atlas` and given ASCEND_VISIBLE_DEVICES from Volcano's `huawei.com/Ascend910` pod annotation; the
+operator injects MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/LOCAL_RANK and HCCL_LOGIC_SUPERPOD_ID and
+mounts the rank table. Device pods of one job keep to one node each (pod anti-affinity on the job's label, as
+MindCluster's samples do on `job-name`). KubeRay <= 1.7.0 does not map huawei.com/Ascend* to Ray's `NPU`:
+rayStartParams say it. The facts with their sources: tests/data/mindcluster_facts.yaml.
+
+Volumes: the recipe's mounted path inputs are PersistentVolumeClaims (`--volume NAME=pvc:CLAIM`; default claim: the
+input's name, e.g. output-dir) mounted at the input's path; hostPath only for `--volume NAME=hostpath` and the
+NPU driver files every node has. The YAML has no anchors or aliases (each object is written out in full).
 """
 
 from __future__ import annotations
@@ -41,6 +48,13 @@ VISIBLE_FROM_ANNOTATION = {"name": "ASCEND_VISIBLE_DEVICES",
                            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{NPU_RESOURCE}']"}}}
 SHM = {"cpu": "8Gi", "cuda": "64Gi", "npu": "64Gi"}  # a memory-backed /dev/shm (the runtime's default is 64 MiB)
 ASCEND_PORT, PYTORCH_PORT = 2222, 23456
+JOB_LABEL = "trainbox.io/job"  # on every object and pod of a job: `trainbox jobs/status/cancel` select by it
+# KubeRay (>= 1.1) runs the container's own command and args when the RayCluster carries this annotation, and
+# hands its generated `ray start ...` over in KUBERAY_GEN_RAY_START_CMD (ray-operator utils.IsOverwriteCmd;
+# docs.ray.io .../kubernetes/user-guides/pod-command). `eval`: the generated command holds shell quoting
+# (--resources="{\"NPU\": 8}") that a bare $VAR expansion would pass on as literal quotes.
+RAY_OVERWRITE_CMD = "ray.io/overwrite-container-cmd"
+RAY_START_ARGS = ["bash", "-c", 'ulimit -n 65536; eval "exec $KUBERAY_GEN_RAY_START_CMD"']
 KINDS = {"ascendjob": ("npu", ("torchrun", "exec")), "volcano": (None, ("torchrun", "exec")),
          "pytorchjob": (None, ("torchrun",)), "rayjob": (None, ("ray",))}
 
@@ -155,21 +169,70 @@ def _resources(job: Job, asked: dict[str, str]) -> dict:
     return {"requests": dict(asked)}
 
 
-def _volumes(job: Job, configmap: str) -> tuple[list[dict], list[dict]]:
-    """(volumes, volumeMounts): the script, a memory /dev/shm, NPU driver files, the recipe's path inputs."""
+VOLUME_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(hostpath|pvc:([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)"
+                       r"(/([A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*))?)$")
+
+
+def parse_volumes(job: Job, specs) -> dict[str, tuple[str, str | None, str | None]]:
+    """--volume NAME=pvc:CLAIM[/SUBPATH] | NAME=hostpath for the recipe's mounted path inputs ->
+    {input: (kind, claim, subPath)}; every mounted input not named gets a claim of its own name (output-dir for
+    OUTPUT_DIR)."""
+    mounted = mounted_inputs(job)
+    out: dict[str, tuple[str, str | None, str | None]] = {}
+    for spec in specs or ():
+        m = VOLUME_RE.match(spec)
+        if not m or ".." in (m.group(6) or "").split("/"):
+            raise TrainboxError(f"--volume {spec!r}: expected NAME=pvc:CLAIM[/SUBPATH] (a PersistentVolumeClaim in "
+                                "the job's namespace, or a file or directory in it, mounted at the input's path, "
+                                "e.g. OUTPUT_DIR=pvc:train-output or DATA_PATH=pvc:datasets/dapo.jsonl) or "
+                                "NAME=hostpath (the node's own path)")
+        name = m.group(1)
+        if name not in mounted:
+            raise TrainboxError(f"--volume {spec}: recipe {job.name} mounts no path input {name!r} (its mounted "
+                                f"inputs: {', '.join(mounted) or 'none'})")
+        if name in out:
+            raise TrainboxError(f"--volume {name}: given twice")
+        out[name] = ("hostpath", None, None) if m.group(2) == "hostpath" else ("pvc", m.group(3), m.group(6))
+    for name in mounted:
+        out.setdefault(name, ("pvc", k8s_name(name, 63), None))
+    return out
+
+
+def mounted_inputs(job: Job) -> dict[str, str]:
+    """{input: path} of the recipe's path inputs the job mounts, in the recipe's order."""
+    from ..recipe import all_inputs
+
+    return {n: job.sets[n] for n, spec in all_inputs(job.recipe).items()
+            if spec.kind == "path" and spec.mount and job.sets.get(n) in job.mounts}
+
+
+def _volumes(job: Job, configmap: str, volumes: dict | None = None) -> tuple[list[dict], list[dict]]:
+    """(volumes, volumeMounts): the script, a memory /dev/shm, NPU driver files (hostPath: every NPU node has
+    them), the recipe's path inputs (claims, or hostPath where --volume asks)."""
     vols = [{"name": "trainbox-job", "configMap": {"name": configmap}},
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM[job.device]}}]
     mounts = [{"name": "trainbox-job", "mountPath": SCRIPT_DIR, "readOnly": True},
               {"name": "dshm", "mountPath": "/dev/shm"}]
     host = []
     if job.device == "npu":
-        host += [(p, True) for p in npu.NPU_DRIVER_MOUNTS]
+        host += list(npu.NPU_DRIVER_MOUNTS)
         if job.nodes > 1:
-            host += [(p, True) for p in npu.NPU_MULTINODE_MOUNTS]  # HCCL's NIC tool + config
-    host += sorted(job.mounts.items())
-    for i, (path, readonly) in enumerate(host):
+            host += list(npu.NPU_MULTINODE_MOUNTS)  # HCCL's NIC tool + config
+    for i, path in enumerate(host):
         vols.append({"name": f"host-{i}", "hostPath": {"path": path}})
-        mounts.append({"name": f"host-{i}", "mountPath": path, "readOnly": readonly})
+        mounts.append({"name": f"host-{i}", "mountPath": path, "readOnly": True})
+    volumes = volumes if volumes is not None else parse_volumes(job, ())
+    claims: dict[tuple, str] = {}  # one volume per claim (or host path), however many inputs use it
+    for name, path in mounted_inputs(job).items():
+        kind, claim, sub = volumes[name]
+        key = (kind, claim if kind == "pvc" else path)
+        if key not in claims:
+            claims[key] = vol = f"{kind}-{len(claims)}"
+            vols.append({"name": vol, "hostPath": {"path": path}} if kind == "hostpath" else
+                        {"name": vol, "persistentVolumeClaim": {"claimName": claim}})
+        if not any(m["mountPath"] == path for m in mounts):
+            mounts.append({"name": claims[key], "mountPath": path, "readOnly": job.mounts[path],
+                           **({"subPath": sub} if sub else {})})
     return vols, mounts
 
 
@@ -183,12 +246,11 @@ def _env(job: Job, scheduler: str) -> list[dict]:
 
 
 def entrypoint_free_env(job: Job, env: dict[str, str]) -> dict[str, str]:
-    """What the image's entrypoint would add to `env` and a pod that bypasses it must carry itself. KubeRay
-    v1.7.0 sets the Ray container's command to `/bin/bash -c --` and its args to `ulimit ...; ray start ...`
-    (ray-operator common/pod.go BuildPod, utils.GetContainerCommand), so tini and trainbox-entrypoint do not run
-    in Ray pods: the stack's defaults and the CPU-mode rule are computed here by the entrypoint's own code, the
-    NOSET flags are the raylets' (they must see them, not only the job's runtime env). The CANN environment
-    comes from the image's ENV, which `trainbox image build` bakes (trainbox.cann_bake)."""
+    """What the image's entrypoint would add to `env`, written into Ray pods' env as well. The RayJob keeps the
+    entrypoint (ray.io/overwrite-container-cmd), but KubeRay < 1.1 ignores that annotation and starts
+    `/bin/bash -c -- ... ray start` itself (ray-operator common/pod.go BuildPod): there the stack's defaults,
+    the CPU-mode rule (computed by the entrypoint's own code) and the raylets' NOSET flags still hold, and the
+    CANN environment comes from the image's ENV, which `trainbox image build` bakes (trainbox.cann_bake)."""
     from ..runtime.entrypoint import apply_defaults
 
     added = dict(env)
@@ -202,7 +264,7 @@ def entrypoint_free_env(job: Job, env: dict[str, str]) -> dict[str, str]:
 def _container(job: Job, name: str, scheduler: str, mounts: list[dict], asked: dict[str, str],
                ports: list[dict] | None = None, args: list[str] | None = None) -> dict:
     env = _env(job, scheduler)
-    if job.device == "npu" and scheduler != "kuberay":
+    if job.device == "npu":
         env.append(VISIBLE_FROM_ANNOTATION)
     c = {"name": name, "image": job.image, "imagePullPolicy": "IfNotPresent",
          "args": args if args is not None else ["bash", f"{SCRIPT_DIR}/job.sh"],
@@ -212,14 +274,27 @@ def _container(job: Job, name: str, scheduler: str, mounts: list[dict], asked: d
     return c
 
 
-def _pod(job: Job, container: dict, volumes: list[dict], labels: dict, restart: str = "Never",
-         scheduler: str | None = None, accelerator: str | None = None) -> dict:
-    spec: dict = {"restartPolicy": restart, "containers": [container], "volumes": volumes}
-    if scheduler:
-        spec["schedulerName"] = scheduler
+def _anti_affinity(job: Job, name: str) -> dict:
+    """One pod of a job per node (MindCluster's samples: podAntiAffinity on the job's name, topology
+    kubernetes.io/hostname): a 16-die module-a3-16 node would otherwise take two 8-card pods of one job."""
+    return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchExpressions": [{"key": JOB_LABEL, "operator": "In", "values": [name]}]},
+         "topologyKey": "kubernetes.io/hostname"}]}}
+
+
+def _pod(job: Job, name: str, container: dict, volumes: list[dict], restart: str = "Never",
+         accelerator: str | None = None) -> dict:
+    """A pod template of job `name`: its label, and on NPU/CUDA one pod a node; NPU pods are Volcano's (it
+    writes the huawei.com/Ascend910 annotation ASCEND_VISIBLE_DEVICES reads) and carry the ring label."""
+    spec: dict = {"restartPolicy": restart}
+    if job.device == "npu":
+        spec["schedulerName"] = "volcano"
+    if job.device != "cpu":
+        spec["affinity"] = _anti_affinity(job, name)
     if accelerator:
         spec["nodeSelector"] = {"accelerator-type": accelerator}
-    return {"metadata": {"labels": labels}, "spec": spec}
+    spec.update({"containers": [container], "volumes": volumes})
+    return {"metadata": {"labels": {JOB_LABEL: name, **_ring(job)}}, "spec": spec}
 
 
 def _ring(job: Job) -> dict:
@@ -228,16 +303,17 @@ def _ring(job: Job) -> dict:
     return {"ring-controller.atlas": RING_CONTROLLER} if job.device == "npu" else {}
 
 
-def _meta(job: Job, name: str, labels: dict | None = None, annotations: dict | None = None) -> dict:
+def _meta(job: Job, name: str, labels: dict | None = None, annotations: dict | None = None, job_name: str = "") -> dict:
     ann = {"trainbox.io/recipe": job.name, "trainbox.io/description": oneline(job.recipe.description),
            "trainbox.io/image": job.image, **({"trainbox.io/image-id": job.image_id} if job.image_id else {}),
            **(annotations or {})}
     return {"name": name, "labels": {"app.kubernetes.io/managed-by": "trainbox", "trainbox.io/recipe":
-                                     k8s_name(job.name, 63), **(labels or {})}, "annotations": ann}
+                                     k8s_name(job.name, 63), JOB_LABEL: job_name or name, **(labels or {})},
+            "annotations": ann}
 
 
-def _configmap(job: Job, name: str) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, name),
+def _configmap(job: Job, name: str, job_name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, name, job_name=job_name),
             "data": {"job.sh": render_script(job.recipe, job.stack, job.sets)}}
 
 
@@ -249,17 +325,15 @@ def _replicas(job: Job, pod_for, restart: str) -> dict:
     return specs
 
 
-def ascendjob(job: Job, name: str, accelerator: str | None = None, asked: dict | None = None) -> dict:
-    asked = asked or pod_requests(job)
-    ring = _ring(job)
-    labels = {**ring, "framework": "pytorch"}
-    vols, mounts = _volumes(job, f"{name}-launcher")
+def ascendjob(job: Job, name: str, accelerator: str | None, asked: dict, volumes: dict) -> dict:
+    labels = {**_ring(job), "framework": "pytorch"}
+    vols, mounts = _volumes(job, f"{name}-launcher", volumes)
     ports = [{"name": "ascendjob-port", "containerPort": ASCEND_PORT}]
     block = sp_block(job, accelerator)
     annotations = {"sp-block": block} if block else {}
 
     def pod(_role):
-        return _pod(job, _container(job, "ascend", "operator", mounts, asked, ports), vols, dict(ring),
+        return _pod(job, name, _container(job, "ascend", "operator", mounts, asked, ports), vols,
                     accelerator=accelerator)
 
     return {"apiVersion": "mindxdl.gitee.com/v1", "kind": "AscendJob",
@@ -269,24 +343,26 @@ def ascendjob(job: Job, name: str, accelerator: str | None = None, asked: dict |
                      "successPolicy": "AllWorkers", "replicaSpecs": _replicas(job, pod, "Never")}}
 
 
-def pytorchjob(job: Job, name: str, accelerator: str | None = None, asked: dict | None = None) -> dict:
-    asked = asked or pod_requests(job)
-    vols, mounts = _volumes(job, f"{name}-launcher")
+# Kubeflow copies a replica's restartPolicy over its pod template's (training-operator common/pod.go
+# setRestartPolicy) and warns where they differ: both say the same here
+PYTORCHJOB_RESTART = "OnFailure"
+
+
+def pytorchjob(job: Job, name: str, accelerator: str | None, asked: dict, volumes: dict) -> dict:
+    vols, mounts = _volumes(job, f"{name}-launcher", volumes)
     ports = [{"name": "pytorchjob-port", "containerPort": PYTORCH_PORT}]
-    # NPU pods go through Volcano: it writes the huawei.com/Ascend910 annotation ASCEND_VISIBLE_DEVICES reads
-    scheduler = "volcano" if job.device == "npu" else None
 
     def pod(_role):
-        return _pod(job, _container(job, "pytorch", "operator", mounts, asked, ports), vols, _ring(job),
-                    scheduler=scheduler, accelerator=accelerator)
+        return _pod(job, name, _container(job, "pytorch", "operator", mounts, asked, ports), vols,
+                    restart=PYTORCHJOB_RESTART, accelerator=accelerator)
 
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(job, name, _ring(job)),
-            "spec": {"nprocPerNode": str(job.per_node), "pytorchReplicaSpecs": _replicas(job, pod, "OnFailure")}}
+            "spec": {"nprocPerNode": str(job.per_node),
+                     "pytorchReplicaSpecs": _replicas(job, pod, PYTORCHJOB_RESTART)}}
 
 
-def volcano(job: Job, name: str, accelerator: str | None = None, asked: dict | None = None) -> dict:
-    asked = asked or pod_requests(job)
-    vols, mounts = _volumes(job, f"{name}-launcher")
+def volcano(job: Job, name: str, accelerator: str | None, asked: dict, volumes: dict) -> dict:
+    vols, mounts = _volumes(job, f"{name}-launcher", volumes)
     container = _container(job, "main", "volcano", mounts, asked)
     task = "node"
     # the svc plugin writes /etc/volcano/<task>.host (one pod host name a line, index order) and a headless
@@ -299,29 +375,32 @@ def volcano(job: Job, name: str, accelerator: str | None = None, asked: dict | N
                      "plugins": {"svc": [], "env": []},
                      "policies": [{"event": "PodEvicted", "action": "RestartJob"}],
                      "tasks": [{"name": task, "replicas": job.nodes,
-                                "template": _pod(job, container, vols, _ring(job), accelerator=accelerator)}]}}
+                                "template": _pod(job, name, container, vols, accelerator=accelerator)}]}}
 
 
-def _ray_start_params(job: Job) -> dict:
+def ray_start_params(job: Job) -> dict:
     if job.device == "npu":
-        # KubeRay <= 1.7.0 does not turn huawei.com/Ascend910 into Ray's NPU resource: say it by hand
+        # KubeRay <= 1.7.0 does not turn huawei.com/Ascend910 into Ray's NPU resource: say it by hand. KubeRay
+        # writes each param as --KEY=VALUE into a shell command, so the JSON goes in shell quotes of its own
+        # (KubeRay's RayCluster docs: resources: '"{\"Custom1\": 1}"')
         return {"resources": json.dumps(json.dumps({"NPU": job.per_node}))}
     if job.device == "cuda":
         return {"num-gpus": str(job.per_node)}
     return {"num-cpus": str(job.per_node)}
 
 
-def rayjob(job: Job, name: str, accelerator: str | None = None, asked: dict | None = None) -> dict:
-    asked = asked or pod_requests(job)
-    vols, mounts = _volumes(job, f"{name}-launcher")
-    params = _ray_start_params(job)
-    # no args: KubeRay writes the `ray start` command into the container itself
-    head = _pod(job, _container(job, "ray-head", "kuberay", mounts, asked, args=[]), vols, {}, restart="Always",
-                accelerator=accelerator)
-    worker = _pod(job, _container(job, "ray-worker", "kuberay", mounts, asked, args=[]), vols, {}, restart="Always",
-                  accelerator=accelerator)
-    for pod in (head, worker):
-        del pod["spec"]["containers"][0]["args"]  # KubeRay writes `ray start` as the command: no entrypoint runs
+RAY_TTL_SECONDS = 600  # the finished job's RayCluster is deleted this long after the job ends (logs: kubectl logs)
+
+
+def rayjob(job: Job, name: str, accelerator: str | None, asked: dict, volumes: dict) -> dict:
+    vols, mounts = _volumes(job, f"{name}-launcher", volumes)
+    params = ray_start_params(job)
+    # the image's entrypoint (tini, trainbox-entrypoint: CANN's set_env, the stack's defaults) then KubeRay's
+    # `ray start`, as RAY_OVERWRITE_CMD lets a pod say
+    head = _pod(job, name, _container(job, "ray-head", "kuberay", mounts, asked, args=RAY_START_ARGS), vols,
+                restart="Always", accelerator=accelerator)
+    worker = _pod(job, name, _container(job, "ray-worker", "kuberay", mounts, asked, args=RAY_START_ARGS), vols,
+                  restart="Always", accelerator=accelerator)
     cluster = {"headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0", **params}, "template": head}}
     if job.nodes > 1:
         cluster["workerGroupSpecs"] = [{"groupName": "workers", "replicas": job.nodes - 1,
@@ -330,9 +409,13 @@ def rayjob(job: Job, name: str, accelerator: str | None = None, asked: dict | No
     env_vars = {k: v for k, v in job.env.items() if k != "TRAINBOX_DEVICES"}
     if job.device == "npu":
         env_vars.update({v: "1" for v in npu.NPU_NOSET})
-    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": _meta(job, name),
+    # KubeRay copies a RayJob's labels and annotations to the RayCluster it creates; with its batch scheduler
+    # on (--batch-scheduler=volcano) ray.io/scheduler-name makes it a Volcano PodGroup, so the pods start together
+    labels = {**_ring(job), **({"ray.io/scheduler-name": "volcano"} if job.device == "npu" else {})}
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob",
+            "metadata": _meta(job, name, labels, {RAY_OVERWRITE_CMD: "true"}),
             "spec": {"entrypoint": f"TRAINBOX_SCHEDULER=kuberay bash {SCRIPT_DIR}/job.sh",
-                     "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 600,
+                     "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": RAY_TTL_SECONDS,
                      "runtimeEnvYAML": yaml.safe_dump({"env_vars": env_vars}, sort_keys=True),
                      "rayClusterSpec": cluster}}
 
@@ -341,17 +424,19 @@ BUILDERS = {"ascendjob": ascendjob, "volcano": volcano, "pytorchjob": pytorchjob
 
 
 def manifests(job: Job, kind: str, name: str | None = None, accelerator: str | None = None,
-              namespace: str | None = None, requests: tuple = (None, None)) -> list[dict]:
-    """[ConfigMap, job] as Python objects (what render_manifest dumps); `requests`: (--cpu, --memory)."""
+              namespace: str | None = None, requests: tuple = (None, None), volumes=()) -> list[dict]:
+    """[ConfigMap, job] as Python objects (what render_manifest dumps); `requests`: (--cpu, --memory);
+    `volumes`: the --volume values."""
     _check(job, kind)
     asked = pod_requests(job, *requests)
+    claims = parse_volumes(job, volumes)
     accelerator = accelerator_type(job, accelerator)
     namespace = check_namespace(namespace)
     for owned in ("NODE_RANK", "MASTER_ADDR"):
         if owned in job.sets and kind != "rayjob":
             raise TrainboxError(f"--set {owned}: the {kind} scheduler tells each pod this; leave it out")
     name = job_name(job, name)
-    docs = [_configmap(job, f"{name}-launcher"), BUILDERS[kind](job, name, accelerator, asked)]
+    docs = [_configmap(job, f"{name}-launcher", name), BUILDERS[kind](job, name, accelerator, asked, claims)]
     if namespace:  # the ConfigMap must live where the pods that mount it do
         for doc in docs:
             doc["metadata"] = {"name": doc["metadata"]["name"], "namespace": namespace,
@@ -361,7 +446,11 @@ def manifests(job: Job, kind: str, name: str | None = None, accelerator: str | N
 
 class _Dumper(yaml.SafeDumper):
     """Multi-line strings (the launcher script) as literal blocks, so the manifest reads like the script;
-    PyYAML falls back to a quoted scalar by itself where a block cannot hold the text exactly."""
+    PyYAML falls back to a quoted scalar by itself where a block cannot hold the text exactly. No anchors or
+    aliases (&id001 / *id001 where two pods share a list): an operator reads and edits each pod as written."""
+
+    def ignore_aliases(self, data):
+        return True
 
 
 def _str(dumper, text):
@@ -372,9 +461,25 @@ _Dumper.add_representer(str, _str)
 
 
 def render_manifest(job: Job, kind: str, name: str | None = None, accelerator: str | None = None,
-                    namespace: str | None = None, requests: tuple = (None, None)) -> str:
+                    namespace: str | None = None, requests: tuple = (None, None), volumes=()) -> str:
     head = (f"# GENERATED by trainbox: {kind} for recipe {job.name}, {job.nodes} node(s) x {job.per_node}, "
             f"image {oneline(job.image)}\n# kubectl apply -f THIS_FILE (see the README's Kubernetes section for what the "
             "cluster must provide)\n")
-    return head + yaml.dump_all(manifests(job, kind, name, accelerator, namespace, requests), Dumper=_Dumper,
-                                sort_keys=False, width=1000)
+    docs = manifests(job, kind, name, accelerator, namespace, requests, volumes)
+    claims = sorted({v["persistentVolumeClaim"]["claimName"] for t in _templates(docs[1]) for v in t["spec"]["volumes"]
+                     if "persistentVolumeClaim" in v})
+    if claims:
+        head += f"# PersistentVolumeClaims it mounts (create them first, or --volume NAME=pvc:CLAIM): {', '.join(claims)}\n"
+    return head + yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, width=1000)
+
+
+def _templates(obj: dict) -> list[dict]:
+    spec = obj["spec"]
+    if obj["kind"] == "AscendJob":
+        return [r["template"] for r in spec["replicaSpecs"].values()]
+    if obj["kind"] == "PyTorchJob":
+        return [r["template"] for r in spec["pytorchReplicaSpecs"].values()]
+    if obj["kind"] == "Job":
+        return [t["template"] for t in spec["tasks"]]
+    c = spec["rayClusterSpec"]
+    return [c["headGroupSpec"]["template"]] + [g["template"] for g in c.get("workerGroupSpecs", [])]

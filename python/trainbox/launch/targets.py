@@ -22,6 +22,7 @@ class RenderOptions:
     sbatch_args: tuple[str, ...] = ()
     cpu: str | None = None  # Kubernetes: CPU request per pod (default by device and processes, k8s.requests)
     memory: str | None = None  # Kubernetes: memory request per pod
+    volumes: tuple[str, ...] = ()  # Kubernetes: --volume NAME=pvc:CLAIM | NAME=hostpath
 
 
 def _docker(job: Job, _opts: RenderOptions) -> str:
@@ -47,7 +48,7 @@ def _k8s(kind: str) -> Callable[[Job, RenderOptions], str]:
         from .k8s import render_manifest
 
         return render_manifest(job, kind, opts.name, opts.accelerator_type, opts.namespace,
-                               requests=(opts.cpu, opts.memory))
+                               requests=(opts.cpu, opts.memory), volumes=opts.volumes)
 
     return render
 
@@ -87,6 +88,9 @@ def render_target(job: Job, target: str, options: RenderOptions | None = None) -
     for flag, value in k8s_only.items():
         if value is not None and target not in K8S_TARGETS:
             raise TrainboxError(f"{flag}: an option of the Kubernetes targets, not of --target {target}")
+    if options.volumes and target not in K8S_TARGETS:
+        raise TrainboxError(f"--volume: an option of the Kubernetes targets, not of --target {target} (docker and "
+                            "Slurm bind-mount each path input at its own path)")
     if options.sbatch_args and not target.startswith("slurm"):
         raise TrainboxError(f"--sbatch-arg: an option of the slurm targets, not of --target {target}")
     return TARGETS[target][0](job, options)
