@@ -7,6 +7,7 @@ from their first card (all 16 card slots)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from trainbox.launch.targets import render_target, resolve_for
 from trainbox.runtime.dist import hccl_socket_port_env
@@ -122,3 +123,21 @@ def test_ray_workers_take_ports_clear_of_every_planned_port_and_hccl_block():
     for target in ("docker", "slurm"):
         text = render_target(resolve_for(target, "ray-cpu", **({"nodes": 2} if target == "slurm" else {})), target)
         assert f"--min-worker-port {lo} --max-worker-port {hi}" in text, target
+
+
+def test_no_planned_port_is_a_slurm_daemons_or_rays_default():
+    """The Slurm Ray head range once ran 6400-9397: a job whose id % 300 was 41 put its Ray head's ports over
+    slurmctld's 6817 and slurmd's 6818 (and slot 186 over Ray's own dashboard default, 8265). No port of any
+    slot, nor any worker port, is a Slurm daemon's, the test cluster's, or Ray's default."""
+    from trainbox.ports import RAY_DEFAULT_PORTS, RAY_WORKER_PORTS, SLURM_DAEMON_PORTS
+
+    reserved = set(SLURM_DAEMON_PORTS) | set(RAY_DEFAULT_PORTS)
+    assert {6817, 6818, 6819} <= reserved  # slurm.conf's defaults: SlurmctldPort, SlurmdPort, DbdPort
+    up = (Path(__file__).resolve().parents[1] / "ci/slurm/up.sh").read_text()
+    test_cluster = {int(p) for p in re.findall(r"(?:ctld_port=\$\{TRAINBOX_SLURM_PORT:-|Port=)(\d+)", up)}
+    assert test_cluster and test_cluster <= reserved, test_cluster
+    planned = set().union(*(_ports(j) for j in _docker_jobs() + _slurm_jobs()))
+    assert not planned & reserved, sorted(planned & reserved)
+    lo, hi = RAY_WORKER_PORTS
+    assert not set(range(lo, hi + 1)) & reserved
+    assert not (_blocks_of(_docker_jobs()) | _blocks_of(_slurm_jobs())) & reserved
