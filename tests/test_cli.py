@@ -30,6 +30,7 @@ OFFLINE_JSON = {
     "launch check": (["launch", "check", "cpu-ddp"], 0),
     "launch list": (["launch", "list"], 0),
     "launch show": (["launch", "show", "cpu-ddp"], 0),
+    "jobs": (["jobs"], 0),
     "run": (["run", "cpu-ddp", "--dry-run", "--image", "trainbox/cpu:any"], 0),
     "doctor": (["doctor", "--quick"], None),  # 1 when a check fails on this host
     "image build": (["image", "build", "cpu", "--dry-run"], 0),
@@ -37,7 +38,7 @@ OFFLINE_JSON = {
     "smoke": (["smoke", "cpu", "--skip", "validate,lock,render,hadolint,patches,build,doctor,recipes"], 0),
 }
 # these need the Docker engine (tests/test_cli_docker.py walks them) or PyPI (tests/test_wheelhouse.py)
-ENGINE_JSON = {"image ls", "image prune", "image push", "image sbom"}  # push, sbom: their docker tests
+ENGINE_JSON = {"image ls", "image prune", "image push", "image sbom", "status"}  # push, sbom, status: their docker tests
 NETWORK_JSON = {"image wheelhouse"}
 
 

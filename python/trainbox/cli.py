@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "base",
     "image",
     "launch",
+    "jobs",
     "doctor",
     "smoke",
 ]
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args._argv = list(sys.argv[1:] if argv is None else argv)  # `run --detach` starts the same command again
     finish(args)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

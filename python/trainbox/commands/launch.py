@@ -64,13 +64,15 @@ def register(sub) -> None:
     run.add_argument("--node-rank", type=int, default=0, help="multi-node recipes: which node this is (default 0)")
     run.add_argument("--shm-size", help="private /dev/shm of this size instead of --ipc host (CPU default: 8g)")
     run.add_argument("--label", dest="labels", action="append", metavar="KEY=VALUE", help="extra container label")
-    run.add_argument("--name", help="container name")
+    run.add_argument("--name", help="the job's name, also its container's (default: the recipe's name and a random "
+                     "suffix, one per submission); `trainbox status|logs|cancel NAME`")
+    run.add_argument("--detach", action="store_true", help="return once the job has started; a process of its own "
+                     "follows it, keeps its log and records its end (`trainbox logs -f NAME`)")
     run.add_argument("--dry-run", action="store_true",
                      help="print the docker run command(s), quoted and ready to paste, and run nothing")
     add_json(run, "the plan (image, script, docker argv per node; with --dry-run)")
     exits(run, "the job failed: run exits with the job's own status (the container's), so any code from 1 up")
     run.set_defaults(func=cmd_run)
-    _register_logs(sub)
 
 
 def _register_check(s) -> None:
@@ -101,15 +103,6 @@ def _register_check(s) -> None:
     add_json(c, "one result per recipe")
     exits(c, "a recipe fails to validate, render, bash -n or shellcheck (with --args: its imports or arguments)")
     c.set_defaults(func=cmd_check)
-
-
-def _register_logs(sub) -> None:
-    lg = sub.add_parser("logs", help="print the output `trainbox run` kept of a finished job (the container is gone)")
-    lg.add_argument("recipe", nargs="?", metavar="RECIPE", help="the newest run of this recipe (default: the newest "
-                    "run of any)")
-    lg.add_argument("--list", action="store_true", help="list the kept logs (path per line, oldest first)")
-    exits(lg, "no kept log (of that recipe)")
-    lg.set_defaults(func=cmd_logs)
 
 
 def _cluster_args(r) -> None:
@@ -384,6 +377,13 @@ def cmd_run(args) -> int:
 
     if args.json and not args.dry_run:
         args._cmd_parser.error("--json describes the plan: use it with --dry-run")
+    if args.detach:
+        if args.dry_run:
+            args._cmd_parser.error("--detach runs the job: leave out --dry-run")
+        from ..launch.lifecycle import new_name
+        from .jobs import detach
+
+        return detach(args, new_name(args.recipe, args.name))
     if args.target != "docker":
         return _run_on_slurm(args)
     plan = plan_run(args.recipe, sets=parse_sets(args.sets), image=args.image, devices=args.devices,
@@ -405,23 +405,6 @@ def cmd_run(args) -> int:
     return execute(plan, args.node_rank)
 
 
-def cmd_logs(args) -> int:
-    from ..launch.docker import kept_logs, logs_dir
-    from ..runtime.errors import TrainboxError
-
-    logs = kept_logs(args.recipe)
-    if args.list:
-        for path in logs:
-            print(path)
-        return 0
-    if not logs:
-        raise TrainboxError(f"no kept log{' of ' + args.recipe if args.recipe else ''} in {logs_dir()} "
-                            "(`trainbox run` keeps one per run; a Slurm job's output is its trainbox-*.out file)")
-    sys.stdout.write(logs[-1].read_text(errors="replace"))
-    print(f"trainbox logs: {logs[-1]}", file=sys.stderr)
-    return 0
-
-
 def _run_on_slurm(args) -> int:
     from ..launch import parse_sets
     from ..launch.slurm import submit
@@ -435,4 +418,4 @@ def _run_on_slurm(args) -> int:
     if args.dry_run:
         sys.stdout.write(script)
         return 0
-    return submit(job, script)
+    return submit(job, script, name=args.name)

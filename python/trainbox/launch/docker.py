@@ -124,7 +124,7 @@ def run_args(job: Job, *, shm_size: str | None = None, labels: list[str] | None 
     node and every target that runs containers (the sbatch script adds its own per-node pieces)."""
     base = ["run", "--rm"]
     if name:
-        base += ["--name", name]
+        base += ["--name", name, "--label", f"trainbox.job={name}"]
     base += ["--label", f"trainbox.recipe={job.name}"]
     for lab in labels or []:
         base += ["--label", lab]
@@ -154,6 +154,7 @@ class RunPlan:
     argv_per_node: list[list[str]]
     host_dirs_to_create: list[str]
     notes: list[str]
+    name: str | None = None  # the job's name (its container's; None in a dry run without --name)
 
     @property
     def recipe(self):
@@ -174,6 +175,10 @@ def plan_run(recipe_name: str, *, sets: dict[str, str] | None = None, image: str
     job = resolve(recipe_name, sets=sets, stack_name=stack_name, nodes=nodes, nproc_per_node=nproc_per_node,
                   devices=devices, check_paths=not dry_run)
     job.image, job.image_note = choose_image(job, image, allow_substitute=allow_substitute, dry_run=dry_run)
+    if not dry_run or name is not None:  # one name per submission (trainbox.launch.lifecycle), the container's
+        from .lifecycle import new_name
+
+        name = new_name(job.name, name)
     script = render_script(job.recipe, job.stack, job.sets)
     script_path = write_job_script(job.name, script)
     exe = docker or os.environ.get("TRAINBOX_DOCKER") or "docker"
@@ -193,7 +198,7 @@ def plan_run(recipe_name: str, *, sets: dict[str, str] | None = None, image: str
         if job.device == "npu":
             notes.append("every node must have " + " and ".join(NPU_MULTINODE_MOUNTS) + " (HCCL's NIC tool and "
                          "its configuration; mounted read-only, docker refuses to start without them)")
-    return RunPlan(job, job.image, script, script_path, argv_per_node, job.create, notes)
+    return RunPlan(job, job.image, script, script_path, argv_per_node, job.create, notes, name)
 
 
 def format_argv(argv: list[str], image_index: int | None = None) -> str:
@@ -235,15 +240,22 @@ def execute(plan: RunPlan, node_rank: int = 0) -> int:
                             f"{plan.stack.name}`, or name one with --image")
     for d in plan.host_dirs_to_create:
         os.makedirs(d, exist_ok=True)
-    import time
+    from . import lifecycle
 
     logs_dir().mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    log = logs_dir() / f"{plan.recipe.name}-{stamp}-node{node_rank}.log"
-    print(f"trainbox run {plan.recipe.name}: {plan.image}, script {plan.script_path}", file=sys.stderr)
-    rc = client.attached(*plan.argv_per_node[node_rank][1:], log=log)
+    name = plan.name or lifecycle.new_name(plan.recipe.name)
+    log = logs_dir() / f"{name}-node{node_rank}.log"
+    lifecycle.start(name, "docker", plan.recipe.name, plan.image, container=name, log=str(log), pid=os.getpid(),
+                    node_rank=node_rank, nodes=len(plan.argv_per_node))
+    print(f"trainbox run {plan.recipe.name}: job {name} ({plan.image}, script {plan.script_path}, log {log}); "
+          f"`trainbox status|logs|cancel {name}`", file=sys.stderr)
+    rc = 1
+    try:
+        rc = client.attached(*plan.argv_per_node[node_rank][1:], log=log)
+    finally:  # an interrupted follow still records the end (the container got the same SIGINT)
+        record = lifecycle.finish(name, rc)
     # the container is gone (--rm); its output is not (the newest KEEP_LOGS per recipe are kept)
     prune_logs(plan.recipe.name)
-    print(f"trainbox run {plan.recipe.name}: exit {rc}; log kept at {log} (trainbox logs {plan.recipe.name})",
-          file=sys.stderr)
+    print(f"trainbox run {plan.recipe.name}: job {name} {record['state']}, exit {rc}; log kept at {log} "
+          f"(trainbox logs {name})", file=sys.stderr)
     return rc

@@ -111,42 +111,52 @@ def render_sbatch(job: Job, *, pyxis: bool = False, sbatch_args=()) -> str:
         entrypoint=["--container-entrypoint"], sbatch_args=check_sbatch_args(sbatch_args))
 
 
-def submit(job: Job, script: str, workdir: str | None = None, poll: float = 1.0) -> int:
-    """`sbatch --wait` the script and follow its output file until the job ends; the job's exit code."""
+def submit(job: Job, script: str, workdir: str | None = None, poll: float = 1.0, name: str | None = None) -> int:
+    """sbatch the script as job NAME (recorded, trainbox.launch.lifecycle) and wait for it (`sbatch --wait`),
+    following its output file: the job's exit code."""
     import os
     import shutil
     import subprocess
     import sys
     import time
 
+    from . import lifecycle
     from .docker import write_job_script
 
     if not shutil.which("sbatch"):
         raise TrainboxError("sbatch: command not found (run on a Slurm login node, or install slurm-wlm)")
+    name = lifecycle.new_name(job.name, name)
     path = write_job_script(f"{job.name}-slurm", script)
-    workdir = workdir or os.getcwd()
+    workdir = os.path.abspath(workdir or os.getcwd())
     out = os.path.join(workdir, f"trainbox-{job.name}-%j.out")
-    proc = subprocess.Popen(["sbatch", "--parsable", "--wait", "--chdir", workdir, "--output", out, str(path)],
-                            stdout=subprocess.PIPE, text=True)
+    argv = ["sbatch", "--parsable", "--wait", "--job-name", name, "--chdir", workdir, "--output", out, str(path)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     job_id = proc.stdout.readline().strip().split(";")[0]
     if not job_id:
         return proc.wait() or 1
     log = out.replace("%j", job_id)
-    print(f"trainbox run: Slurm job {job_id}, output {log} (scancel {job_id} stops it)", file=sys.stderr)
+    lifecycle.start(name, "slurm", job.name, job.image, job_id=job_id, output=log, pid=os.getpid(), nodes=job.nodes)
+    print(f"trainbox run: job {name}: Slurm job {job_id}, output {log} (`trainbox status|logs|cancel {name}`)",
+          file=sys.stderr)
     pos = 0
-    while True:
-        done = proc.poll() is not None
-        if os.path.exists(log):
-            with open(log, "rb") as fh:
-                fh.seek(pos)
-                chunk = fh.read()
-                pos += len(chunk)
-                sys.stdout.write(chunk.decode(errors="replace"))
-                sys.stdout.flush()
-        if done:
-            return proc.returncode
-        try:
-            time.sleep(poll)
-        except KeyboardInterrupt:
-            subprocess.run(["scancel", job_id], check=False)
+    rc = 1
+    try:
+        while True:
+            done = proc.poll() is not None
+            if os.path.exists(log):
+                with open(log, "rb") as fh:
+                    fh.seek(pos)
+                    chunk = fh.read()
+                    pos += len(chunk)
+                    sys.stdout.write(chunk.decode(errors="replace"))
+                    sys.stdout.flush()
+            if done:
+                rc = proc.returncode
+                return rc
+            try:
+                time.sleep(poll)
+            except KeyboardInterrupt:
+                subprocess.run(["scancel", job_id], check=False)
+    finally:
+        lifecycle.finish(name, rc)
