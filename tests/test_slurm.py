@@ -194,3 +194,53 @@ def test_trainbox_run_submits_and_follows(slurm_env, cpu_image, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Slurm job" in proc.stderr and "ranks reporting: [0, 1]" in proc.stdout
     assert list(tmp_path.glob("trainbox-cpu-ddp-*.out"))
+
+
+@pytest.mark.docker
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_slurm_job_is_listed_followed_and_cancelled(slurm_env, cpu_image, tmp_path):
+    """`trainbox run --target slurm --detach` on the two nodes: the job's unique name is shown, `jobs` and
+    `status` report it from Slurm (running), `logs` reads its output file, `cancel` is scancel: Slurm says
+    CANCELLED, `status` says cancelled (exit 1), no container is left and the output file stays readable."""
+    env = dict(slurm_env, TRAINBOX_CACHE=str(tmp_path / "cache"))
+
+    def tb(*args, timeout=120):
+        return subprocess.run([sys.executable, "-m", "trainbox.cli", *args], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=timeout)
+
+    start = tb("run", "cpu-ddp", "--target", "slurm", "--nodes", "2", "--nproc-per-node", "1", "--image", cpu_image,
+               "--set", "STEPS=100000000", "--detach", timeout=300)
+    assert start.returncode == 0, start.stderr
+    name = start.stdout.strip()
+    assert re.fullmatch(r"cpu-ddp-[0-9a-f]{6}", name), start.stdout
+    job = json.loads(tb("status", name, "--json").stdout)["job"]
+    job_id = job["job_id"]
+    try:
+        deadline = time.monotonic() + 180
+        while len(containers(job_id)) < 2 or "step " not in tb("logs", name).stdout:
+            assert time.monotonic() < deadline, tb("logs", name).stdout[-3000:]
+            time.sleep(1)
+        listed = json.loads(tb("jobs", "--json").stdout)["jobs"]
+        assert [(j["name"], j["target"], j["state"], j["job_id"]) for j in listed] == [(name, "slurm", "running",
+                                                                                       job_id)]
+        squeue = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%j"], env=slurm_env, capture_output=True,
+                                text=True, timeout=30)
+        assert squeue.stdout.strip() == name  # Slurm knows the job by the same name
+        assert tb("cancel", name, "--dry-run").stdout.split() == ["scancel", job_id]
+        cancel = tb("cancel", name)
+        assert cancel.returncode == 0, cancel.stderr
+        deadline = time.monotonic() + 90
+        while (job := json.loads(tb("status", name, "--json").stdout)["job"])["state"] != "cancelled" \
+                or containers(job_id):
+            assert time.monotonic() < deadline, (job, containers(job_id))
+            time.sleep(1)
+    finally:
+        subprocess.run(["scancel", job_id], env=slurm_env, capture_output=True, timeout=30)
+        left = containers(job_id)
+        if left:
+            subprocess.run(["docker", "rm", "-f", *left], capture_output=True, timeout=60)
+    assert job["slurm_state"] == "CANCELLED" and tb("status", name).returncode == 1
+    out = tb("logs", name).stdout
+    assert "trainbox sbatch: job" in out and "step " in out  # the output file outlives the job
+    assert "already cancelled" in tb("cancel", name).stdout
