@@ -388,3 +388,13 @@ def test_show_and_diff_json(capsys):
     diff = json.loads(capsys.readouterr().out)
     assert diff["schema"] == 1 and not diff["same"]
     assert {c["key"] for c in diff["changes"]} == {"base.image", "base.chip"}
+
+
+def test_torch_npu_2_9_0_supports_python_3_10_to_3_12_only(tmp_path):
+    """Ascend's notes for torch_npu 2.9.0 (v2.9.0-7.3.0) list Python 3.10-3.12; the row once said 3.9 too."""
+    def py39(d):
+        d["components"]["torch"]["version"] = "2.9.0+cpu"
+        d["components"]["torch-npu"]["version"] = "2.9.0"
+        d["python"] = "3.9"
+    f = [x for x in check(npu_stack(tmp_path, edit=py39)) if x.rule == "torch-npu-cann"]
+    assert any("supports Python 3.10, 3.11, 3.12" in x.message for x in f), f
