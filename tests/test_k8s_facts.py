@@ -192,3 +192,31 @@ def test_a_bad_volume_is_one_clear_error(spec, message):
 
     with pytest.raises(TrainboxError, match=message):
         render("volcano", volumes=(spec,))
+
+
+@pytest.mark.docker
+def test_in_the_image_the_entrypoint_runs_then_kuberays_command(cpu_image, tmp_path):
+    """A Ray pod as KubeRay >= 1.1 starts it under ray.io/overwrite-container-cmd: the image's ENTRYPOINT (no
+    `command` in the pod) with the pod's args, KUBERAY_GEN_RAY_START_CMD in the env. trainbox-entrypoint runs
+    first (TRAINBOX_DEBUG=1 has it say what it execs), then the generated `ray start` with its quoting intact
+    (`ray` is a stand-in that prints its argv: no Ray cluster starts here)."""
+    _cm, obj = yaml.safe_load_all(render("rayjob"))
+    (group, _workers) = _ray_groups(obj)
+    gen = "ray start --head " + " ".join(f"--{k}={v}" for k, v in group["rayStartParams"].items()) + " --block"
+    (c,) = group["template"]["spec"]["containers"]
+    assert "command" not in c
+    fake = tmp_path / "ray"
+    fake.write_text("#!/bin/sh\nexec python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\"\n")
+    fake.chmod(0o755)
+    import subprocess
+
+    proc = subprocess.run(["docker", "run", "--rm", "--network", "none", "--label", "trainbox.test=1",
+                           "-e", "TRAINBOX_DEBUG=1", "-e", f"KUBERAY_GEN_RAY_START_CMD={gen}",
+                           "--mount", f"type=bind,source={fake},target=/usr/local/bin/ray,readonly",
+                           cpu_image, *c["args"]], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "exec ['bash', '-c'," in proc.stderr  # the entrypoint ran and handed over to the pod's args
+    argv = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert argv[:2] == ["start", "--head"] and argv[-1] == "--block"
+    (res,) = [a for a in argv if a.startswith("--resources=")]
+    assert json.loads(res.split("=", 1)[1]) == {"NPU": 4}
