@@ -33,6 +33,8 @@ def test_the_exact_commands_for_a_rendered_job(env):
     render = tb(env, "launch", "render", "cpu-ddp", "--target", "pytorchjob", "--nodes", "2", "--image",
                 "registry.example/trainbox/cpu:1", "--name", "ddp-run-7", "--namespace", "ml")
     assert render.returncode == 0, render.stderr
+    assert "trainbox: job ddp-run-7 (`trainbox status|logs|cancel ddp-run-7 --namespace ml`)" in render.stderr
+    assert "# job ddp-run-7: every object and pod is labelled trainbox.io/job=ddp-run-7" in render.stdout
     for doc in yaml.safe_load_all(render.stdout):  # what the commands select by is on every object and pod
         assert doc["metadata"]["labels"]["trainbox.io/job"] == "ddp-run-7"
         for role in doc.get("spec", {}).get("pytorchReplicaSpecs", {}).values():

@@ -146,6 +146,12 @@ def cmd_render(args) -> int:
         args.accelerator_type, args.name, args.namespace, tuple(args.sbatch_args), args.cpu, args.memory,
         tuple(args.volumes)))
     _image_reachable(job, args.target, args.strict)
+    import re
+
+    named = re.search(r"^# job (\S+):", script, re.M) if args.target not in ("docker", "slurm", "slurm-pyxis") else None
+    if named:  # one name per render (a random suffix unless --name): what status/logs/cancel take
+        print(f"trainbox: job {named.group(1)} (`trainbox status|logs|cancel {named.group(1)}"
+              f"{' --namespace ' + args.namespace if args.namespace else ''}`)", file=sys.stderr)
     if args.output:
         from ..runtime.errors import TrainboxError
 

@@ -466,6 +466,10 @@ def render_manifest(job: Job, kind: str, name: str | None = None, accelerator: s
             f"image {oneline(job.image)}\n# kubectl apply -f THIS_FILE (see the README's Kubernetes section for what the "
             "cluster must provide)\n")
     docs = manifests(job, kind, name, accelerator, namespace, requests, volumes)
+    name = docs[1]["metadata"]["name"]
+    ns = f" --namespace {namespace}" if namespace else ""
+    head += (f"# job {name}: every object and pod is labelled {JOB_LABEL}={name}; `trainbox status|logs|cancel "
+             f"{name}{ns}`\n")
     claims = sorted({v["persistentVolumeClaim"]["claimName"] for t in _templates(docs[1]) for v in t["spec"]["volumes"]
                      if "persistentVolumeClaim" in v})
     if claims:
