@@ -87,3 +87,10 @@ def test_a_detached_job_is_listed_followed_and_cancelled(env, cpu_image, tmp_pat
     assert job["exit_code"] not in (None, 0)  # torchrun ends on SIGTERM with a failure status
     assert "got signal: 15" in tb(env, "logs", name).stdout  # the log outlives the container
     assert "already cancelled" in tb(env, "cancel", name).stdout
+
+
+def test_a_detached_job_that_cannot_start_says_why_and_leaves_no_record(env, tmp_path):
+    out = tb(env, "run", "cpu-ddp", "--detach", "--image", "trainbox-test/no-such-image:1", "--nproc-per-node", "1")
+    assert out.returncode == 2 and "is not present" in out.stderr and out.stdout == ""
+    assert json.loads(tb(env, "jobs", "--json").stdout)["jobs"] == []
+    assert not list((tmp_path / "cache" / "runs").glob("*"))

@@ -204,8 +204,9 @@ def detach(args, name: str) -> int:
             print(f"trainbox run: job {name} started (`trainbox status|logs -f|cancel {name}`)", file=sys.stderr)
             print(name)  # NAME=$(trainbox run --detach ...)
             return 0
-        if proc.poll() is not None:
+        if proc.poll() is not None:  # it ended before the job started: say why, leave nothing behind
             sys.stderr.write(errors.read_text(errors="replace"))
+            errors.unlink(missing_ok=True)
             return proc.returncode or 1
         time.sleep(0.2)
     return 1
