@@ -55,8 +55,8 @@ def test_the_job_s_exit_code_comes_back(cpu_image):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "did NOT fall enough" in proc.stdout
     # the container is gone (--rm); its output is kept, and where is said
-    log = re.search(r"exit 1; log kept at (\S+) \(trainbox logs cpu-ddp\)", proc.stderr)
-    assert log and "did NOT fall enough" in open(log.group(1)).read(), proc.stderr[-2000:]
+    log = re.search(r"job (cpu-ddp-[0-9a-f]{6}) failed, exit 1; log kept at (\S+) \(trainbox logs \1\)", proc.stderr)
+    assert log and "did NOT fall enough" in open(log.group(2)).read(), proc.stderr[-2000:]
 
 
 def free_port_block(n: int) -> int:

@@ -188,12 +188,18 @@ def test_scancel_stops_the_containers(slurm_env, cpu_image, tmp_path):
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_trainbox_run_submits_and_follows(slurm_env, cpu_image, tmp_path):
+    env = dict(slurm_env, TRAINBOX_CACHE=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, "-m", "trainbox.cli", "run", "cpu-ddp", "--target", "slurm", "--nodes", "2",
                            "--nproc-per-node", "1", "--image", cpu_image, "--set", "STEPS=20"],
-                          env=slurm_env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Slurm job" in proc.stderr and "ranks reporting: [0, 1]" in proc.stdout
     assert list(tmp_path.glob("trainbox-cpu-ddp-*.out"))
+    (name,) = re.findall(r"job (cpu-ddp-[0-9a-f]{6}): Slurm job", proc.stderr)
+    status = subprocess.run([sys.executable, "-m", "trainbox.cli", "status", name, "--json"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    job = json.loads(status.stdout)["job"]
+    assert status.returncode == 0 and (job["state"], job["exit_code"]) == ("succeeded", 0), job
 
 
 @pytest.mark.docker
