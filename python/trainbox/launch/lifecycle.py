@@ -181,9 +181,8 @@ def refresh(record: dict) -> dict:
             record["state"], record["slurm_state"] = new, raw
             if new in TERMINAL:
                 save(record)
-        elif not _pid_alive(record.get("pid")):  # Slurm forgot it (MinJobAge) and nothing recorded its end
-            record["state"] = "lost"
-            save(record)
+        elif not _pid_alive(record.get("pid")):  # Slurm forgot it (MinJobAge) and nothing recorded its end;
+            record["state"] = "lost"  # not saved: an unreachable slurmctld answers the same way
     return record
 
 
