@@ -22,9 +22,9 @@ help:
 	@echo "make test        all tests (starts a Docker engine when none answers)"
 	@echo "make test-fast   the inner loop: no Docker, no network, no slow tests"
 	@echo "make render      re-render Dockerfile.npu, Dockerfile.cuda and build/generated/"
-	@echo "make docs        regenerate the README's command reference from the parser"
+	@echo "make docs        regenerate docs/reference/commands.md from the parser"
 	@echo "make lint        render --check, strict validation, hadolint, shellcheck, launcher checks"
-	@echo "make smoke       trainbox smoke: cpu, and npu-910b on its substitute base (ci/smoke-offline.yaml)"
+	@echo "make smoke       trainbox smoke over ci/smoke-offline.yaml: cpu, then npu-910b and the workload stacks on their substitute base"
 	@echo "make image-cpu|image-npu|image-cuda, make bench"
 
 # The host tests run real multi-process torch: TORCH_SPEC is the CPU build (pip's configured wheel directory holds
@@ -49,12 +49,13 @@ render:
 render-check:
 	$(TRAINBOX) render --check
 
-# the README's command reference table, generated from the parser (tests/test_cli.py checks it)
+# the command reference table, generated from the parser (tests/test_cli.py checks it)
+DOCS_COMMANDS = docs/reference/commands.md
 docs:
-	$(PYTHON) -m trainbox.cli_reference README.md
+	$(PYTHON) -m trainbox.cli_reference $(DOCS_COMMANDS)
 
 lint: render-check
-	$(PYTHON) -m trainbox.cli_reference --check README.md
+	$(PYTHON) -m trainbox.cli_reference --check $(DOCS_COMMANDS)
 	$(TRAINBOX) stack validate --strict
 	hadolint Dockerfile.npu Dockerfile.cuda build/generated/*/Dockerfile
 	shellcheck .ci/run ci/*.sh ci/slurm/*.sh
