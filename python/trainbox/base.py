@@ -196,8 +196,33 @@ def resolve_base(stack, client: Client, say: Callable[[str], None],
                             f"{pull_hint(image)}")
     hint = pull_hint(image)
     if sub:
-        hint += f"; for a smoke build without the real base: --base {sub}"
+        hint += "; " + substitute_hint(stack.name, sub)
     raise TrainboxError(f"stack {stack.name}: base image {choice.why}; {hint}")
+
+
+#: The project's profile for hosts that reach PyPI only (no CANN, no PyTorch index): the pins and base it names
+#: are what a CPU host can build an NPU stack with (`make smoke` builds every NPU stack this way).
+CPU_HOST_PROFILE = "ci/smoke-offline.yaml"
+
+
+def substitute_hint(stack_name: str, sub: str) -> str:
+    """The one step from "this host has no such base" to a build that works here: the profile that names the
+    stack's substitute pins when there is one, else the substitute base with the pins left to the user."""
+    from .paths import REPO_ROOT
+    from .yamlfile import load_yaml_file
+
+    path = REPO_ROOT / CPU_HOST_PROFILE
+    try:
+        named = stack_name in ((load_yaml_file(path, "smoke profile") or {}).get("set") or {})
+    except (OSError, TrainboxError):
+        named = False
+    shown = os.path.relpath(path) if Path.cwd() in path.parents else str(path)
+    if named:
+        return (f"on a host without it (no CANN, a CPU host), build the stack on its substitute {sub} with the pins "
+                f"a PyPI-only host can install: `trainbox image build {stack_name} --profile {shown}` (not an NPU "
+                "image: it proves the build, the patches and the Python side; docs/howto/npu-on-a-cpu-host.md)")
+    return (f"on a host without it, --base {sub} builds the stack on trainbox's Debian base, with --set for the pins "
+            f"this host cannot install ({shown} shows which; docs/howto/npu-on-a-cpu-host.md)")
 
 
 def _local_for(image: str, plat: str, say: Callable[[str], None] | None) -> str:

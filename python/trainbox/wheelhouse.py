@@ -133,6 +133,11 @@ def _artifact(stack, platform: str, pin: Pin, cache_dir: Path | None) -> Path:
         if hit is not None and dist_key(hit.name) == (canon(pin.name), norm_version(pin.version or "")):
             if not hit.name.endswith(".whl") or _wheel_fits(hit.name, stack.python, platform):
                 return hit
+    from .pipconfig import find_local
+
+    local = find_local(pin.name, pin.version or "", pin.sha256)  # where pip itself finds it on this disk
+    if local is not None and (not local[0].name.endswith(".whl") or _wheel_fits(local[0].name, stack.python, platform)):
+        return local[0]
     names = [pin.index_name] if pin.index_name in stack.indexes else list(stack.indexes)
     why = []
     for name in names:
