@@ -4,9 +4,10 @@ PYTHON ?= python3
 # This checkout's package, whichever checkout an editable install points at (several clones or worktrees).
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 TRAINBOX ?= $(PYTHON) -m trainbox.cli
-# A local wheel directory pip is already configured with (its first find-links entry) becomes the cpu build's
-# wheelhouse when it holds a CPU torch wheel: this is how that wheel reaches image builds on machines that
-# cannot reach PyTorch's index. Elsewhere the build takes it from the index; WHEELHOUSE=DIR overrides.
+# `trainbox image build` takes pip's own find-links directory as its wheelhouse by itself; the Makefile still names
+# it for the commands that compare against a plain pip run (bench-build's limit runs pip without pip.conf) and for
+# the smoke's report. It is pip's first find-links entry when it holds a CPU torch wheel (how that wheel reaches
+# image builds on machines that cannot reach PyTorch's index); WHEELHOUSE=DIR overrides.
 PIP_LINKS_DIR := $(patsubst file://%,%,$(firstword $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)))
 WHEELHOUSE ?= $(if $(PIP_LINKS_DIR),$(if $(wildcard $(PIP_LINKS_DIR)/torch-*+cpu-*.whl),$(PIP_LINKS_DIR)))
 WHEELHOUSE_ARG = $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE),)

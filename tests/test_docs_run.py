@@ -1,13 +1,13 @@
 """The guide runs: every fenced shell block of the README, the quickstart and the how-tos says where it runs, and
 the blocks this machine can run are run, so that a command that stopped working fails here.
 
-A block's info string carries its tag: ```` ```bash run=offline ```` (no network, no engine: run here, under a
-network namespace of its own where this host allows one), ``run=network`` (PyPI), ``run=docker`` (a Docker engine;
-slow), or ``run=no (why)`` (what it needs that a CPU host lacks, e.g. an NPU, a registry, a CANN base). A block is run
+A block's info string carries its tag: ``bash run=offline`` (no network, no engine: run here, under a network
+namespace of its own where this host allows one), ``run=network`` (PyPI), ``run=docker`` (a Docker engine; slow),
+or ``run=no (why)`` (what it needs that a CPU host lacks, e.g. an NPU, a registry, a CANN base). A block is run
 as one `bash -euo pipefail` script in a scratch directory that holds links to the checkout's top-level entries
 (so `ci/...` and `Makefile` resolve, and files a command writes stay out of the checkout), with `trainbox` on PATH
-as this checkout's CLI and, but for docker blocks, a trainbox cache of its own. The commands of every block, tagged or not, are also parsed against the CLI by
-tests/test_readme_commands.py.
+as this checkout's CLI and, but for docker blocks, a trainbox cache of its own. The commands of every block,
+tagged or not, are also parsed against the CLI by tests/test_readme_commands.py.
 """
 
 from __future__ import annotations
@@ -184,7 +184,8 @@ def test_a_stale_block_fails_and_an_untagged_one_is_found(tmp_path):
 
 def test_offline_blocks_write_nothing_into_the_checkout(tmp_path):
     """A file a block writes (`-o job.sh`) lands in the scratch directory, not beside the checkout's files."""
-    b = Block(tmp_path / "x.md", 1, "bash", "offline", None, "trainbox launch render cpu-ddp -o job.sh\n", "run=offline")
+    b = Block(tmp_path / "x.md", 1, "bash", "offline", None, "trainbox launch render cpu-ddp -o job.sh\n",
+              "run=offline")
     work = tmp_path / "checkout"
     work.mkdir()
     r = run_block(b, work)
