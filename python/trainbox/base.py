@@ -205,19 +205,30 @@ def resolve_base(stack, client: Client, say: Callable[[str], None],
 CPU_HOST_PROFILE = "ci/smoke-offline.yaml"
 
 
-def substitute_hint(stack_name: str, sub: str) -> str:
-    """The one step from "this host has no such base" to a build that works here: the profile that names the
-    stack's substitute pins when there is one, else the substitute base with the pins left to the user."""
+def cpu_host_profile() -> str:
+    """CPU_HOST_PROFILE as a user would type it here: relative inside the checkout, else absolute."""
+    from .paths import REPO_ROOT
+
+    path = REPO_ROOT / CPU_HOST_PROFILE
+    return os.path.relpath(path) if Path.cwd() in path.parents else str(path)
+
+
+def profile_names(stack_name: str) -> bool:
+    """Whether CPU_HOST_PROFILE holds substitute pins for the stack (its `set:` names it)."""
     from .paths import REPO_ROOT
     from .yamlfile import load_yaml_file
 
-    path = REPO_ROOT / CPU_HOST_PROFILE
     try:
-        named = stack_name in ((load_yaml_file(path, "smoke profile") or {}).get("set") or {})
+        return stack_name in ((load_yaml_file(REPO_ROOT / CPU_HOST_PROFILE, "smoke profile") or {}).get("set") or {})
     except (OSError, TrainboxError):
-        named = False
-    shown = os.path.relpath(path) if Path.cwd() in path.parents else str(path)
-    if named:
+        return False
+
+
+def substitute_hint(stack_name: str, sub: str) -> str:
+    """The one step from "this host has no such base" to a build that works here: the profile that names the
+    stack's substitute pins when there is one, else the substitute base with the pins left to the user."""
+    shown = cpu_host_profile()
+    if profile_names(stack_name):
         return (f"on a host without it (no CANN, a CPU host), build the stack on its substitute {sub} with the pins "
                 f"a PyPI-only host can install: `trainbox image build {stack_name} --profile {shown}` (not an NPU "
                 "image: it proves the build, the patches and the Python side; docs/howto/npu-on-a-cpu-host.md)")
