@@ -235,3 +235,19 @@ def test_adding_a_git_component_built_as_a_wheel_says_the_lock_does_not_cover_it
     child.write_text(child.read_text().replace("mindspeed:", "mindspeed:\n    install: tree"))
     main(["stack", "validate", str(child)])
     assert "builds mindspeed" not in "".join(capsys.readouterr())
+
+
+def test_lock_says_each_step_as_it_starts(stacks, capsys, monkeypatch):
+    """Issue 41 item 5: a lock takes minutes (pip's resolver): each step is one timed line on stderr, as it
+    starts. The index stand-in: project_files answers from nothing (every pin unreachable), which is enough."""
+    from trainbox.index import IndexUnreachable
+
+    def unreachable(index, name, *a, **k):
+        raise IndexUnreachable(index, "https://index.invalid/simple", "stand-in")
+
+    monkeypatch.setattr(lockmod, "project_files", unreachable)
+    main(["stack", "lock", str(stacks / "cpu.yaml"), "--no-deps", "--check"])
+    err = capsys.readouterr().err
+    steps = [ln for ln in err.splitlines() if ln.startswith("  [")]
+    assert any("cpu linux/amd64: the pins' hashes" in s for s in steps), err
+    assert steps[-1].endswith("cpu: done") and lockmod.PROGRESS is None

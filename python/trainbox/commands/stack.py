@@ -244,6 +244,7 @@ def cmd_lock(args) -> int:
     from pathlib import Path
 
     from ..findings import LOCK_RULES, Review
+    from .. import lock as lockmod
     from ..lock import lock_plan, lock_stack, write_lock
     from ..stack import list_stacks
 
@@ -272,7 +273,12 @@ def cmd_lock(args) -> int:
             continue
         print(f"locking {stack.name}{why} for Python {stack.python} on {', '.join(stack.platforms)} ...",
               file=sys.stderr)
-        rep = lock_stack(stack, Path(args.wheelhouse) if args.wheelhouse else None, resolve_deps=not args.no_deps)
+        lockmod.PROGRESS = lambda m: print(m, file=sys.stderr, flush=True)  # each step as it starts, timed
+        try:
+            rep = lock_stack(stack, Path(args.wheelhouse) if args.wheelhouse else None,
+                             resolve_deps=not args.no_deps)
+        finally:
+            lockmod.PROGRESS = None
         for kind in ("unreachable", "problems", "incomplete"):
             for line in getattr(rep, kind):
                 print(f"{stack.name}: {kind.rstrip('s') if kind == 'problems' else kind}: {line}", file=sys.stderr)
