@@ -4,9 +4,10 @@ PYTHON ?= python3
 # This checkout's package, whichever checkout an editable install points at (several clones or worktrees).
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 TRAINBOX ?= $(PYTHON) -m trainbox.cli
-# A local wheel directory pip is already configured with (its first find-links entry) becomes the cpu build's
-# wheelhouse when it holds a CPU torch wheel: this is how that wheel reaches image builds on machines that
-# cannot reach PyTorch's index. Elsewhere the build takes it from the index; WHEELHOUSE=DIR overrides.
+# `trainbox image build` takes pip's own find-links directory as its wheelhouse by itself; the Makefile still names
+# it for the commands that compare against a plain pip run (bench-build's limit runs pip without pip.conf) and for
+# the smoke's report. It is pip's first find-links entry when it holds a CPU torch wheel (how that wheel reaches
+# image builds on machines that cannot reach PyTorch's index); WHEELHOUSE=DIR overrides.
 PIP_LINKS_DIR := $(patsubst file://%,%,$(firstword $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)))
 WHEELHOUSE ?= $(if $(PIP_LINKS_DIR),$(if $(wildcard $(PIP_LINKS_DIR)/torch-*+cpu-*.whl),$(PIP_LINKS_DIR)))
 WHEELHOUSE_ARG = $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE),)
@@ -22,9 +23,9 @@ help:
 	@echo "make test        all tests (starts a Docker engine when none answers)"
 	@echo "make test-fast   the inner loop: no Docker, no network, no slow tests"
 	@echo "make render      re-render Dockerfile.npu, Dockerfile.cuda and build/generated/"
-	@echo "make docs        regenerate the README's command reference from the parser"
+	@echo "make docs        regenerate docs/reference/commands.md from the parser"
 	@echo "make lint        render --check, strict validation, hadolint, shellcheck, launcher checks"
-	@echo "make smoke       trainbox smoke: cpu, and npu-910b on its substitute base (ci/smoke-offline.yaml)"
+	@echo "make smoke       trainbox smoke over ci/smoke-offline.yaml: cpu, then npu-910b and the workload stacks on their substitute base"
 	@echo "make image-cpu|image-npu|image-cuda, make bench"
 
 # The host tests run real multi-process torch: TORCH_SPEC is the CPU build (pip's configured wheel directory holds
@@ -49,12 +50,13 @@ render:
 render-check:
 	$(TRAINBOX) render --check
 
-# the README's command reference table, generated from the parser (tests/test_cli.py checks it)
+# the command reference table, generated from the parser (tests/test_cli.py checks it)
+DOCS_COMMANDS = docs/reference/commands.md
 docs:
-	$(PYTHON) -m trainbox.cli_reference README.md
+	$(PYTHON) -m trainbox.cli_reference $(DOCS_COMMANDS)
 
 lint: render-check
-	$(PYTHON) -m trainbox.cli_reference --check README.md
+	$(PYTHON) -m trainbox.cli_reference --check $(DOCS_COMMANDS)
 	$(TRAINBOX) stack validate --strict
 	hadolint Dockerfile.npu Dockerfile.cuda build/generated/*/Dockerfile
 	shellcheck .ci/run ci/*.sh ci/slurm/*.sh

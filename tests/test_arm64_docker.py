@@ -156,3 +156,13 @@ def test_cpu_ddp_trains_in_the_arm64_image(arm64_cpu):
     assert "runs under qemu, with docker's init as PID 1" in proc.stderr + proc.stdout
     assert "backend gloo" in proc.stdout and "ranks reporting: [0, 1]" in proc.stdout, proc.stdout
     assert "cpu-ddp: loss fell" in proc.stdout
+
+
+def test_doctor_image_runs_an_arm64_image_as_run_does(arm64_cpu):
+    """`trainbox doctor --image` on an arm64 image here: docker's init in front (qemu-user lacks what tini -s needs),
+    said in one line, and the doctor passes in the emulated image."""
+    proc = subprocess.run([sys.executable, "-m", "trainbox.cli", "doctor", "--image", arm64_cpu.tag, "--json"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "qemu" in proc.stderr
+    assert json.loads(proc.stdout)["context"]["platform"] == PLAT

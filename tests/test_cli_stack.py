@@ -198,3 +198,56 @@ def test_a_build_that_drops_an_unreachable_index_keeps_its_lock():
     # an index really removed from the stack still makes the lock stale
     gone = gone.model_copy(update={"indexes": {k: v for k, v in gone.indexes.items() if k != "pytorch-cpu"}})
     assert any("indexes.pytorch-cpu" in w for w in gone.lock_staleness())
+
+
+def test_validate_shows_the_error_first_and_one_line_per_rule_of_notes(stacks, capsys):
+    """Issue 41 item 4: the one error is not buried under a screenful of `info` lines (all still in --json)."""
+    path = stacks / "npu-910b.yaml"
+
+    def add(d):
+        d["base"]["image"] = "quay.io/ascend/cann:9.0.0-910b-ubuntu22.04-py3.11"  # an error (base-reference)
+        for i in range(6):  # six pins without an arm64 artifact in the lock: six arm64-artifacts infos
+            d["components"][f"extra{i}"] = {"source": "pypi", "version": "1.0"}
+    edit(path, add)
+    assert main(["stack", "validate", str(path)]) == 1
+    out, err = capsys.readouterr()
+    lines = [ln for ln in (err + out).splitlines() if ln.startswith("  ")]
+    assert "[base-reference] error" in lines[0], lines
+    arm = [ln for ln in lines if "[arm64-artifacts] info" in ln]
+    assert len(arm) == 1 and "more like it" in arm[0], arm
+    assert main(["stack", "validate", str(path), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert sum(f["rule"] == "arm64-artifacts" for s in doc["stacks"] for f in s["findings"]) >= 6
+
+
+def test_adding_a_git_component_built_as_a_wheel_says_the_lock_does_not_cover_it(stacks, capsys):
+    """Issue 41 item 4: a git component the image builds a wheel from needs its build requirements in the lock;
+    a derived stack that adds one is told, as it is for an added pypi pin."""
+    child = stacks / "mine.yaml"
+    child.write_text(yaml.safe_dump({"name": "mine", "extends": "npu-910b", "components": {"mindspeed": {
+        "source": "git", "git": "https://gitcode.com/Ascend/MindSpeed.git",
+        "commit": "d0d5809d4323eb908f89e87958de254465eb57b4"}}}))
+    main(["stack", "validate", str(child)])
+    said = "".join(capsys.readouterr())
+    assert "[pinned-sources] warning: builds mindspeed from source" in said, said
+    assert "run `trainbox stack lock mine`" in said
+    # a tree (no wheel built) leaves the inherited lock as it is
+    child.write_text(child.read_text().replace("mindspeed:", "mindspeed:\n    install: tree"))
+    main(["stack", "validate", str(child)])
+    assert "builds mindspeed" not in "".join(capsys.readouterr())
+
+
+def test_lock_says_each_step_as_it_starts(stacks, capsys, monkeypatch):
+    """Issue 41 item 5: a lock takes minutes (pip's resolver): each step is one timed line on stderr, as it
+    starts. The index stand-in: project_files answers from nothing (every pin unreachable), which is enough."""
+    from trainbox.index import IndexUnreachable
+
+    def unreachable(index, name, *a, **k):
+        raise IndexUnreachable(index, "https://index.invalid/simple", "stand-in")
+
+    monkeypatch.setattr(lockmod, "project_files", unreachable)
+    main(["stack", "lock", str(stacks / "cpu.yaml"), "--no-deps", "--check"])
+    err = capsys.readouterr().err
+    steps = [ln for ln in err.splitlines() if ln.startswith("  [")]
+    assert any("cpu linux/amd64: the pins' hashes" in s for s in steps), err
+    assert steps[-1].endswith("cpu: done") and lockmod.PROGRESS is None

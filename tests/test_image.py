@@ -175,6 +175,9 @@ def test_unreachable_index_without_wheelhouse(capsys, answering_engine, monkeypa
     # the index serving the CPU torch does not answer (as on these machines, or forced here)
     monkeypatch.setattr(image, "_url_answers",
                         lambda url, timeout, cafile=None: (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
+    from trainbox import pipconfig
+
+    monkeypatch.setattr(pipconfig, "pip_config", pipconfig.PipConfig)  # and pip names no wheel directory
     rc, err = _cli(capsys, "image", "build", "cpu", "--platform", "linux/amd64")
     assert rc == 2
     assert "torch==2.13.0+cpu" in err and "--wheelhouse DIR" in err
@@ -366,12 +369,16 @@ def test_dry_run_offline_without_an_engine(capsys, monkeypatch, tmp_path, engine
     monkeypatch.setattr(engine, "_CLIENT", None)
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (False, "stand-in: offline"))
+    from trainbox import pipconfig
+
+    monkeypatch.setattr(pipconfig, "pip_config", pipconfig.PipConfig)  # a host whose pip has no wheel directory
     rc, err = _cli(capsys, "image", "build", "cpu", "--dry-run", "--json", "--platform", "linux/amd64")
-    assert rc == 0, err
+    # torch's index does not answer and no wheelhouse holds it: the plan is made, and says the build would stop
+    assert rc == 1 and "would stop" in err, err
     # _cli read stderr; the plan went to stdout: run it again to read it (the staged context is reused)
-    main(["image", "build", "cpu", "--dry-run", "--json", "--platform", "linux/amd64"])
+    assert main(["image", "build", "cpu", "--dry-run", "--json", "--platform", "linux/amd64"]) == 1
     plan = json.loads(capsys.readouterr().out)
-    assert plan["schema"] == "trainbox.build-plan/1"
+    assert plan["schema"] == "trainbox.build-plan/1" and plan["would_stop"] is True
     assert plan["tag"].startswith("trainbox/cpu:") and plan["base"]["image_id"] is None
     assert "no engine answers" in plan["base"]["note"]
     assert any("would stop here" in n and "torch==2.13.0+cpu" in n for n in plan["notes"])

@@ -299,3 +299,28 @@ def test_the_job_script_preflight_imports_the_entry_and_explains_a_failure(tmp_p
     (work / "train.py").write_text("import json\nopen('RAN', 'w').write('x')\n")
     out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0 and (work / "RAN").exists(), out.stderr
+
+
+def test_args_check_without_the_image_names_it_and_the_command_that_builds_it(monkeypatch, capsys):
+    """Issue 41 item 4: a missing image was "did not report (exit 125): See 'docker run --help'". The engine here
+    is a stand-in that holds nothing (or only a hash-tagged substitute build)."""
+    from types import SimpleNamespace
+
+    from trainbox import engine, inventory
+    from trainbox.cli import main
+
+    monkeypatch.setattr(engine, "find_client", lambda: SimpleNamespace(image_exists=lambda ref: False))
+    monkeypatch.setattr(inventory, "built_images", lambda stacks, client=None: [])
+    assert main(["launch", "check", "twinkle-megatron-tp-8npu", "--args"]) == 1
+    err = capsys.readouterr().err
+    assert "no image trainbox/twinkle:latest here (stack twinkle)" in err
+    assert "`trainbox image build twinkle`" in err and "--profile" in err and "ci/smoke-offline.yaml" in err
+    assert "docker run --help" not in err
+    assert main(["launch", "check", "specforge-domino-qwen35-4b-gpu", "--args"]) == 1
+    err = capsys.readouterr().err
+    assert "`trainbox image build specforge-cuda`" in err and "--profile" not in err  # the profile has no CUDA pins
+    # the substitute build is tagged by its hash only: that tag is named
+    monkeypatch.setattr(inventory, "built_images", lambda stacks, client=None: [
+        SimpleNamespace(hash_tags=["trainbox/twinkle:0123456789ab"])])
+    assert main(["launch", "check", "twinkle-megatron-tp-8npu", "--args"]) == 1
+    assert "pass --image trainbox/twinkle:0123456789ab" in capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""The README runs: every `trainbox ...` line in it parses with the CLI's own parser against the shipped stacks
-and recipes (tests/readme_commands.py says how lines are found and what is checked)."""
+"""The README and docs/ run: every `trainbox ...` line in them parses with the CLI's own parser against the shipped
+stacks and recipes (tests/readme_commands.py says how lines are found and what is checked). The commands of the
+quickstart and the how-tos are also run (tests/test_docs_run.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import pytest
 from readme_commands import Example, check, extract
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+#: the user's documents: the README, docs/, and the recipe schema beside the recipes
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "launchers/README.md"]
 
 
-def test_every_readme_command_parses_and_names_what_exists():
-    examples = extract(README.read_text())
-    assert len(examples) > 50, "the extractor lost the README's examples"
-    bad = [f"README.md:{e.line}: {e.text}\n    {p}" for e in examples if (p := check(e))]
-    assert not bad, "README examples that would not run as written:\n" + "\n".join(bad)
+def test_every_documented_command_parses_and_names_what_exists():
+    examples = [(f, e) for f in DOCS for e in extract(f.read_text())]
+    assert len(examples) > 50, "the extractor lost the documents' examples"
+    assert {f for f, _ in examples} >= {ROOT / "README.md", ROOT / "docs/quickstart.md"}, "a document lost its examples"
+    bad = [f"{f.relative_to(ROOT)}:{e.line}: {e.text}\n    {p}" for f, e in examples if (p := check(e))]
+    assert not bad, "documented examples that would not run as written:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("line, expect", [

@@ -196,8 +196,44 @@ def resolve_base(stack, client: Client, say: Callable[[str], None],
                             f"{pull_hint(image)}")
     hint = pull_hint(image)
     if sub:
-        hint += f"; for a smoke build without the real base: --base {sub}"
+        hint += "; " + substitute_hint(stack.name, sub)
     raise TrainboxError(f"stack {stack.name}: base image {choice.why}; {hint}")
+
+
+#: The project's profile for hosts that reach PyPI only (no CANN, no PyTorch index): the pins and base it names
+#: are what a CPU host can build an NPU stack with (`make smoke` builds every NPU stack this way).
+CPU_HOST_PROFILE = "ci/smoke-offline.yaml"
+
+
+def cpu_host_profile() -> str:
+    """CPU_HOST_PROFILE as a user would type it here: relative inside the checkout, else absolute."""
+    from .paths import REPO_ROOT
+
+    path = REPO_ROOT / CPU_HOST_PROFILE
+    return os.path.relpath(path) if Path.cwd() in path.parents else str(path)
+
+
+def profile_names(stack_name: str) -> bool:
+    """Whether CPU_HOST_PROFILE holds substitute pins for the stack (its `set:` names it)."""
+    from .paths import REPO_ROOT
+    from .yamlfile import load_yaml_file
+
+    try:
+        return stack_name in ((load_yaml_file(REPO_ROOT / CPU_HOST_PROFILE, "smoke profile") or {}).get("set") or {})
+    except (OSError, TrainboxError):
+        return False
+
+
+def substitute_hint(stack_name: str, sub: str) -> str:
+    """The one step from "this host has no such base" to a build that works here: the profile that names the
+    stack's substitute pins when there is one, else the substitute base with the pins left to the user."""
+    shown = cpu_host_profile()
+    if profile_names(stack_name):
+        return (f"on a host without it (no CANN, a CPU host), build the stack on its substitute {sub} with the pins "
+                f"a PyPI-only host can install: `trainbox image build {stack_name} --profile {shown}` (not an NPU "
+                "image: it proves the build, the patches and the Python side; docs/howto/npu-on-a-cpu-host.md)")
+    return (f"on a host without it, --base {sub} builds the stack on trainbox's Debian base, with --set for the pins "
+            f"this host cannot install ({shown} shows which; docs/howto/npu-on-a-cpu-host.md)")
 
 
 def _local_for(image: str, plat: str, say: Callable[[str], None] | None) -> str:

@@ -31,6 +31,8 @@ SCHEMA = "trainbox.build-plan/1"
 #: the Dockerfiles may use (.dockerignore lets nothing else through): the content hash covers exactly these, so an
 #: edit to the README does not make a new image tag.
 CONTEXT_ITEMS = ["pyproject.toml", "python", "patches", "launchers"]
+#: How a plan note starts when the real build would fail there (a dry run with one exits 1)
+STOP = "the build would stop here: "
 #: Where the wheelhouse lies inside the build context (the Dockerfile bind-mounts it for pip).
 WHEELHOUSE_DIR = "wheelhouse"
 #: The label that names the platform an image was built for (`image ls` reads the image config's Architecture).
@@ -48,6 +50,7 @@ class BuildBase:
     bootstrap: bool = False  # `trainbox base bootstrap` makes `used` first
     image_id: str | None = None  # the engine's id for `used`; None when no engine was asked
     note: str = ""  # why, when the choice could not be checked
+    stops: bool = False  # the build could not have this base (a dry run plans on, and says so)
 
 
 @dataclass
@@ -76,6 +79,11 @@ class BuildPlan:
     def tag(self) -> str:
         return self.tags[0]
 
+    @property
+    def stops(self) -> list[str]:
+        """The notes that say where the real build would fail (a dry run with any exits 1)."""
+        return [n for n in self.notes if n.startswith(STOP)]
+
     def build_args(self) -> list[str]:
         """The arguments after `build --progress plain`, secrets included, without the context."""
         return [*self.args, *(a for sid, src in self.secrets.items() for a in ("--secret", f"id={sid},src={src}"))]
@@ -97,6 +105,7 @@ class BuildPlan:
             "wheelhouse": [w.name for w in self.wheels], "secrets": sorted(self.secrets),
             "fetch": self.fetch, "client": self.client, "argv": self.argv(), "command": self.command(),
             "notes": self.notes, "findings": [r.as_dict() for r in self.findings],
+            "would_stop": bool(self.stops),
         }
 
 
@@ -160,6 +169,7 @@ class PlanInputs:
     platform: str
     wheels: list[WheelFile] = field(default_factory=list)
     wheelhouse: str | None = None
+    wheelhouse_from_pip: bool = False  # pip's own find-links: what it lacks is not a note (the indexes serve it)
     ca_bundle: str | None = None
     pip_index_url: bool = False  # the secret file is written by stage()
     tags: list[str] = field(default_factory=list)
@@ -254,9 +264,9 @@ def make_plan(stack, base: BuildBase, inp: PlanInputs, client=None) -> BuildPlan
     secrets = {"pip_cert": str(inp.ca_bundle)} if inp.ca_bundle else {}
     if inp.pip_index_url:
         secrets["pip_index_url"] = str(context.parent / "secrets" / "pip_index_url")
-    notes = [f"finding: {r.line()}" for r in inp.findings] + wheelhouse_notes(stack, inp.platform, inp.wheels,
-                                                                               inp.wheelhouse)
-    if not base.image_id:
+    notes = [f"finding: {r.line()}" for r in inp.findings] + (
+        [] if inp.wheelhouse_from_pip else wheelhouse_notes(stack, inp.platform, inp.wheels, inp.wheelhouse))
+    if not base.image_id and not base.stops:
         notes.append(f"base {base.used}: {base.note or 'not asked of an engine'}; the tag hashes its name, the "
                      "real build hashes its image id (so its tag may differ)")
     return BuildPlan(

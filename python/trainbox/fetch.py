@@ -58,9 +58,12 @@ def fetch_sources(stack, *, offline: bool = False, cache_dir: Path | None = None
 
 
 def fetch_stacks(names: list[str] | None = None, *, sources_only: bool = False, offline: bool = False,
-                 cache_dir: Path | None = None) -> list[dict]:
-    """`trainbox fetch`: every installed component of each stack (PyPI artifacts too unless sources_only)."""
-    rows = []
+                 cache_dir: Path | None = None, say=None) -> list[dict]:
+    """`trainbox fetch`: every installed component of each stack (PyPI artifacts too unless sources_only).
+    `say`: one line per component as its fetch starts (a git commit or a torch wheel takes minutes)."""
+    import time
+
+    rows, t0 = [], time.monotonic()
     for name in names or list_stacks():
         stack = load_stack(name)
         plat = host_platform() if host_platform() in stack.platforms else stack.platforms[0]
@@ -68,6 +71,8 @@ def fetch_stacks(names: list[str] | None = None, *, sources_only: bool = False, 
             if sources_only and not c.kind.install_args(c):
                 continue
             pin = c.pin_for(plat) if c.kind.from_index else None
+            if say:
+                say(f"[{time.monotonic() - t0:5.1f}s] {stack.name}: {key} ({c.pinned_ref})")
             try:
                 got = c.kind.fetch(c, stack, offline=offline, cache_dir=cache_dir,
                                    prefer=pin.sha256 if pin else ())

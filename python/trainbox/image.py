@@ -17,6 +17,7 @@ import shutil
 import ssl
 import sys
 import tempfile
+import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Callable
 
 from . import buildrun
 from .base import bootstrap, native_twin, resolve_base, suite_of
-from .buildplan import (CONTEXT_ITEMS, WHEELHOUSE_DIR, BuildBase, BuildPlan, PlanInputs,  # noqa: F401 - re-exported
+from .buildplan import (CONTEXT_ITEMS, STOP, WHEELHOUSE_DIR, BuildBase, BuildPlan, PlanInputs,  # noqa: F401 - re-exported
                         content_hash, copy_inputs, format_plan, make_plan, stage, tree_files)
 from .buildrun import BuildFailed, BuildOutcome  # noqa: F401 - re-exported
 from .dists import canon, dist_key, norm_version
@@ -153,6 +154,7 @@ class BuildOptions:
     offline: bool = False  # git commits and archives only from trainbox's cache (`trainbox fetch` filled it)
     bundle: str | None = None  # `trainbox fetch --bundle` file: build from it alone, with the network off
     sources_cache: str | None = None  # where fetched sources live (default trainbox's cache; a bundle's own)
+    pip_config: bool = True  # no --wheelhouse / --pip-index-url: take pip's own (find-links, index-url), as pip does
 
 
 def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False,
@@ -174,7 +176,7 @@ def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_ru
         if not dry_run:
             raise
         return BuildBase(requested=stack.declared_base or stack.base.image, used=stack.base.image, substituted=given,
-                    note=str(exc))
+                         note=str(exc), stops=True)
     return BuildBase(requested=stack.declared_base or stack.base.image, used=used, substituted=substituted or given,
                 bootstrap=boot, image_id=None if boot else (image_id or client.image_id(used)),
                 note="made by `trainbox base bootstrap` first" if boot else "")
@@ -206,19 +208,51 @@ def _check_inputs(opts: BuildOptions):
     if plat not in stack.platforms:
         raise TrainboxError(f"--platform {plat}: stack {stack.name} supports {', '.join(stack.platforms)} "
                             f"({stack.source_file}: platforms)")
+    from_pip = _from_pip_config(opts) if opts.pip_config and not opts.bundle else False
     ca = check_ca_bundle(opts.ca_bundle) if opts.ca_bundle else None
     if ca is None:
         default = default_ca_bundle()
         ca = check_ca_bundle(default) if default else None
     wheels = read_wheelhouse(opts.wheelhouse) if opts.wheelhouse else []
-    if wheels and opts.check_wheelhouse:  # pins --set moved have no hash yet: matched by version here
+    # pins --set moved have no hash yet: matched by version here. pip's own find-links directory may hold other
+    # versions of a pinned project, as it may for pip: the build's pip takes only the pinned hashes from it
+    if wheels and opts.check_wheelhouse and not from_pip:
         check_wheelhouse(wheels, pins_for(stack, plat), str(opts.wheelhouse))
     inp = PlanInputs(platform=plat, findings=_findings(stack, plat), wheels=wheels, wheelhouse=opts.wheelhouse,
+                     wheelhouse_from_pip=from_pip,
                      ca_bundle=str(ca) if ca else None,
                      pip_index_url=bool(opts.pip_index_url), tags=list(opts.tags), labels=dict(opts.labels),
                      tag_latest=opts.tag_latest, no_cache=opts.no_cache, cache_from=list(opts.cache_from),
                      cache_to=list(opts.cache_to), source_root=opts.source_root, offline=bool(opts.bundle))
     return stack, inp
+
+
+def _from_pip_config(opts: BuildOptions) -> bool:
+    """Where pip itself would find wheels, for what the command line leaves open: its first find-links directory
+    that holds wheels becomes the wheelhouse, its (remote) index-url the build's index; each said in one line.
+    True when the wheelhouse is pip's."""
+    from .pipconfig import pip_config
+
+    cfg = pip_config()
+    from_pip = False
+    if not opts.wheelhouse and (found := cfg.wheelhouse()):
+        opts.wheelhouse, from_pip = str(found[0]), True
+        _say(f"wheelhouse {found[0]}: pip's find-links ({found[1]}); --wheelhouse DIR overrides")
+    if not opts.pip_index_url and (index := cfg.index_url()):
+        opts.pip_index_url = index.value
+        shown = redact_url(index.value)
+        _say(f"index {shown}: pip's index-url ({index.origin}), passed to the build as a secret; "
+             "--pip-index-url URL overrides")
+    return from_pip
+
+
+def redact_url(url: str) -> str:
+    """A URL without its password, for a line a user may paste."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def _findings(stack, plat: str) -> list:
@@ -245,7 +279,7 @@ def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[
     without the indexes that do not answer and whose pins the wheelhouse serves (pip would wait on them). A dry
     run records problems instead of failing."""
     pins = pins_for(stack, inp.platform)
-    if inp.wheels and opts.check_wheelhouse:
+    if inp.wheels and opts.check_wheelhouse and not inp.wheelhouse_from_pip:
         served = check_wheelhouse(inp.wheels, pins, str(opts.wheelhouse))
     else:  # by name and version only: the hashes are left to pip inside the build
         names = {dist_key(w.name) for w in inp.wheels}
@@ -255,7 +289,7 @@ def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[
     except TrainboxError as exc:
         if not opts.dry_run:
             raise
-        notes.append(f"the build would stop here: {exc}")
+        notes.append(f"{STOP}{exc}")
         return stack
     dropped = [name for name in sorted(down) if name != "pypi"]
     for name in dropped:
@@ -300,7 +334,7 @@ def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] =
     try:  # a failure below does not wait for the probes
         answers = probe_indexes(_indexes_to_check(stack, opts), pool, cafile=inp.ca_bundle)
         base = choose_base(stack, client, say, dry_run=opts.dry_run, platform=inp.platform)
-        notes: list[str] = [f"the build would stop here: {base.note}"] if base.note.startswith("base ") else []
+        notes: list[str] = [f"{STOP}{base.note}"] if base.stops else []
         if stack.overrides:
             stack = lock_overrides(stack, inp.platform, inp.wheels, opts.wheelhouse, say,
                                    notes if opts.dry_run else None)
@@ -345,5 +379,9 @@ def _dry_run(p: BuildPlan, opts: BuildOptions, say: Callable[[str], None]) -> Bu
         print(json.dumps(p.as_dict(), indent=2))
     else:
         print(format_plan(p))
-    say(f"dry run: would build {p.tag} (nothing was built; the context is staged at {p.context})")
+    if p.stops:  # a plan the build could not carry out is a failed check, as `render --check` with drift is
+        say(f"dry run: the build of {p.tag} would stop ({len(p.stops)} reason(s) in the notes above); nothing was "
+            f"built; exit 1")
+    else:
+        say(f"dry run: would build {p.tag} (nothing was built; the context is staged at {p.context})")
     return BuildOutcome(p.tag, p.tags, False, {**p.as_dict(), "dry_run": True}, None, p.argv())

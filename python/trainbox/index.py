@@ -6,8 +6,6 @@ import functools
 import json
 import os
 import ssl
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -42,15 +40,13 @@ def ca_bundle() -> str | None:
     variables, then the system bundle. Index queries, source downloads and image builds all use this one, so
     `stack lock`, `patches verify` and `image build` trust the same certificates (a TLS-intercepting proxy's
     CA included)."""
+    from .pipconfig import pip_config
+
     if os.environ.get("PIP_CERT"):
         return os.environ["PIP_CERT"]
-    try:
-        proc = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.cert"],
-                              capture_output=True, text=True, timeout=30)
-        if proc.returncode == 0 and proc.stdout.strip():
-            return proc.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    cert = pip_config().get("cert")  # PIP_CERT, install.cert, global.cert, as pip install takes it
+    if cert and cert.value:
+        return cert.value
     for var in ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
         if os.environ.get(var) and os.path.exists(os.environ[var]):
             return os.environ[var]

@@ -16,6 +16,7 @@ import platform as _platform
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -186,7 +187,18 @@ def _lock_build_deps(stack: Stack, plat: str, old_plat: dict, resolve: bool, whe
     return dict(sorted(new.items()))
 
 
+#: where lock_stack says what it is doing (`stack lock` sets it: a lock of a workload stack takes minutes, mostly
+#: pip's resolver); None says nothing (tests and callers that report on their own)
+PROGRESS: Callable[[str], None] | None = None
+
+
+def _progress(msg: str, t0: float) -> None:
+    if PROGRESS is not None:
+        PROGRESS(f"  [{time.monotonic() - t0:5.1f}s] {msg}")
+
+
 def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool = True) -> LockReport:
+    t0 = time.monotonic()
     rep = LockReport()
     old = stack.lock or {}
     files = _Files(stack)
@@ -197,6 +209,7 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
     for plat in stack.platforms:
         old_plat = (old.get("platforms") or {}).get(plat) or {}
         comps: dict = {}
+        _progress(f"{stack.name} {plat}: the pins' hashes from their indexes", t0)
         for key, c in sorted(stack.installed_components.items()):
             if not c.kind.from_index:
                 continue
@@ -235,9 +248,13 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
                                    f"({len(shas)} artifact hash{'es' if len(shas) != 1 else ''})")
             comps[key] = {"version": pin.version, "index": pin.index, "sha256": shas}
         entry: dict = {"components": comps}
+        if resolve_deps:
+            _progress(f"{stack.name} {plat}: the dependency closure (pip's resolver; the longest step)", t0)
         deps = _lock_deps(stack, plat, old_plat, resolve_deps, wheelhouse, unreachable, rep)
         if deps is not None:
             entry["deps"] = deps
+        if stack.build_requirements():
+            _progress(f"{stack.name} {plat}: the build requirements of the wheels built from source", t0)
         build = _lock_build_deps(stack, plat, old_plat, resolve_deps, wheelhouse, rep)
         if build is not None:
             entry["build_deps"] = build
@@ -245,6 +262,7 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
     if stack.build_requirements():
         new["build_requires"] = stack.build_requirements()
     rep.lock = new
+    _progress(f"{stack.name}: done", t0)
     return rep
 
 

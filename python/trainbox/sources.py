@@ -52,7 +52,10 @@ def index_url(name: str, indexes: dict[str, str] | None) -> str:
         return indexes[name]
     if name == "pypi":
         # honour a pip-style override (mirrors, air-gapped proxies) for the default index
-        return os.environ.get("TRAINBOX_PYPI_URL") or os.environ.get("PIP_INDEX_URL") or DEFAULT_INDEX
+        from .pipconfig import pip_config
+
+        pip_index = pip_config().index_url()  # PIP_INDEX_URL or pip config's index-url, as pip takes it
+        return os.environ.get("TRAINBOX_PYPI_URL") or (pip_index.value if pip_index else None) or DEFAULT_INDEX
     raise SourceError(f"index {name!r} is not defined under the stack's `indexes`")
 
 
@@ -161,6 +164,20 @@ def _rank(filename: str) -> tuple:
     return (1 if tags & set(sys_tags()) else 2, filename)
 
 
+def _from_pip_links(pin: Any, cache_dir: Path | None, what: str) -> Fetched | None:
+    """The pinned file where pip itself would find it on this disk (its find-links directories, its file://
+    indexes), copied into the cache and re-hashed on the way, as a download is."""
+    from .pipconfig import find_local
+
+    hit = find_local(pin.name, pin.version or "", pin.sha256)
+    if hit is None:
+        return None
+    path, where = hit
+    sha = sha256_file(path, remember=True)
+    cached = _download(path.resolve().as_uri(), sha, path.name, cache_dir, f"{what} from {where}")
+    return Fetched(pin, cached, path.name, sha256=sha)
+
+
 def fetch_pypi(pin: Any, prefer: Iterable[str], offline: bool, cache_dir: Path | None) -> Fetched:
     what = f"{pin.key} ({pin.ref})"
     if not pin.sha256:
@@ -177,6 +194,9 @@ def fetch_pypi(pin: Any, prefer: Iterable[str], offline: bool, cache_dir: Path |
     if cached:
         _, _, h, path = min(cached)
         return Fetched(pin, path, path.name, sha256=h)
+    local = _from_pip_links(pin, cache_dir, what)
+    if local is not None:
+        return local
     if offline:
         raise SourceError(f"{what}: not in the cache ({_cache(cache_dir)}) and --offline was given; run once "
                           "with network access to fill the cache")

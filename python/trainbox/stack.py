@@ -194,6 +194,15 @@ class Stack(_Strict):
                 out[f"drops {theirs[key].dist_name}"] = None
         if self.python != parent.python:
             out[f"python {self.python}"] = None
+        # a wheel built in the image (a git component with install: pip, an sdist with build_requires) needs its
+        # PEP 518 requirements hash-pinned in the lock: adding one the parent's lock has none for makes it stale
+        reqs = self.build_requirements()
+        if reqs != parent.build_requirements():
+            mine_b, theirs_b = self._built_from_source(), parent._built_from_source()
+            built = sorted(k for k, c in mine_b.items()
+                           if k not in theirs_b or c.build_requires != theirs_b[k].build_requires)
+            out[f"builds {', '.join(built) or 'wheels'} from source (build requirements "
+                f"{', '.join(reqs) or 'none'})"] = None
         return list(out)
 
     def with_hashes(self, hashes: dict[str, list[str]]) -> "Stack":
@@ -323,6 +332,9 @@ class Stack(_Strict):
             return [f"build_requires: locked for {lock.get('build_requires') or '(none)'}, the stack's built wheels "
                     f"build with {reqs}"]
         return [f"build_deps: not locked for {', '.join(plats)}"] if reqs and plats else []
+
+    def _built_from_source(self) -> dict[str, "Component"]:
+        return {k: c for k, c in self.installed_components.items() if c.kind.needs_build_env(c)}
 
     def _pypi(self) -> dict[str, "Component"]:
         return {k: c for k, c in self.installed_components.items() if c.source == "pypi"}

@@ -121,8 +121,9 @@ def wheelhouse_notes(stack, platform: str, wheels: list[WheelFile], wheelhouse: 
 
 # -- filling ------------------------------------------------------------------------------------------
 
-def _artifact(stack, platform: str, pin: Pin, cache_dir: Path | None) -> Path:
-    """The pinned artifact for `platform`, from the source cache or its index, hash-verified."""
+def _artifact(stack, platform: str, pin: Pin, cache_dir: Path | None) -> tuple[Path, str]:
+    """The pinned artifact for `platform`, from the source cache, where pip finds it on this disk, or its index,
+    hash-verified; with where it came from."""
     import urllib.parse
 
     from .index import IndexUnreachable, _wheel_fits, artifacts_for, project_files
@@ -132,7 +133,12 @@ def _artifact(stack, platform: str, pin: Pin, cache_dir: Path | None) -> Path:
         hit = cached_artifact(sha, cache_dir)
         if hit is not None and dist_key(hit.name) == (canon(pin.name), norm_version(pin.version or "")):
             if not hit.name.endswith(".whl") or _wheel_fits(hit.name, stack.python, platform):
-                return hit
+                return hit, "trainbox's cache"
+    from .pipconfig import find_local
+
+    local = find_local(pin.name, pin.version or "", pin.sha256)  # where pip itself finds it on this disk
+    if local is not None and (not local[0].name.endswith(".whl") or _wheel_fits(local[0].name, stack.python, platform)):
+        return local
     names = [pin.index_name] if pin.index_name in stack.indexes else list(stack.indexes)
     why = []
     for name in names:
@@ -145,7 +151,8 @@ def _artifact(stack, platform: str, pin: Pin, cache_dir: Path | None) -> Path:
         for art in artifacts_for(files, pin.name, pin.version or "", stack.python, platform):
             if art.sha256 in pin.sha256:
                 full = urllib.parse.urljoin(f"{url.rstrip('/')}/{canon(pin.name)}/", art.url)
-                return _download(full, art.sha256, art.filename, cache_dir, f"{pin.key} ({pin.name}=={pin.version})")
+                return (_download(full, art.sha256, art.filename, cache_dir, f"{pin.key} ({pin.name}=={pin.version})"),
+                        f"index {name} ({url})")
         why.append(f"index {name} has no {platform} artifact of {pin.name}=={pin.version} with a pinned sha256")
     raise TrainboxError(f"{pin.key}: cannot fetch {pin.name}=={pin.version} for {platform}: " + "; ".join(why))
 
@@ -175,7 +182,7 @@ def fill(stack, platform: str, dest: Path, cache_dir: Path | None = None, say=pr
         if serves(have, pin):
             kept.append(serves(have, pin)[0].name)
             continue
-        art = _artifact(stack, platform, pin, cache_dir)
+        art, origin = _artifact(stack, platform, pin, cache_dir)
         target = dest / art.name
         tmp = target.with_name(f".{target.name}.part")
         shutil.copy2(art, tmp)
@@ -184,6 +191,6 @@ def fill(stack, platform: str, dest: Path, cache_dir: Path | None = None, say=pr
             raise TrainboxError(f"{target}: copy does not match its pin's sha256; nothing was added")
         tmp.replace(target)
         added.append(art.name)
-        say(f"trainbox: {pin.name}=={pin.version} -> {target}")
+        say(f"trainbox: {pin.name}=={pin.version} -> {target} (from {origin})")
     return {"schema": SCHEMA, "stack": stack.name, "platform": platform, "dir": str(dest), "added": added,
             "kept": kept, "deps_locked": bool(stack.locked_deps(platform))}

@@ -38,7 +38,10 @@ def _fetch(args: argparse.Namespace) -> int:
 
     if args.bundle:
         return _bundle(args)
-    rows = fetch_stacks(args.stacks or None, sources_only=args.sources_only, offline=args.offline)
+    import sys
+
+    rows = fetch_stacks(args.stacks or None, sources_only=args.sources_only, offline=args.offline,
+                        say=lambda m: print(f"trainbox: fetch {m}", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps({"schema": "trainbox.fetch/1", "fetched": rows}, indent=2, sort_keys=True))
     else:

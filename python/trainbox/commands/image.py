@@ -83,7 +83,8 @@ def _register_build(isub) -> None:
         "BuildKit. Every pinned artifact is installed in pip's hash-checking mode; the CA bundle and index "
         "URL reach the build as BuildKit secrets, never as build args or layers.",
     )
-    exits(b, "the build failed (its step is named)", **{"2": ENGINE_2})
+    exits(b, "the build failed (its step is named), or with --dry-run the build would stop (the plan says where)",
+          **{"2": ENGINE_2})
     add_stack(b)
     b.add_argument("--tag", action="append", default=[], metavar="T", help="extra tag (repeatable)")
     b.add_argument("--base", metavar="IMAGE", help="build FROM this image instead of the stack's base")
@@ -159,8 +160,9 @@ def _build(args: argparse.Namespace) -> int:
     )
     try:
         if not args.json or args.dry_run:
-            image.build(opts)  # a dry run prints its plan, as JSON with --json
-            return 0
+            outcome = image.build(opts)  # a dry run prints its plan, as JSON with --json
+            # a plan the build could not carry out ("the build would stop here") is a failed check
+            return 1 if args.dry_run and outcome.report.get("would_stop") else 0
         # --json: stdout carries the one JSON document; what the build prints for people goes to stderr
         with contextlib.redirect_stdout(sys.stderr):
             outcome = image.build(opts)

@@ -263,6 +263,7 @@ def _check_args(name: str, args) -> dict:
             result = run_with_code(check, os.path.abspath(args.code), args.image, stub_missing=args.stub_missing)
         else:
             image = choose_image(job, args.image, dry_run=True)[0]
+            _require_image(image, job.stack, given=bool(args.image))
             result = run_in_image(check, image)
     except TrainboxError as exc:
         result = {"recipe": name, "ok": False, "status": "fail", "imports": {}, "args": {}, "error": str(exc)}
@@ -270,6 +271,32 @@ def _check_args(name: str, args) -> dict:
         return result
     result["summary"] = summary(result)
     return result
+
+
+def _require_image(image: str, stack, given: bool) -> None:
+    """The checks run in the recipe's image: where the engine lacks it, say which image and the command that
+    makes it (a docker run of a missing image would only say "See 'docker run --help'")."""
+    from ..base import cpu_host_profile, profile_names
+    from ..engine import find_client
+    from ..inventory import built_images
+    from ..runtime.errors import TrainboxError
+
+    client = find_client()
+    if client.image_exists(image):
+        return
+    if given:
+        raise TrainboxError(f"--image {image}: the engine has no such image (`docker pull` it, or build it)")
+    # a build with pin overrides (the substitute build of an NPU stack) is tagged by its hash only, not :latest
+    other = [t for i in built_images([stack.name], client) for t in i.hash_tags]
+    if other:
+        raise TrainboxError(f"no image {image} here (stack {stack.name}), but {other[0]} is (built with pin overrides "
+                            f"or on a substitute base, so not tagged :latest): pass --image {other[0]}")
+    how = f"`trainbox image build {stack.name}`"
+    if stack.device == "npu" and profile_names(stack.name):
+        how += (f" (on a host without the NPU base: `trainbox image build {stack.name} --profile "
+                f"{cpu_host_profile()}`, the substitute build `trainbox smoke` checks recipes in)")
+    raise TrainboxError(f"no image {image} here (stack {stack.name}): the imports and arguments are checked inside "
+                        f"it; build it with {how}, or pass --image IMAGE")
 
 
 def _check_target(name: str, target: str, args, shellcheck: str | None) -> list[str]:

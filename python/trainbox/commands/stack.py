@@ -137,14 +137,29 @@ def cmd_validate(args) -> int:
                 "(shown there)" if elsewhere else ""
         print(f"{'FAIL' if bad else 'ok  '} {stack.name} ({stack.source_file}){count}",
               file=sys.stderr if bad else sys.stdout)
-        for r in found:
-            if r in elsewhere or r.where in shown:
-                continue
-            shown.add(r.where)
-            print(f"  {r.line()}", file=sys.stderr if r in bad else sys.stdout)
+        _print_findings([r for r in found if r not in elsewhere and r.where not in shown], bad)
+        shown |= {r.where for r in found}
     if args.json:
         emit_json({"ok": not failed, "strict": args.strict, "stacks": report})
     return EXIT_PROBLEMS if failed else 0
+
+
+_LEVELS = {"error": 0, "warning": 1, "info": 2}
+
+
+def _print_findings(found: list, bad: list) -> None:
+    """Errors first, then warnings, one line each; the info findings of one rule and file in one line (all of them
+    are in --json), so that the one error is not buried under notes."""
+    infos: dict[tuple, list] = {}
+    for r in sorted(found, key=lambda r: _LEVELS.get(r.level, 3)):
+        if r.level == "info":
+            infos.setdefault((str(r.file), r.finding.rule), []).append(r)
+            continue
+        print(f"  {r.line()}", file=sys.stderr if r in bad else sys.stdout)
+    for (file, rule), group in infos.items():
+        more = (f" (and {len(group) - 1} more like it: `trainbox stack validate --json` lists them)"
+                if len(group) > 1 else "")
+        print(f"  {group[0].line()}{more}")
 
 
 def _parents_first(stacks: list) -> list:
@@ -229,6 +244,7 @@ def cmd_lock(args) -> int:
     from pathlib import Path
 
     from ..findings import LOCK_RULES, Review
+    from .. import lock as lockmod
     from ..lock import lock_plan, lock_stack, write_lock
     from ..stack import list_stacks
 
@@ -257,7 +273,12 @@ def cmd_lock(args) -> int:
             continue
         print(f"locking {stack.name}{why} for Python {stack.python} on {', '.join(stack.platforms)} ...",
               file=sys.stderr)
-        rep = lock_stack(stack, Path(args.wheelhouse) if args.wheelhouse else None, resolve_deps=not args.no_deps)
+        lockmod.PROGRESS = lambda m: print(m, file=sys.stderr, flush=True)  # each step as it starts, timed
+        try:
+            rep = lock_stack(stack, Path(args.wheelhouse) if args.wheelhouse else None,
+                             resolve_deps=not args.no_deps)
+        finally:
+            lockmod.PROGRESS = None
         for kind in ("unreachable", "problems", "incomplete"):
             for line in getattr(rep, kind):
                 print(f"{stack.name}: {kind.rstrip('s') if kind == 'problems' else kind}: {line}", file=sys.stderr)

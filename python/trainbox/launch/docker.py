@@ -118,6 +118,26 @@ def device_args(job: Job) -> list[str]:
     return args
 
 
+def doctor_in_image(image: str, doctor_args: list[str]) -> int:
+    """`trainbox doctor --image IMAGE`: the doctor in a throwaway container of IMAGE (network off, a CPU job's
+    shared memory and ulimits), through the image's own entrypoint, or docker's init in front of it for an image
+    of another platform (emulation_args); its output streams through, its exit status is the doctor's."""
+    from ..engine import find_client
+    from .images import emulation_args
+
+    client = find_client()
+    client.require_engine()
+    if not client.image_exists(image):
+        raise TrainboxError(f"--image {image}: the engine has no such image; build it (`trainbox image build STACK`, "
+                            "`trainbox image ls` lists what is here) or `docker pull` it")
+    emulate, why = emulation_args(image)
+    if why:
+        print(f"trainbox: {why}", file=sys.stderr)
+    argv = ["run", "--rm", "--network", "none", "--shm-size", CPU_SHM_SIZE,
+            *(a for u in ULIMITS["cpu"] for a in ("--ulimit", u)), *emulate, image, "trainbox", "doctor", *doctor_args]
+    return client.attached(*argv)
+
+
 def run_args(job: Job, *, shm_size: str | None = None, labels: list[str] | None = None,
              name: str | None = None) -> list[str]:
     """`docker run` options up to (not including) the job script's mount and the image: the same for every
