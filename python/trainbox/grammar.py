@@ -110,6 +110,30 @@ def check_requirement(value: str, what: str) -> str:
     return value
 
 
+# One line of a generated hash-checked requirements file, exactly as trainbox writes it: name[extras]==version,
+# an optional platform marker, one or more --hash options. Nothing else (no URL, no `@`, no -r/-c/--index-url
+# option, no environment variable) can reach pip through these files.
+_MACHINE = r'platform_machine == "(?:x86_64|aarch64)"'
+_REQ_NAME = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?:\[[A-Za-z0-9._-]+(?:,[A-Za-z0-9._-]+)*\])?"
+_REQ_TAIL = rf"(?: ; {_MACHINE}(?: or {_MACHINE})*)?(?: --hash=sha256:[0-9a-f]{{64}})+$"
+REQUIREMENT_LINE_RE = re.compile(_REQ_NAME + r"==[A-Za-z0-9.+!_-]+" + _REQ_TAIL)
+# a `source: url` component's line: its checked URL (stack grammar) as a direct reference
+URL_REQUIREMENT_LINE_RE = re.compile(_REQ_NAME + r" @ (?:https?|file)://[A-Za-z0-9\-._~:/?#\[\]@+,=%]+" + _REQ_TAIL)
+
+
+def check_requirement_line(value: str, what: str, url: bool = False) -> str:
+    """A generated requirement line, checked again just before it is written (behind the stack and lock
+    grammars): the last guard between a file in the tree and pip running as root. `url`: the line of a
+    `source: url` component may name its URL (no lock entry ever does)."""
+    ok = isinstance(value, str) and (REQUIREMENT_LINE_RE.match(value) or
+                                     (url and URL_REQUIREMENT_LINE_RE.match(value)))
+    if not ok:
+        raise ValueError(f"{what}: refusing to write the requirement line {str(value)[:120]!r}: expected "
+                         "name==version [; platform marker] --hash=sha256:<64 hex digits>"
+                         + (" (or name @ URL --hash=...)" if url else ""))
+    return value
+
+
 def check_dist_name(value: str) -> str:
     return _match(DIST_NAME_RE, value, "distribution name", "a PEP 508 name (letters, digits, ., _ and -)")
 

@@ -20,7 +20,7 @@ import jinja2
 
 from . import __version__
 from .base import APT_PYTHON_PACKAGES, RUNTIME_PACKAGES
-from .grammar import check_env_name, check_image, controls
+from .grammar import check_env_name, check_image, check_requirement_line, controls
 from .runtime.errors import TrainboxError
 from .runtime.installed import canon
 from .paths import PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
@@ -59,22 +59,32 @@ def _require_lines(stack: Stack) -> tuple[list[str], list[str]]:
     build has no such layer)."""
     lines, own = [], []
     for key, c in sorted(stack.installed_components.items()):
-        mine = c.kind.requirement_lines(c, stack)
+        mine = _checked(c.kind.requirement_lines(c, stack), stack, f"components.{key}", url=c.source == "url")
         lines += mine
         if canon(c.dist_name) == LAYER_OF_ITS_OWN:
             own += mine
     return lines, own
 
 
+def _checked(lines: list[str], stack: Stack, what: str, url: bool = False) -> list[str]:
+    """`lines`, each checked against the one requirement-line grammar (TrainboxError naming the stack's lock)."""
+    try:
+        return [check_requirement_line(line, f"{stack.lock_path or stack.source_file}: {what}", url)
+                for line in lines]
+    except ValueError as exc:
+        raise TrainboxError(f"{exc}; regenerate the lock with `trainbox stack lock {stack.name}`") from None
+
+
 def _dep_lines(stack: Stack) -> list[str]:
     """The locked dependency closure, or [] when some platform has none (then the build resolves deps)."""
-    return _locked_lines(stack, {p: stack.locked_deps(p) for p in stack.platforms})
+    return _checked(_locked_lines(stack, {p: stack.locked_deps(p) for p in stack.platforms}), stack, "deps")
 
 
 def _build_req_lines(stack: Stack) -> list[str]:
     """The hash-pinned PEP 518 build requirements of the wheels built in the image (git trees, `install: build`
     sdists that name `build_requires`), or [] when not locked."""
-    return _locked_lines(stack, {p: stack.locked_build_deps(p) for p in stack.platforms})
+    return _checked(_locked_lines(stack, {p: stack.locked_build_deps(p) for p in stack.platforms}), stack,
+                    "build_deps")
 
 
 def _locked_lines(stack: Stack, per_plat: dict[str, dict[str, dict]]) -> list[str]:
