@@ -146,20 +146,31 @@ def manifest(stack: Stack, patches: dict[str, list[dict]]) -> dict:
     }
 
 
-def _sourced(stack: Stack) -> dict[str, list[str]]:
-    """{component: install_source.py arguments} for the components whose source the build context stages (the
-    template quotes each one as a shell word)."""
-    out = {}
+#: where a source component's `--mode build-env` step installs its hash-pinned build requirements (builder stage)
+BUILD_ENV_DIR = "/opt/trainbox-build-env"
+
+
+def _sourced(stack: Stack) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """({component: install_source.py arguments} for the components whose source the build context stages,
+    {component: arguments of the step before it that installs its locked build requirements}); the template
+    quotes each one as a shell word.
+
+    The build step runs the tree's own code (setup.py, a PEP 517 backend, `build:` commands) and is given no index
+    credentials; the step before it is a pip install from the index, hash-pinned, and the only one that is."""
+    out, envs = {}, {}
     build_reqs = _build_req_lines(stack)
     for key, c in sorted(stack.installed_components.items()):
         args = c.kind.install_args(c)
-        if args and c.kind.needs_build_env(c):
+        if args and c.kind.needs_build_env(c) and build_reqs:
             # the wheel's build environment: exactly the locked build requirements, --require-hashes (without a
             # lock pip would fill an isolated one with whatever version the wheelhouse or index offers)
-            args = [*args, *(a for line in build_reqs for a in ("--build-req", line))]
+            env_dir = f"{BUILD_ENV_DIR}/{key}"
+            envs[key] = ["--mode", "build-env", "--build-env", env_dir,
+                         *(a for line in build_reqs for a in ("--build-req", line))]
+            args = [*args, "--build-env", env_dir]
         if args:
             out[key] = list(args)
-    return out
+    return out, envs
 
 
 class _Lines(str):
@@ -262,7 +273,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
     base = _template_base(stack)
     patched = {k: stack.components[k] for k in patches
                if not stack.components[k].kind.install_args(stack.components[k])}
-    sourced = _sourced(stack)
+    sourced, build_envs = _sourced(stack)
     system_pkgs, build_pkgs = _apt_packages(stack, base, bool(patched or sourced))
     trees = any(c.install == "tree" for c in stack.installed_components.values())
     try:
@@ -277,6 +288,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
             own_layer=LAYER_OF_ITS_OWN if own_lines else None,
             patched=patched,
             sourced=sourced,
+            build_envs=build_envs,
             compiled=sorted(k for k, c in stack.installed_components.items() if c.kind.compiled(c)),
             system_pkgs=system_pkgs,
             build_pkgs=build_pkgs,
