@@ -137,7 +137,8 @@ PLAIN = {"description": "PLAINDESC", "pypi": "https://plain.example/simple", "ex
 # accepted by the grammar, and each full of what a shell or a Dockerfile would act on
 HOSTILE = {
     "description": 'say "hi" $(touch /tmp/pwned) ${PATH} `id` #; & | ( ) \'q\' ~ * ?',
-    "pypi": "https://u:p%40@pypi.example/simple/?a=b#frag[1]~x,y+z=%24%28id%29",
+    # (no user:password@: the grammar refuses credentials in a stack's URLs, test_build_credentials)
+    "pypi": "https://pypi.example:8443/simple/?a=b#frag[1]~x,y+z=%24%28id%29",
     "extra": "https://e.example/~user/simple?x=1,2#top",
     "env": "$(touch /tmp/pwned); `id` && x || y > /tmp/f < /etc/passwd # c 'q' \"dq\"",
     "deb": "lib++-dev=1:2.3~rc1+b2",

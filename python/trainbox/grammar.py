@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
+from .runtime.redact import redact
+
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # PEP 508 distribution name (and extras)
 DIST_NAME_RE = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
@@ -181,13 +183,24 @@ def check_glob(value: str, what: str) -> str:
 
 
 def check_url(value: str, schemes: tuple[str, ...], what: str = "url") -> str:
-    """An absolute URL with one of `schemes`, without characters a shell or Dockerfile would act on."""
+    """An absolute URL with one of `schemes`, without characters a shell or Dockerfile would act on, and without
+    credentials: what a stack or lock says is written into the Dockerfile (and so the image's history)."""
+    shown = redact(value) if isinstance(value, str) else value
     if not isinstance(value, str) or not _URL_CHARS_RE.match(value) or len(value) > MAX_FIELD:
-        raise ValueError(f"{what} {value!r}: expected a URL without spaces, quotes, $, `, \\, braces or any of "
+        raise ValueError(f"{what} {shown!r}: expected a URL without spaces, quotes, $, `, \\, braces or any of "
                          ";&()!* (percent-encode such a character)")
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # noqa: F841 - a port that is no number is refused here, not by pip in the build
+    except ValueError:
+        raise ValueError(f"{what} {shown!r}: expected a URL (host[:port] with a numeric port)") from None
     if parts.scheme not in schemes or not (parts.netloc or parts.scheme == "file"):
-        raise ValueError(f"{what} {value!r}: expected a {' or '.join(s + '://' for s in schemes)} URL")
+        raise ValueError(f"{what} {shown!r}: expected a {' or '.join(s + '://' for s in schemes)} URL")
+    if parts.password is not None or (parts.username is not None and parts.scheme not in ("ssh", "git")):
+        raise ValueError(f"{what} {shown!r}: holds credentials (user:password@ or a token@), which would be "
+                         "written into the Dockerfile and the image's history; remove them: give a private PyPI "
+                         "index with `trainbox image build --pip-index-url URL` (a build secret), and git hosts "
+                         "their credentials through git's own config on the host")
     return value
 
 
