@@ -52,6 +52,12 @@ HOSTILE = [
         0, f"{SHA}\r--index-url http://203.0.113.9/"), "components.torch.sha256"),
     ("sha256-nul", "cpu", lambda d: _amd(d)["components"]["torch"]["sha256"].__setitem__(0, f"{SHA}\x00"),
      "components.torch.sha256"),
+    ("sha256-trailing-newline", "cpu", lambda d: _amd(d)["components"]["torch"]["sha256"].__setitem__(
+        0, f"{SHA}\n"), "components.torch.sha256"),
+    ("dep-name-trailing-newline", "cpu", lambda d: _amd(d)["deps"].__setitem__(
+        "evilpkg\n", {"version": "1.0", "sha256": [SHA]}), "deps"),
+    ("component-index-trailing-newline", "cpu", lambda d: _amd(d)["components"]["numpy"].__setitem__(
+        "index", "pypi\n"), "components.numpy.index"),
     ("sha256-upper", "cpu", lambda d: _amd(d)["components"]["torch"]["sha256"].__setitem__(0, SHA.upper()),
      "components.torch.sha256"),
     ("dep-version-shell", "cpu", lambda d: _amd(d)["deps"]["sympy"].__setitem__("version", "1.0; touch /x"),

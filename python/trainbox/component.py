@@ -15,7 +15,7 @@ from .kinds import Kind, kind_of
 from .platforms import PLATFORM_RE
 from .runtime.install_source import TOOLKITS
 
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 class _Strict(BaseModel):

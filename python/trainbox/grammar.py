@@ -19,33 +19,33 @@ from packaging.version import InvalidVersion, Version
 
 from .runtime.redact import redact
 
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # PEP 508 distribution name (and extras)
-DIST_NAME_RE = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
+DIST_NAME_RE = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])\Z")
 # stack, recipe, component and series names: lower-case words; also what build/generated/<name>/ is made of
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")
 # Debian package name (Policy 5.6.1), optionally =version
-DEB_PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
+DEB_PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?\Z")
 # OCI image reference: [registry[:port]/]path[:tag][@sha256:digest] (distribution/reference grammar)
 _OCI_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _OCI_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?"
 IMAGE_RE = re.compile(
     rf"^(?:{_OCI_DOMAIN}/)?{_OCI_COMPONENT}(?:/{_OCI_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
-    r"(?:@sha256:[0-9a-f]{64})?$")
+    r"(?:@sha256:[0-9a-f]{64})?\Z")
 # an interpreter command or absolute path: no spaces, no shell syntax
-COMMAND_RE = re.compile(r"^(?:/?[A-Za-z0-9_.+-]+)+$")
+COMMAND_RE = re.compile(r"^(?:/?[A-Za-z0-9_.+-]+)+\Z")
 # short identifiers such as CANN versions, chip and OS names
-TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
 # git ref (tag or branch): git check-ref-format, minus the exotic
-GIT_REF_RE = re.compile(r"^(?![-/.])(?!.*\.\.)(?!.*//)[A-Za-z0-9._/+-]+(?<![./])$")
+GIT_REF_RE = re.compile(r"^(?![-/.])(?!.*\.\.)(?!.*//)[A-Za-z0-9._/+-]+(?<![./])\Z")
 # characters a URL may hold here: RFC 3986 unreserved, reserved and %, without any a shell or a Dockerfile acts
 # on: no quotes, $, `, \, spaces or braces, and none of the sub-delimiters ; & ( ) ! * ' (an index URL
 # `https://pypi.org/simple;/path/to/script;` ran the script in the builder). Percent-encode them if a URL needs one.
-_URL_CHARS_RE = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@+,=%]+$")
+_URL_CHARS_RE = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@+,=%]+\Z")
 # a glob relative to a tree (install: build's `wheels:`): path characters and the glob's own * ? [ ]
-_GLOB_RE = re.compile(r"^[A-Za-z0-9_.+/*?\[\]-]+$")
+_GLOB_RE = re.compile(r"^[A-Za-z0-9_.+/*?\[\]-]+\Z")
 # scp-like git address: git@host:path
-_SCP_GIT_RE = re.compile(r"^[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+:[A-Za-z0-9_./~+-]+$")
+_SCP_GIT_RE = re.compile(r"^[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+:[A-Za-z0-9_./~+-]+\Z")
 
 MAX_FIELD = 4096  # no single field needs more; a bound keeps a hostile file from growing outputs
 
@@ -104,7 +104,7 @@ def check_requirement(value: str, what: str) -> str:
     """A PEP 508 requirement by name and version range (setuptools>=61, wheel): no URL and no marker, so the
     lock resolves it from an index into hash-pinned files."""
     expected = "a requirement such as setuptools>=61.0 or wheel (a name, optional [extras] and version range)"
-    _match(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-\[\], <>=!~*]*$"), value, what, expected)
+    _match(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-\[\], <>=!~*]*\Z"), value, what, expected)
     try:
         Requirement(value)
     except InvalidRequirement:
@@ -117,7 +117,7 @@ def check_requirement(value: str, what: str) -> str:
 # option, no environment variable) can reach pip through these files.
 _MACHINE = r'platform_machine == "(?:x86_64|aarch64)"'
 _REQ_NAME = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?:\[[A-Za-z0-9._-]+(?:,[A-Za-z0-9._-]+)*\])?"
-_REQ_TAIL = rf"(?: ; {_MACHINE}(?: or {_MACHINE})*)?(?: --hash=sha256:[0-9a-f]{{64}})+$"
+_REQ_TAIL = rf"(?: ; {_MACHINE}(?: or {_MACHINE})*)?(?: --hash=sha256:[0-9a-f]{{64}})+\Z"
 REQUIREMENT_LINE_RE = re.compile(_REQ_NAME + r"==[A-Za-z0-9.+!_-]+" + _REQ_TAIL)
 # a `source: url` component's line: its checked URL (stack grammar) as a direct reference
 URL_REQUIREMENT_LINE_RE = re.compile(_REQ_NAME + r" @ (?:https?|file)://[A-Za-z0-9\-._~:/?#\[\]@+,=%]+" + _REQ_TAIL)
@@ -168,7 +168,7 @@ def check_git_ref(value: str) -> str:
 
 def check_relpath(value: str, what: str) -> str:
     """A relative path inside a tree: no absolute path, no `..`, no shell syntax."""
-    _match(re.compile(r"^[A-Za-z0-9_.+/-]+$"), value, what, "a relative path of letters, digits and ._+-/")
+    _match(re.compile(r"^[A-Za-z0-9_.+/-]+\Z"), value, what, "a relative path of letters, digits and ._+-/")
     if value.startswith("/") or ".." in value.split("/"):
         raise ValueError(f"{what} {value!r}: must stay inside the tree (no leading '/', no '..')")
     return value

@@ -26,7 +26,7 @@ SLURM_PORT_BASES = SLURM_BASES
 SLURM_VARS_OWNED = ("NODE_RANK", "MASTER_ADDR")
 # --sbatch-arg: one long option a line, its value without spaces, quotes or backslashes (an #SBATCH line is read
 # by sbatch, not by a shell); the options that shape the job stay trainbox's
-SBATCH_ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[^\s'\"\\]+)?$")
+SBATCH_ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[^\s'\"\\]+)?\Z")
 SBATCH_OWNED = ("job-name", "nodes", "ntasks-per-node", "ntasks", "exclusive", "output", "error", "wait", "chdir")
 
 
