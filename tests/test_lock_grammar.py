@@ -7,6 +7,7 @@ by `render` (exit 2, nothing written), and nothing of it reaches a generated fil
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -221,3 +222,60 @@ def test_requirement_line_guard_takes_what_trainbox_writes():
                  f'torch==2.13.0+cpu ; platform_machine == "x86_64" --hash=sha256:{SHA} --hash=sha256:{"b" * 64}',
                  f"sglang[srt-npu,x]==0.5.10 --hash=sha256:{SHA}"):
         assert check_requirement_line(line, "x") == line
+
+
+def _unreachable(monkeypatch):
+    """Every index down (no network in these tests): `stack lock` keeps only what it may believe of the old lock."""
+    from trainbox import lock as lockmod
+    from trainbox.index import IndexUnreachable
+
+    def down(self, index, project):
+        raise IndexUnreachable(index, self.stack.indexes[index], "stand-in: no network in this test")
+
+    monkeypatch.setattr(lockmod._Files, "get", down)
+    return lockmod
+
+
+def test_stack_lock_keeps_an_intact_locks_hashes_when_the_index_is_down(stacks, monkeypatch):
+    lockmod = _unreachable(monkeypatch)
+    rep = lockmod.lock_stack(load_stack(stacks / "cpu.yaml"), resolve_deps=False)
+    assert rep.problems == [] and not any("not used" in c for c in rep.changes)
+    assert rep.lock["platforms"]["linux/amd64"]["components"]["numpy"]["sha256"] == [NUMPY_SHA]
+    assert "sympy" in rep.lock["platforms"]["linux/amd64"]["deps"] and intact(rep.lock)
+
+
+@pytest.mark.parametrize("change", [ADDED[0][2], HOSTILE[0][2]], ids=["unsealed-entry", "outside-the-grammar"])
+def test_stack_lock_believes_nothing_of_a_changed_lock(stacks, monkeypatch, change):
+    """Not even with --no-deps: the added closure entry or the injected hash is not carried into the new lock."""
+    lockmod = _unreachable(monkeypatch)
+    _edit(stacks / "cpu.lock", change)
+    rep = lockmod.lock_stack(load_stack(stacks / "cpu.yaml", repair_lock=True), resolve_deps=False)
+    assert any(c.startswith("the old lock is not used: ") for c in rep.changes), rep.changes
+    text = json.dumps(rep.lock)
+    assert "evilpkg" not in text and "deps" not in rep.lock["platforms"]["linux/amd64"]
+    assert any("components.numpy" in p and "no hash known" in p for p in rep.problems)  # not written
+    assert any("--no-deps" in line for line in rep.incomplete)
+
+
+def test_stack_lock_command_rewrites_a_lock_outside_the_grammar(stacks, capsys, monkeypatch):
+    """The fix the refusal names works: `trainbox stack lock` loads the stack without the broken lock, and what
+    it writes is sealed and loads again."""
+    from trainbox import lock as lockmod
+
+    real = lockmod.lock_stack
+
+    def offline(stack, wheelhouse=None, resolve_deps=True):  # a stand-in for the index: the stack's own hashes
+        monkeypatch.setattr(lockmod._Files, "get", lambda *a: (_ for _ in ()).throw(
+            lockmod.IndexUnreachable("pypi", "x", "stand-in")))
+        rep = real(stack, wheelhouse, resolve_deps=False)
+        rep.problems = []
+        return rep
+
+    monkeypatch.setattr(lockmod, "lock_stack", offline)
+    _edit(stacks / "cpu.lock", HOSTILE[0][2])
+    assert main(["stack", "lock", str(stacks / "cpu.yaml"), "--no-dependants"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "the old lock is not used" in out
+    written = yaml.safe_load((stacks / "cpu.lock").read_text())
+    assert intact(written) and "evilpkg" not in (stacks / "cpu.lock").read_text()
+    load_stack(stacks / "cpu.yaml")  # loads again
