@@ -16,7 +16,7 @@ import yaml
 
 from trainbox.cli import main
 from trainbox.grammar import check_requirement_line
-from trainbox.lockfile import DIGEST_KEY, check_lock, intact, seal
+from trainbox.component import DIGEST_KEY, check_lock, intact, seal
 from trainbox.paths import STACKS_DIR
 from trainbox.render import render_stack
 from trainbox.stack import StackError, load_stack

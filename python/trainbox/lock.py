@@ -25,7 +25,7 @@ import yaml
 from .dists import dist_key, norm_version
 from .runtime.errors import TrainboxError
 from .index import IndexUnreachable, artifacts_for, project_files, versions
-from . import lockfile
+from .component import broken_seal, check_lock, intact, seal
 from .paths import CACHE_DIR
 from .platforms import PLATFORM_MACHINE
 from .stack import Stack, canon, load_stack
@@ -190,7 +190,7 @@ def _lock_build_deps(stack: Stack, plat: str, old_plat: dict, resolve: bool, whe
 def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool = True) -> LockReport:
     rep = LockReport()
     old = stack.lock or {}
-    problem = stack.resolution.lock_problem or (lockfile.broken_seal(old) if old else None)
+    problem = stack.resolution.lock_problem or (broken_seal(old) if old else None)
     if problem:
         # a lock outside its grammar, or changed since it was sealed: nothing of it is kept (not even with
         # --no-deps: its closure could hold an entry the resolver never produced)
@@ -254,7 +254,7 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
         new["platforms"][plat] = entry
     if stack.build_requirements():
         new["build_requires"] = stack.build_requirements()
-    rep.lock = lockfile.seal(new)
+    rep.lock = seal(new)
     return rep
 
 
@@ -293,8 +293,8 @@ def lock_overrides(stack: Stack, plat: str, wheels: list[WheelFile], wheelhouse:
     origin = f"resolved for the overrides {', '.join(sorted(stack.overrides))} ({memo})"
     try:
         # the cache is a directory like any other: a memo outside the lock grammar or its seal is not used
-        lock = lockfile.check_lock(json.loads(memo.read_text()), memo, stack.name)
-        lock = lock if lockfile.intact(lock) else None
+        lock = check_lock(json.loads(memo.read_text()), memo, stack.name)
+        lock = lock if intact(lock) else None
     except (OSError, ValueError, TrainboxError):
         lock = None
     if lock is None and dry_notes is not None:
@@ -341,7 +341,7 @@ def _hashed_for_dry_run(stack: Stack, plat: str, missing: list, wheelhouse: str 
     comps = {k: {"version": c.pin_for(plat).version, "index": c.pin_for(plat).index,
                  "sha256": list(c.pin_for(plat).sha256)}
              for k, c in sorted(stack.installed_components.items()) if c.kind.from_index}
-    return stack, lockfile.seal({"stack": stack.name, "python": stack.python, "pins_digest": stack.pins_digest(),
+    return stack, seal({"stack": stack.name, "python": stack.python, "pins_digest": stack.pins_digest(),
                                  "indexes": dict(sorted({**stack.indexes, **stack.dropped_indexes}.items())),
                                  "platforms": {plat: {"components": comps}}})
 
@@ -385,7 +385,7 @@ def write_lock(stack: Stack, lock: dict) -> Path:
     path = stack.lock_path
     assert path is not None
     text = HEADER.format(name=stack.name, src=path.with_suffix(".yaml").name) + yaml.safe_dump(
-        lockfile.seal(lock), sort_keys=True, default_flow_style=False, width=120)
+        seal(lock), sort_keys=True, default_flow_style=False, width=120)
     tmp = path.with_suffix(".lock.tmp")
     tmp.write_text(text)
     tmp.replace(path)  # atomic: a failed lock never leaves half a file

@@ -27,10 +27,10 @@ from .dists import canon  # noqa: F401 - re-exported: stack.canon is used across
 from .paths import STACKS_DIR
 from .platforms import PLATFORM_RE
 from .yamlfile import load_yaml_file
-from . import documents, lockfile
+from . import documents
 from .documents import format_validation, merge, named_file
 from .resolution import INTERNAL_KEYS, Resolution
-from .component import BaseSpec, Component, _Strict
+from .component import BaseSpec, Component, _Strict, broken_seal, check_lock, intact
 
 
 class StackError(TrainboxError):
@@ -155,7 +155,7 @@ class Stack(_Strict):
         for comp in comps.values():
             comp._locked = {}
         # a lock whose seal is broken was changed by hand: none of its hashes is used (lock_staleness says why)
-        trusted = lock if lockfile.intact(lock) else None
+        trusted = lock if intact(lock) else None
         for plat, entry in ((trusted or {}).get("platforms") or {}).items():
             for key, rec in ((entry or {}).get("components") or {}).items():
                 comp = comps.get(key)
@@ -285,7 +285,7 @@ class Stack(_Strict):
             return []
         if self._resolved.lock_inherited:  # the parent's staleness (its finding); this stack's changes apart
             return list(self._resolved.inherited_staleness)
-        broken = lockfile.broken_seal(lock)
+        broken = broken_seal(lock)
         # a broken seal alone makes it stale (nothing in it is used); what else no longer fits is said too
         why = [broken] if broken else []
         if lock.get("stack") != self.name:
@@ -511,7 +511,7 @@ def _attach_lock(stack: Stack, stacks_dir: Path | None = None, repair: bool = Fa
             if parent else stack
     try:
         lock = load_yaml_file(lock_path, "lock", StackError) or {}
-        lock = lockfile.check_lock(lock, lock_path, stack.name, StackError)
+        lock = check_lock(lock, lock_path, stack.name, StackError)
     except StackError as exc:
         msg = str(exc) if "trainbox stack lock" in str(exc) else \
             f"{exc}; regenerate it with `trainbox stack lock {stack.name}`"

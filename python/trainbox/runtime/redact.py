@@ -56,3 +56,9 @@ def redact_data(value, secrets: list[str] | tuple[str, ...] = ()):
     if isinstance(value, (list, tuple)):
         return [redact_data(v, secrets) for v in value]
     return value
+
+
+if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
+    from trainbox.runtime.errors import not_a_command
+
+    raise SystemExit(not_a_command(__spec__.name))
