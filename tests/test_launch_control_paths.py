@@ -110,3 +110,27 @@ def test_the_rendered_script_passes_a_directory_of_ones_own(job_script, tmp_path
     r = _run(job_script, str(tmp_path / "out"))
     assert "host control path" not in r.stderr and "socket" not in r.stderr
     assert (tmp_path / "out").is_dir()  # it got past the check to the input's mkdir
+
+
+def test_the_sbatch_node_step_refuses_a_mount_that_resolves_to_a_control_path_there(tmp_path):
+    """--target slurm: the mounts are fixed at render time, but each node resolves them itself (a link there can
+    point into /var/run): the node's step checks them with the same list before `docker run`."""
+    out = tmp_path / "out"
+    out.mkdir()
+    sbatch = tmp_path / "job.sbatch"
+    assert main(["launch", "render", "cpu-ddp", "--target", "slurm", "--set", f"OUTPUT_DIR={out}",
+                 "-o", str(sbatch)]) == 0
+    text = sbatch.read_text()
+    step = text.split("node_step=$(cat <<'TRAINBOX_NODE_STEP_EOF'\n", 1)[1].split("\nTRAINBOX_NODE_STEP_EOF", 1)[0]
+    out.rmdir()
+    out.symlink_to("/var/run")  # on the node, the path is now a link into a control path
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "docker-calls"
+    (bin_dir / "docker").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    (bin_dir / "docker").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="7", SLURM_NODEID="0",
+               TRAINBOX_JOB_SCRIPT="echo job", TMPDIR=str(tmp_path))
+    r = subprocess.run(["bash", "-c", step], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "host control path" in r.stderr, r.stderr
+    assert "run" not in (calls.read_text().split() if calls.exists() else []), "docker run was started"
