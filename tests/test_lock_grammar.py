@@ -59,6 +59,10 @@ HOSTILE = [
         "evilpkg\n", {"version": "1.0", "sha256": [SHA]}), "deps"),
     ("component-index-trailing-newline", "cpu", lambda d: _amd(d)["components"]["numpy"].__setitem__(
         "index", "pypi\n"), "components.numpy.index"),
+    ("sha256-binary", "cpu", lambda d: _amd(d)["components"]["torch"]["sha256"].__setitem__(0, SHA.encode()),
+     "components.torch.sha256"),
+    ("dep-name-binary", "cpu", lambda d: _amd(d)["deps"].__setitem__(b"evilpkg", {"version": "1.0", "sha256": [SHA]}),
+     "deps"),
     ("sha256-upper", "cpu", lambda d: _amd(d)["components"]["torch"]["sha256"].__setitem__(0, SHA.upper()),
      "components.torch.sha256"),
     ("dep-version-shell", "cpu", lambda d: _amd(d)["deps"]["sympy"].__setitem__("version", "1.0; touch /x"),

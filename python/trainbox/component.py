@@ -382,7 +382,9 @@ def check_lock(data: object, path: Path | str, stack_name: str,
     if not isinstance(data, dict):
         raise error(f"{path}: expected a mapping at the top level, got {type(data).__name__}; {fix}")
     try:
-        LockFile.model_validate(data)
+        # strict: a YAML !!binary or a number is no string here (lax mode would decode bytes, and the raw value,
+        # not the model, is what the lock's users read)
+        LockFile.model_validate(data, strict=True)
     except ValidationError as exc:
         lines = format_validation(Path(path), exc, "a lock holds only what `trainbox stack lock` writes")
         raise error("\n".join(f"{_printable(line)}; {fix}" for line in lines.splitlines())) from None
