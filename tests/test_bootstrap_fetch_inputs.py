@@ -157,3 +157,14 @@ def test_fetch_refuses_a_platform_the_stack_does_not_have(tmp_path, capsys, monk
     assert main(["fetch", str(_one_platform_stack(tmp_path)), "--platform", "linux/arm64"]) == 2
     err = capsys.readouterr().err
     assert "--platform linux/arm64: stack cpu supports linux/amd64" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("plat", ["linux/s390x", "linux/arm64/v8", "darwin/arm64"])
+def test_image_wheelhouse_refuses_a_platform_no_stack_targets(tmp_path, capsys, monkeypatch, plat):
+    from trainbox import wheelhouse
+
+    monkeypatch.setattr(wheelhouse, "fill", lambda *a, **k: pytest.fail("filled for a refused platform"))
+    assert main(["image", "wheelhouse", "cpu", "--platform", plat, "-o", str(tmp_path / "wh")]) == 2
+    err = capsys.readouterr().err
+    assert "--platform" in err and "expected one of linux/amd64, linux/arm64" in err and err.count("\n") == 1
+    assert not (tmp_path / "wh").exists()
