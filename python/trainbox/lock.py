@@ -342,8 +342,8 @@ def _hashed_for_dry_run(stack: Stack, plat: str, missing: list, wheelhouse: str 
                  "sha256": list(c.pin_for(plat).sha256)}
              for k, c in sorted(stack.installed_components.items()) if c.kind.from_index}
     return stack, seal({"stack": stack.name, "python": stack.python, "pins_digest": stack.pins_digest(),
-                                 "indexes": dict(sorted({**stack.indexes, **stack.dropped_indexes}.items())),
-                                 "platforms": {plat: {"components": comps}}})
+                        "indexes": dict(sorted({**stack.indexes, **stack.dropped_indexes}.items())),
+                        "platforms": {plat: {"components": comps}}})
 
 
 def lock_plan(names: list[str], dependants: bool = True) -> tuple[list[tuple[Stack, str]], list[tuple[str, str]]]:
