@@ -182,3 +182,44 @@ def test_an_sdist_build_command_never_runs_a_setuptools_99_wheel(offline_pip, tm
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert not marker.exists(), "the setuptools-99 wheel ran its code"
     assert "installed demo-1.0" in proc.stdout
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_build_requirements_installed_in_a_step_before_the_build(offline_pip, tmp_path):
+    """The image's way (issue 37): `--mode build-env` installs the locked build requirements (the one step given
+    the index credentials); the build step takes them with --build-env and is given no index at all."""
+    venv, wheelhouse, lines = offline_pip
+    marker = tmp_path / "setuptools-99-ran"
+    hostile_setuptools_wheel(wheelhouse, str(marker))
+    _tree(tmp_path)
+    py = [str(venv / "bin" / "python"), "-m", "trainbox.runtime.install_source", "--component", "demo"]
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python"), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheelhouse),
+               PIP_CONSTRAINT="", PIP_CONFIG_FILE=os.devnull)
+    benv = tmp_path / "build-env"
+    proc = subprocess.run([*py, "--mode", "build-env", "--build-env", str(benv),
+                           *(a for ln in lines for a in ("--build-req", ln))],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert any(benv.glob("setuptools-*.dist-info"))
+    # the build step: no index and no wheelhouse reach it; it builds in the prepared environment only
+    bare = {k: v for k, v in env.items() if k != "PIP_FIND_LINKS"}
+    proc = subprocess.run([*py, "--mode", "pip", "--git", "https://example.invalid/demo.git", "--commit", "a" * 40,
+                           "--sources-dir", str(tmp_path / "sources"), "--build-env", str(benv)],
+                          capture_output=True, text=True, timeout=600, env=bare)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "installed demo-1.0" in proc.stdout and not marker.exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--mode", "pip", "--git", "https://example.invalid/demo.git", "--commit", "a" * 40, "--build-env",
+      "/nonexistent/x"],
+     "--build-env /nonexistent/x: no such directory"),
+    (["--mode", "build-env", "--build-env", "/tmp/x"], "--mode build-env takes --build-env DIR and the --build-req"),
+])
+def test_install_source_build_env_refusals_are_one_line(tmp_path, args, words):
+    _tree(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "trainbox.runtime.install_source", "--component", "demo", *args,
+                           "--sources-dir", str(tmp_path / "sources")], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python")))
+    assert proc.returncode == 1 and words in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr

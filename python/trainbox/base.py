@@ -9,9 +9,11 @@ mirror Debian make their own. `image build` and `smoke` choose through the same 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -20,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import grammar
 from .engine import Client, EngineError, find_client, registry_reachable
 from .platforms import (EMULATE_HINT, PLATFORM_ARCH, emulation_problem, host_platform, local_base_for,
                         platform_of, tag_suffix)
 from .runtime.errors import TrainboxError
+from .runtime.redact import redact
 
 DEFAULT_TAG = "local/debian:bookworm"
 LOCAL_REPO = "local/debian:"  # the repository of every base `trainbox base bootstrap` makes (any suite, platform)
@@ -300,6 +304,8 @@ def bootstrap(tag: str | None = None, suite: str = DEFAULT_SUITE, mirror: str | 
     plat = platform or host_platform()
     if plat not in PLATFORM_ARCH:
         raise TrainboxError(f"--platform {plat}: not one of {', '.join(PLATFORM_ARCH)}")
+    # every input checked in milliseconds, before the engine is asked and minutes of debootstrap run
+    check_bootstrap_inputs(tag, suite, mirror, security_mirror, include)
     tag = tag or local_base_for(DEFAULT_TAG, plat)
     client = client or find_client()
     client.require_engine()
@@ -326,9 +332,9 @@ def bootstrap(tag: str | None = None, suite: str = DEFAULT_SUITE, mirror: str | 
 
     t0 = time.monotonic()
     # /var/tmp, not /tmp: a tmpfs /tmp may be too small or mounted nodev/noexec, which debootstrap needs.
-    workdir = Path(tempfile.mkdtemp(prefix="trainbox-debootstrap-", dir=_tmp_parent()))
-    rootfs = workdir / "rootfs"
-    try:
+    # SIGTERM / SIGHUP / Ctrl-C: debootstrap stopped and its tree removed (not left behind in /var/tmp)
+    with _interruptible(), _removed(_tmp_parent()) as workdir:
+        rootfs = workdir / "rootfs"
         arch = PLATFORM_ARCH[plat]
         say(f"bootstrapping Debian {suite} ({arch}) from {mirror} into {rootfs} (debootstrap --variant=minbase"
             + (", through qemu" if plat != host_platform() else "") + ")")
@@ -342,12 +348,89 @@ def bootstrap(tag: str | None = None, suite: str = DEFAULT_SUITE, mirror: str | 
             image_id = _import(client, rootfs, tag, facts)
         else:
             image_id = _import_buildkit(client, rootfs, workdir / "context", tag, facts, plat)
-    finally:
-        _cleanup(workdir)
     if existing and existing != image_id:
         client.remove_image(existing)  # the replaced base, now untagged; kept if something still uses it
     say(f"base {tag} ready ({image_id[:19]}) in {time.monotonic() - t0:.0f}s")
     return image_id
+
+
+_SUITE_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")  # bookworm, trixie, sid, bookworm-backports
+# debootstrap's --include: package names only (no =version), joined with commas
+_INCLUDE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+\Z")
+
+
+def check_bootstrap_inputs(tag: str | None, suite: str, mirror: str | None, security_mirror: str | None,
+                           include: list[str] | None) -> None:
+    """`base bootstrap`'s inputs, each in one line naming its option: they go to debootstrap, into the image's
+    sources.list and labels, and name the image; checked before anything runs (they were checked after minutes
+    of debootstrap)."""
+    def bad(option: str, value: object, expected: str) -> TrainboxError:
+        return TrainboxError(f"{option} {redact(str(value))!r}: expected {expected}")
+
+    if tag is not None:
+        try:
+            grammar.check_image(tag)
+        except ValueError:
+            raise bad("--tag", tag, "an image name such as local/debian:bookworm (lower-case path, optional "
+                      ":tag; no spaces or shell syntax)") from None
+        if "@" in tag:
+            raise bad("--tag", tag, "a name and tag to create, not a digest")
+    if not isinstance(suite, str) or not _SUITE_RE.match(suite):
+        raise bad("--suite", suite, "a Debian suite name such as bookworm or trixie (lower-case letters, digits, -)")
+    for option, url in (("--mirror" if mirror else "$TRAINBOX_DEBIAN_MIRROR", mirror or default_mirror()),
+                        ("--security-mirror", None if security_mirror in (None, "none") else security_mirror)):
+        if url is None:
+            continue
+        try:
+            grammar.check_url(url, ("http", "https", "file"), option)
+        except ValueError as exc:
+            raise TrainboxError(f"{exc} (a Debian mirror such as {DEFAULT_MIRROR})") from None
+    for pkg in include or []:
+        if not isinstance(pkg, str) or not _INCLUDE_RE.match(pkg) or len(pkg) > 128:
+            raise bad("--include", pkg, "one Debian package name such as curl (lower-case letters, digits, +.-; "
+                      "repeat --include for several)")
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """SIGTERM and SIGHUP raise KeyboardInterrupt while the bootstrap runs, as Ctrl-C does, so that the `finally`
+    blocks stop debootstrap and remove its tree (the default action ended the process with a 243 MB tree left in
+    /var/tmp). Only the main thread can set handlers; elsewhere the signals keep their actions."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _removed(parent: str):
+    """A new work directory under `parent`, removed at the end whatever happens; a second signal while it is
+    being removed does not cut the removal short."""
+    import threading
+
+    workdir = Path(tempfile.mkdtemp(prefix="trainbox-debootstrap-", dir=parent))
+    try:
+        yield workdir
+    finally:
+        main = threading.current_thread() is threading.main_thread()
+        sigs = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+        old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs} if main else {}
+        try:
+            _cleanup(workdir)
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
 
 
 def _tmp_parent() -> str:
@@ -359,6 +442,25 @@ def _run_debootstrap(cmd: list[str], say: Callable[[str], None], verbose: bool) 
     """Run debootstrap, showing one line per phase (not one per package) unless verbose."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    assert proc.stdout is not None
+    try:
+        _follow(proc, say, verbose)
+    except BaseException:
+        _stop(proc)  # interrupted: debootstrap must not go on writing into the tree about to be removed
+        raise
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(OSError):
+        proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _follow(proc: subprocess.Popen, say: Callable[[str], None], verbose: bool) -> None:
     assert proc.stdout is not None
     tail: list[str] = []
     per_package = 0

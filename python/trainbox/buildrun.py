@@ -20,6 +20,7 @@ from . import cann_bake, sbom
 from .buildplan import BuildPlan, stage
 from .engine import Client, ConsoleProgress, run_build
 from .runtime.errors import TrainboxError
+from .runtime.redact import redact, redact_data, url_secrets
 
 
 class BuildFailed(TrainboxError):
@@ -69,11 +70,13 @@ def run(plan: BuildPlan, client: Client, report_path: Path, *, force: bool = Fal
         pip_index_url: str | None = None, say=print) -> BuildOutcome:
     """Execute `plan` with `client`: skip when its tag exists (unless `force`), else build and report."""
     sbom.require_library()  # every image gets an SBOM: fail now, not after the build
+    secrets = url_secrets(pip_index_url)
     if not force and client.image_exists(plan.tag):
         return _skip(plan, client, report_path, say)
     with stage(plan, pip_index_url=pip_index_url):
         say(f"building {plan.tag} for {plan.platform} on {plan.base.used} with {client.describe()}")
-        result = run_build(client, plan.build_args(), plan.context, on_event=ConsoleProgress(verbose=verbose))
+        result = run_build(client, plan.build_args(), plan.context,
+                           on_event=ConsoleProgress(verbose=verbose, secrets=secrets))
     steps = [s.as_dict() for s in dockerfile_order(result.steps, plan.dockerfile)]
     for st in steps:
         st["from"] = st["name"].partition("] ")[2].startswith("FROM ")  # the base, not a build step
@@ -81,11 +84,11 @@ def run(plan: BuildPlan, client: Client, report_path: Path, *, force: bool = Fal
               "steps": steps, "cached_steps": sum(s["status"] == "cached" for s in steps if not s["from"]),
               "rebuilt_steps": sum(s["status"] == "done" for s in steps if not s["from"])}
     if not result.ok:
-        _fail(plan, result, report, report_path)
+        _fail(plan, result, report, report_path, secrets)
     report.update(bake_cann_env(plan, client, say))
     report.update(add_sbom(plan, client, report_path, say))
     report.update(image_facts(client, plan.tag))
-    write_report(report, report_path)
+    write_report(report, report_path, secrets)
     print(summary(report))
     return BuildOutcome(plan.tag, plan.tags, False, report, report_path, plan.argv())
 
@@ -108,16 +111,17 @@ def add_sbom(plan: BuildPlan, client: Client, report_path: Path, say) -> dict:
         raise BuildFailed(f"{plan.tag}: writing the SBOM failed: {exc}") from None
 
 
-def _fail(plan: BuildPlan, result, report: dict, report_path: Path) -> None:
+def _fail(plan: BuildPlan, result, report: dict, report_path: Path, secrets: list[str] = ()) -> None:
     failed = result.failed
     report["error"] = {"step": failed.name if failed else None, "message": result.error,
                        "last_lines": list(failed.log)[-25:] if failed else result.output_tail[-25:]}
-    write_report(report, report_path)
+    write_report(report, report_path, secrets)
     lines = report["error"]["last_lines"] or result.output_tail[-25:]
     where = f"step {failed.name}" if failed else "the build"
-    raise BuildFailed(
+    # a step's output can hold the index credentials (a command that printed them): masked like pip masks them
+    raise BuildFailed(redact(
         f"building {plan.tag} failed at {where}: {result.error or 'exit ' + str(result.returncode)}\n"
-        "  last lines of its output:\n    " + "\n    ".join(lines) + f"\n  report: {report_path}")
+        "  last lines of its output:\n    " + "\n    ".join(lines) + f"\n  report: {report_path}", secrets))
 
 
 def dockerfile_order(steps: list, dockerfile: str) -> list:
@@ -136,10 +140,11 @@ def image_facts(client: Client, ref: str) -> dict:
         return {"image_id": info.get("Id"), "size": int(info.get("Size") or 0), "layers": layers.result()}
 
 
-def write_report(report: dict, path: Path) -> None:
+def write_report(report: dict, path: Path, secrets: list[str] | tuple[str, ...] = ()) -> None:
+    """The report, with every URL's credentials and each of `secrets` masked (it is kept, shared, attached to CI)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+    tmp.write_text(json.dumps(redact_data(report, secrets), indent=2, sort_keys=False) + "\n")
     tmp.replace(path)
 
 

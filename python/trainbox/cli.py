@@ -17,6 +17,7 @@ import sys
 from . import __version__
 from .commands._args import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, Parser, finish
 from .runtime.errors import TrainboxError
+from .runtime.redact import redact
 
 # Order here is the order of `trainbox --help`.
 COMMAND_MODULES = [
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.func(args)
         sys.stdout.flush()
     except TrainboxError as exc:
-        print(f"trainbox: error: {exc}", file=sys.stderr)
+        print(f"trainbox: error: {redact(str(exc))}", file=sys.stderr)  # a URL's credentials never in clear
         return exc.exit_code
     except ModuleNotFoundError as exc:
         # Host-only commands inside the image, or a host without the [build] extra.

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterator
 
 from .runtime.errors import TrainboxError
+from .runtime.redact import redact
 
 ENSURE_HINT = "start one with `bash ci/ensure-docker.sh` (root), or point DOCKER_HOST at a running engine"
 
@@ -414,15 +415,17 @@ class BuildResult:
 class ConsoleProgress:
     """One line per Dockerfile step as it starts and ends, and a heartbeat from long steps."""
 
-    def __init__(self, stream: IO[str] | None = None, verbose: bool = False, heartbeat_s: float = 20.0):
+    def __init__(self, stream: IO[str] | None = None, verbose: bool = False, heartbeat_s: float = 20.0,
+                 secrets: list[str] | tuple[str, ...] = ()):
         self.stream = stream or sys.stderr
         self.verbose = verbose
+        self.secrets = list(secrets)  # masked in every line (and every URL's credentials), as pip masks them
         self.heartbeat_s = heartbeat_s
         self._last_beat: dict[int, float] = {}
         self._started: dict[int, float] = {}
 
     def _p(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        print(redact(text, self.secrets), file=self.stream, flush=True)
 
     def __call__(self, kind: str, step: Step, text: str) -> None:
         if step.internal and not self.verbose:

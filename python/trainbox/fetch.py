@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .paths import PATCHES_DIR
-from .platforms import host_platform
+from .platforms import PLATFORM_MACHINE, PLATFORM_RE, host_platform
 from .runtime.errors import TrainboxError
 from .sources import Fetched, SourceError, tree_id, unpack, verified_tree_id
 from .stack import list_stacks, load_stack
@@ -57,16 +57,30 @@ def fetch_sources(stack, *, offline: bool = False, cache_dir: Path | None = None
     return StackSources(stack.with_tree_ids(trees) if trees else stack, out)
 
 
+def check_platform(platform: str | None) -> None:
+    """A --platform that no stack can target is refused in one line (exit 2), before anything is fetched: it was
+    ignored, and the host's artifacts were fetched and cached under the name of the platform asked for."""
+    if platform is not None and not PLATFORM_RE.match(platform):
+        raise TrainboxError(f"--platform {platform!r}: not a platform trainbox builds for; expected one of "
+                            f"{', '.join(PLATFORM_MACHINE)}")
+
+
 def fetch_stacks(names: list[str] | None = None, *, sources_only: bool = False, offline: bool = False,
-                 cache_dir: Path | None = None, say=None) -> list[dict]:
-    """`trainbox fetch`: every installed component of each stack (PyPI artifacts too unless sources_only).
+                 cache_dir: Path | None = None, platform: str | None = None, say=None) -> list[dict]:
+    """`trainbox fetch`: every installed component of each stack (PyPI artifacts too unless sources_only), for
+    `platform` (default: this host's where the stack has it, else the stack's first).
     `say`: one line per component as its fetch starts (a git commit or a torch wheel takes minutes)."""
     import time
 
+    check_platform(platform)
+    stacks = [load_stack(name) for name in names or list_stacks()]
+    for stack in stacks:  # every stack checked before the first is fetched
+        if platform and platform not in stack.platforms:
+            raise TrainboxError(f"--platform {platform}: stack {stack.name} supports {', '.join(stack.platforms)} "
+                                f"({stack.source_file}: platforms)")
     rows, t0 = [], time.monotonic()
-    for name in names or list_stacks():
-        stack = load_stack(name)
-        plat = host_platform() if host_platform() in stack.platforms else stack.platforms[0]
+    for stack in stacks:
+        plat = platform or (host_platform() if host_platform() in stack.platforms else stack.platforms[0])
         for key, c in sorted(stack.installed_components.items()):
             if sources_only and not c.kind.install_args(c):
                 continue

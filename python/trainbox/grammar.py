@@ -17,33 +17,35 @@ from urllib.parse import urlsplit
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from .runtime.redact import redact
+
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # PEP 508 distribution name (and extras)
-DIST_NAME_RE = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$")
+DIST_NAME_RE = re.compile(r"^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])\Z")
 # stack, recipe, component and series names: lower-case words; also what build/generated/<name>/ is made of
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")
 # Debian package name (Policy 5.6.1), optionally =version
-DEB_PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
+DEB_PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?\Z")
 # OCI image reference: [registry[:port]/]path[:tag][@sha256:digest] (distribution/reference grammar)
 _OCI_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _OCI_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?"
 IMAGE_RE = re.compile(
     rf"^(?:{_OCI_DOMAIN}/)?{_OCI_COMPONENT}(?:/{_OCI_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
-    r"(?:@sha256:[0-9a-f]{64})?$")
+    r"(?:@sha256:[0-9a-f]{64})?\Z")
 # an interpreter command or absolute path: no spaces, no shell syntax
-COMMAND_RE = re.compile(r"^(?:/?[A-Za-z0-9_.+-]+)+$")
+COMMAND_RE = re.compile(r"^(?:/?[A-Za-z0-9_.+-]+)+\Z")
 # short identifiers such as CANN versions, chip and OS names
-TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+TOKEN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
 # git ref (tag or branch): git check-ref-format, minus the exotic
-GIT_REF_RE = re.compile(r"^(?![-/.])(?!.*\.\.)(?!.*//)[A-Za-z0-9._/+-]+(?<![./])$")
+GIT_REF_RE = re.compile(r"^(?![-/.])(?!.*\.\.)(?!.*//)[A-Za-z0-9._/+-]+(?<![./])\Z")
 # characters a URL may hold here: RFC 3986 unreserved, reserved and %, without any a shell or a Dockerfile acts
 # on: no quotes, $, `, \, spaces or braces, and none of the sub-delimiters ; & ( ) ! * ' (an index URL
 # `https://pypi.org/simple;/path/to/script;` ran the script in the builder). Percent-encode them if a URL needs one.
-_URL_CHARS_RE = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@+,=%]+$")
+_URL_CHARS_RE = re.compile(r"^[A-Za-z0-9\-._~:/?#\[\]@+,=%]+\Z")
 # a glob relative to a tree (install: build's `wheels:`): path characters and the glob's own * ? [ ]
-_GLOB_RE = re.compile(r"^[A-Za-z0-9_.+/*?\[\]-]+$")
+_GLOB_RE = re.compile(r"^[A-Za-z0-9_.+/*?\[\]-]+\Z")
 # scp-like git address: git@host:path
-_SCP_GIT_RE = re.compile(r"^[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+:[A-Za-z0-9_./~+-]+$")
+_SCP_GIT_RE = re.compile(r"^[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+:[A-Za-z0-9_./~+-]+\Z")
 
 MAX_FIELD = 4096  # no single field needs more; a bound keeps a hostile file from growing outputs
 
@@ -102,11 +104,35 @@ def check_requirement(value: str, what: str) -> str:
     """A PEP 508 requirement by name and version range (setuptools>=61, wheel): no URL and no marker, so the
     lock resolves it from an index into hash-pinned files."""
     expected = "a requirement such as setuptools>=61.0 or wheel (a name, optional [extras] and version range)"
-    _match(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-\[\], <>=!~*]*$"), value, what, expected)
+    _match(re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-\[\], <>=!~*]*\Z"), value, what, expected)
     try:
         Requirement(value)
     except InvalidRequirement:
         raise ValueError(f"{what} {value!r}: expected {expected}") from None
+    return value
+
+
+# One line of a generated hash-checked requirements file, exactly as trainbox writes it: name[extras]==version,
+# an optional platform marker, one or more --hash options. Nothing else (no URL, no `@`, no -r/-c/--index-url
+# option, no environment variable) can reach pip through these files.
+_MACHINE = r'platform_machine == "(?:x86_64|aarch64)"'
+_REQ_NAME = r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?:\[[A-Za-z0-9._-]+(?:,[A-Za-z0-9._-]+)*\])?"
+_REQ_TAIL = rf"(?: ; {_MACHINE}(?: or {_MACHINE})*)?(?: --hash=sha256:[0-9a-f]{{64}})+\Z"
+REQUIREMENT_LINE_RE = re.compile(_REQ_NAME + r"==[A-Za-z0-9.+!_-]+" + _REQ_TAIL)
+# a `source: url` component's line: its checked URL (stack grammar) as a direct reference
+URL_REQUIREMENT_LINE_RE = re.compile(_REQ_NAME + r" @ (?:https?|file)://[A-Za-z0-9\-._~:/?#\[\]@+,=%]+" + _REQ_TAIL)
+
+
+def check_requirement_line(value: str, what: str, url: bool = False) -> str:
+    """A generated requirement line, checked again just before it is written (behind the stack and lock
+    grammars): the last guard between a file in the tree and pip running as root. `url`: the line of a
+    `source: url` component may name its URL (no lock entry ever does)."""
+    ok = isinstance(value, str) and (REQUIREMENT_LINE_RE.match(value) or
+                                     (url and URL_REQUIREMENT_LINE_RE.match(value)))
+    if not ok:
+        raise ValueError(f"{what}: refusing to write the requirement line {str(value)[:120]!r}: expected "
+                         "name==version [; platform marker] --hash=sha256:<64 hex digits>"
+                         + (" (or name @ URL --hash=...)" if url else ""))
     return value
 
 
@@ -142,7 +168,7 @@ def check_git_ref(value: str) -> str:
 
 def check_relpath(value: str, what: str) -> str:
     """A relative path inside a tree: no absolute path, no `..`, no shell syntax."""
-    _match(re.compile(r"^[A-Za-z0-9_.+/-]+$"), value, what, "a relative path of letters, digits and ._+-/")
+    _match(re.compile(r"^[A-Za-z0-9_.+/-]+\Z"), value, what, "a relative path of letters, digits and ._+-/")
     if value.startswith("/") or ".." in value.split("/"):
         raise ValueError(f"{what} {value!r}: must stay inside the tree (no leading '/', no '..')")
     return value
@@ -157,13 +183,24 @@ def check_glob(value: str, what: str) -> str:
 
 
 def check_url(value: str, schemes: tuple[str, ...], what: str = "url") -> str:
-    """An absolute URL with one of `schemes`, without characters a shell or Dockerfile would act on."""
+    """An absolute URL with one of `schemes`, without characters a shell or Dockerfile would act on, and without
+    credentials: what a stack or lock says is written into the Dockerfile (and so the image's history)."""
+    shown = redact(value) if isinstance(value, str) else value
     if not isinstance(value, str) or not _URL_CHARS_RE.match(value) or len(value) > MAX_FIELD:
-        raise ValueError(f"{what} {value!r}: expected a URL without spaces, quotes, $, `, \\, braces or any of "
+        raise ValueError(f"{what} {shown!r}: expected a URL without spaces, quotes, $, `, \\, braces or any of "
                          ";&()!* (percent-encode such a character)")
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # noqa: F841 - a port that is no number is refused here, not by pip in the build
+    except ValueError:
+        raise ValueError(f"{what} {shown!r}: expected a URL (host[:port] with a numeric port)") from None
     if parts.scheme not in schemes or not (parts.netloc or parts.scheme == "file"):
-        raise ValueError(f"{what} {value!r}: expected a {' or '.join(s + '://' for s in schemes)} URL")
+        raise ValueError(f"{what} {shown!r}: expected a {' or '.join(s + '://' for s in schemes)} URL")
+    if parts.password is not None or (parts.username is not None and parts.scheme not in ("ssh", "git")):
+        raise ValueError(f"{what} {shown!r}: holds credentials (user:password@ or a token@), which would be "
+                         "written into the Dockerfile and the image's history; remove them: give a private PyPI "
+                         "index with `trainbox image build --pip-index-url URL` (a build secret), and git hosts "
+                         "their credentials through git's own config on the host")
     return value
 
 

@@ -162,9 +162,11 @@ class PypiKind(Kind):
         for plat in stack.platforms:
             pin = c.pin_for(plat)
             if not pin.sha256:
+                stale = stack.lock_staleness() if stack.lock else []
                 raise TrainboxError(
                     f"{stack.source_file}: components.{c.key}: no sha256 for {plat}; run "
-                    f"`trainbox stack lock {stack.name}` (every artifact is installed in hash-checking mode)")
+                    f"`trainbox stack lock {stack.name}` (every artifact is installed in hash-checking mode)"
+                    + (f"; the lock is stale: {stale[0]}" if stale else ""))
             groups.setdefault((pin.version, tuple(sorted(pin.sha256))), []).append(plat)
         lines = []
         for (version, shas), plats in sorted(groups.items()):

@@ -26,6 +26,7 @@ import yaml
 from .dists import dist_key, norm_version
 from .runtime.errors import TrainboxError
 from .index import IndexUnreachable, artifacts_for, project_files, versions
+from .component import broken_seal, check_lock, intact, seal
 from .paths import CACHE_DIR
 from .platforms import PLATFORM_MACHINE
 from .stack import Stack, canon, load_stack
@@ -201,6 +202,15 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
     t0 = time.monotonic()
     rep = LockReport()
     old = stack.lock or {}
+    problem = stack.resolution.lock_problem or (broken_seal(old) if old else None)
+    if problem:
+        # a lock outside its grammar, or changed since it was sealed: nothing of it is kept (not even with
+        # --no-deps: its closure could hold an entry the resolver never produced)
+        old = {}
+        rep.changes.append(f"the old lock is not used: {problem.splitlines()[0]}")
+        if not resolve_deps:
+            rep.incomplete.append("the old lock's dependency closure was not kept (see above) and --no-deps "
+                                  "resolves none: run `trainbox stack lock` without --no-deps")
     files = _Files(stack)
     unreachable: list[IndexUnreachable] = []
     # the indexes are recorded so that `stack validate` can tell a lock made against other index URLs
@@ -261,7 +271,7 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
         new["platforms"][plat] = entry
     if stack.build_requirements():
         new["build_requires"] = stack.build_requirements()
-    rep.lock = new
+    rep.lock = seal(new)
     _progress(f"{stack.name}: done", t0)
     return rep
 
@@ -300,8 +310,10 @@ def lock_overrides(stack: Stack, plat: str, wheels: list[WheelFile], wheelhouse:
     memo = CACHE_DIR / "override-locks" / f"{stack.name}-{key}.json"
     origin = f"resolved for the overrides {', '.join(sorted(stack.overrides))} ({memo})"
     try:
-        lock = json.loads(memo.read_text())
-    except (OSError, ValueError):
+        # the cache is a directory like any other: a memo outside the lock grammar or its seal is not used
+        lock = check_lock(json.loads(memo.read_text()), memo, stack.name)
+        lock = lock if intact(lock) else None
+    except (OSError, ValueError, TrainboxError):
         lock = None
     if lock is None and dry_notes is not None:
         origin = f"hashed for the overrides {', '.join(sorted(stack.overrides))} (dry run: no dependency closure)"
@@ -347,9 +359,9 @@ def _hashed_for_dry_run(stack: Stack, plat: str, missing: list, wheelhouse: str 
     comps = {k: {"version": c.pin_for(plat).version, "index": c.pin_for(plat).index,
                  "sha256": list(c.pin_for(plat).sha256)}
              for k, c in sorted(stack.installed_components.items()) if c.kind.from_index}
-    return stack, {"stack": stack.name, "python": stack.python, "pins_digest": stack.pins_digest(),
-                   "indexes": dict(sorted({**stack.indexes, **stack.dropped_indexes}.items())),
-                   "platforms": {plat: {"components": comps}}}
+    return stack, seal({"stack": stack.name, "python": stack.python, "pins_digest": stack.pins_digest(),
+                        "indexes": dict(sorted({**stack.indexes, **stack.dropped_indexes}.items())),
+                        "platforms": {plat: {"components": comps}}})
 
 
 def lock_plan(names: list[str], dependants: bool = True) -> tuple[list[tuple[Stack, str]], list[tuple[str, str]]]:
@@ -362,7 +374,7 @@ def lock_plan(names: list[str], dependants: bool = True) -> tuple[list[tuple[Sta
 
     targets = {}
     for name in names:
-        st = load_stack(name)
+        st = load_stack(name, repair_lock=True)  # a lock outside the grammar is what locking rewrites
         targets.setdefault(st.name, (st, ""))
     extra: dict[str, tuple[Stack, str]] = {}
     named: list[tuple[str, str]] = []
@@ -371,7 +383,7 @@ def lock_plan(names: list[str], dependants: bool = True) -> tuple[list[tuple[Sta
         for dep in find_dependants(st.name, d):
             if dep in targets or dep in extra:
                 continue
-            child = load_stack(d / f"{dep}.yaml" if d else dep)
+            child = load_stack(d / f"{dep}.yaml" if d else dep, repair_lock=True)
             if child.lock_inherited and not child.own_changes:
                 continue  # no lock of its own and no pin of its own: it uses its parent's, relocked here
             if dependants:
@@ -391,7 +403,7 @@ def write_lock(stack: Stack, lock: dict) -> Path:
     path = stack.lock_path
     assert path is not None
     text = HEADER.format(name=stack.name, src=path.with_suffix(".yaml").name) + yaml.safe_dump(
-        lock, sort_keys=True, default_flow_style=False, width=120)
+        seal(lock), sort_keys=True, default_flow_style=False, width=120)
     tmp = path.with_suffix(".lock.tmp")
     tmp.write_text(text)
     tmp.replace(path)  # atomic: a failed lock never leaves half a file

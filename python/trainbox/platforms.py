@@ -6,7 +6,7 @@ from __future__ import annotations
 import platform as _platform
 import re
 
-PLATFORM_RE = re.compile(r"^linux/(amd64|arm64)$")
+PLATFORM_RE = re.compile(r"^linux/(amd64|arm64)\Z")
 # pip markers for the platforms a stack can target
 PLATFORM_MACHINE = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 

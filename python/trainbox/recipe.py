@@ -25,8 +25,8 @@ from .documents import format_validation, merge, named_file, read_yaml
 from .ports import RUN_BASES
 
 RECIPES_DIR = LAUNCHERS_DIR / "recipes"
-NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
-RECIPE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,99}$")
+NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
+RECIPE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,99}\Z")
 # ${NAME}, ${NAME:-}, ${NAME[@]}, $$ -- and a lone `$` that is none of them (an error)
 REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-|\[@\])?\}|\$\$|\$")
 
@@ -149,7 +149,7 @@ class Code(_Strict):
         return f"{TREE_ROOT}/{self.component}"
 
 
-MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
 class Check(_Strict):
@@ -388,7 +388,7 @@ class Recipe(_Strict):
 # ---------------------------------------------------------------------------------------------------------
 # values
 
-_HOST_RE = re.compile(r"^[A-Za-z0-9_.:][A-Za-z0-9_.:-]*$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.:][A-Za-z0-9_.:-]*\Z")
 
 
 def check_value(kind: str, value: str) -> str | None:

@@ -20,7 +20,7 @@ import jinja2
 
 from . import __version__
 from .base import APT_PYTHON_PACKAGES, RUNTIME_PACKAGES
-from .grammar import check_env_name, check_image, controls
+from .grammar import check_env_name, check_image, check_requirement_line, controls
 from .runtime.errors import TrainboxError
 from .runtime.installed import canon
 from .paths import PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
@@ -59,22 +59,32 @@ def _require_lines(stack: Stack) -> tuple[list[str], list[str]]:
     build has no such layer)."""
     lines, own = [], []
     for key, c in sorted(stack.installed_components.items()):
-        mine = c.kind.requirement_lines(c, stack)
+        mine = _checked(c.kind.requirement_lines(c, stack), stack, f"components.{key}", url=c.source == "url")
         lines += mine
         if canon(c.dist_name) == LAYER_OF_ITS_OWN:
             own += mine
     return lines, own
 
 
+def _checked(lines: list[str], stack: Stack, what: str, url: bool = False) -> list[str]:
+    """`lines`, each checked against the one requirement-line grammar (TrainboxError naming the stack's lock)."""
+    try:
+        return [check_requirement_line(line, f"{stack.lock_path or stack.source_file}: {what}", url)
+                for line in lines]
+    except ValueError as exc:
+        raise TrainboxError(f"{exc}; regenerate the lock with `trainbox stack lock {stack.name}`") from None
+
+
 def _dep_lines(stack: Stack) -> list[str]:
     """The locked dependency closure, or [] when some platform has none (then the build resolves deps)."""
-    return _locked_lines(stack, {p: stack.locked_deps(p) for p in stack.platforms})
+    return _checked(_locked_lines(stack, {p: stack.locked_deps(p) for p in stack.platforms}), stack, "deps")
 
 
 def _build_req_lines(stack: Stack) -> list[str]:
     """The hash-pinned PEP 518 build requirements of the wheels built in the image (git trees, `install: build`
     sdists that name `build_requires`), or [] when not locked."""
-    return _locked_lines(stack, {p: stack.locked_build_deps(p) for p in stack.platforms})
+    return _checked(_locked_lines(stack, {p: stack.locked_build_deps(p) for p in stack.platforms}), stack,
+                    "build_deps")
 
 
 def _locked_lines(stack: Stack, per_plat: dict[str, dict[str, dict]]) -> list[str]:
@@ -136,20 +146,31 @@ def manifest(stack: Stack, patches: dict[str, list[dict]]) -> dict:
     }
 
 
-def _sourced(stack: Stack) -> dict[str, list[str]]:
-    """{component: install_source.py arguments} for the components whose source the build context stages (the
-    template quotes each one as a shell word)."""
-    out = {}
+#: where a source component's `--mode build-env` step installs its hash-pinned build requirements (builder stage)
+BUILD_ENV_DIR = "/opt/trainbox-build-env"
+
+
+def _sourced(stack: Stack) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """({component: install_source.py arguments} for the components whose source the build context stages,
+    {component: arguments of the step before it that installs its locked build requirements}); the template
+    quotes each one as a shell word.
+
+    The build step runs the tree's own code (setup.py, a PEP 517 backend, `build:` commands) and is given no index
+    credentials; the step before it is a pip install from the index, hash-pinned, and the only one that is."""
+    out, envs = {}, {}
     build_reqs = _build_req_lines(stack)
     for key, c in sorted(stack.installed_components.items()):
         args = c.kind.install_args(c)
-        if args and c.kind.needs_build_env(c):
+        if args and c.kind.needs_build_env(c) and build_reqs:
             # the wheel's build environment: exactly the locked build requirements, --require-hashes (without a
             # lock pip would fill an isolated one with whatever version the wheelhouse or index offers)
-            args = [*args, *(a for line in build_reqs for a in ("--build-req", line))]
+            env_dir = f"{BUILD_ENV_DIR}/{key}"
+            envs[key] = ["--mode", "build-env", "--build-env", env_dir,
+                         *(a for line in build_reqs for a in ("--build-req", line))]
+            args = [*args, "--build-env", env_dir]
         if args:
             out[key] = list(args)
-    return out
+    return out, envs
 
 
 class _Lines(str):
@@ -252,7 +273,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
     base = _template_base(stack)
     patched = {k: stack.components[k] for k in patches
                if not stack.components[k].kind.install_args(stack.components[k])}
-    sourced = _sourced(stack)
+    sourced, build_envs = _sourced(stack)
     system_pkgs, build_pkgs = _apt_packages(stack, base, bool(patched or sourced))
     trees = any(c.install == "tree" for c in stack.installed_components.values())
     try:
@@ -267,6 +288,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
             own_layer=LAYER_OF_ITS_OWN if own_lines else None,
             patched=patched,
             sourced=sourced,
+            build_envs=build_envs,
             compiled=sorted(k for k, c in stack.installed_components.items() if c.kind.compiled(c)),
             system_pkgs=system_pkgs,
             build_pkgs=build_pkgs,

@@ -43,3 +43,6 @@ class Resolution:
     inherited_fresh: bool = False
     inherited_staleness: tuple[str, ...] = ()
     own_changes: tuple[str, ...] = ()
+    # `trainbox stack lock` only: why the stack's lock file could not be used (outside the lock grammar); the
+    # stack was loaded without it, and the lock is rewritten
+    lock_problem: str | None = None

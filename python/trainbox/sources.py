@@ -36,8 +36,8 @@ from .index import project_files, ssl_context
 from .paths import CACHE_DIR
 
 DEFAULT_INDEX = "https://pypi.org/simple"
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
 
 
 class SourceError(TrainboxError):

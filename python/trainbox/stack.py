@@ -30,7 +30,7 @@ from .yamlfile import load_yaml_file
 from . import documents
 from .documents import format_validation, merge, named_file
 from .resolution import INTERNAL_KEYS, Resolution
-from .component import BaseSpec, Component, _Strict
+from .component import BaseSpec, Component, _Strict, broken_seal, check_lock, intact
 
 
 class StackError(TrainboxError):
@@ -154,7 +154,9 @@ class Stack(_Strict):
         comps = {key: comp.model_copy() for key, comp in self.components.items()}
         for comp in comps.values():
             comp._locked = {}
-        for plat, entry in ((lock or {}).get("platforms") or {}).items():
+        # a lock whose seal is broken was changed by hand: none of its hashes is used (lock_staleness says why)
+        trusted = lock if intact(lock) else None
+        for plat, entry in ((trusted or {}).get("platforms") or {}).items():
             for key, rec in ((entry or {}).get("components") or {}).items():
                 comp = comps.get(key)
                 if comp is None or not comp.kind.from_index:
@@ -292,7 +294,11 @@ class Stack(_Strict):
             return []
         if self._resolved.lock_inherited:  # the parent's staleness (its finding); this stack's changes apart
             return list(self._resolved.inherited_staleness)
-        why = []
+        broken = broken_seal(lock)
+        # a broken seal alone makes it stale (nothing in it is used); what else no longer fits is said too
+        why = [broken] if broken else []
+        if lock.get("stack") != self.name:
+            why.append(f"stack: locked for stack {lock.get('stack')!r}, this is {self.name!r}")
         if str(lock.get("python")) != self.python:
             why.append(f"python: locked for {lock.get('python')}, the stack has {self.python}")
         declared = {**self.indexes, **self.dropped_indexes}
@@ -469,7 +475,11 @@ def load_stack(
     sets: dict[str, str] | None = None,
     base: str | None = None,
     stacks_dir: Path | None = None,
+    repair_lock: bool = False,
 ) -> Stack:
+    """The stack `name_or_path` with --set / --base applied and its lock attached. A lock outside the lock grammar
+    is refused (StackError), except with `repair_lock` (`trainbox stack lock`, which rewrites it): then the stack
+    loads as if it had none, and `resolution.lock_problem` says what was wrong."""
     path = _stack_path(name_or_path, stacks_dir)
     data = _raw(path, stacks_dir)
     if data.get("name") != path.stem:
@@ -488,7 +498,7 @@ def load_stack(
         raise StackError(_format_stack_errors(path, exc)) from None
     stack._resolved = Resolution(source_file=path, overrides=overrides,
                                  declared_base=declared_base if "base.image" in overrides else None)
-    return _attach_lock(stack, stacks_dir)
+    return _attach_lock(stack, stacks_dir, repair_lock)
 
 
 def _format_stack_errors(path: Path, exc: ValidationError) -> str:
@@ -505,18 +515,21 @@ def _format_stack_errors(path: Path, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def _attach_lock(stack: Stack, stacks_dir: Path | None = None) -> Stack:
+def _attach_lock(stack: Stack, stacks_dir: Path | None = None, repair: bool = False) -> Stack:
     lock_path = stack.lock_path
     if not lock_path or not lock_path.exists():
         parent = parent_path(stack.source_file, stack.extends, stacks_dir) if stack.extends else None
-        return stack.with_parent_lock(load_stack(parent, stacks_dir=stacks_dir)) if parent else stack
+        return stack.with_parent_lock(load_stack(parent, stacks_dir=stacks_dir, repair_lock=repair)) \
+            if parent else stack
     try:
         lock = load_yaml_file(lock_path, "lock", StackError) or {}
+        lock = check_lock(lock, lock_path, stack.name, StackError)
     except StackError as exc:
-        raise StackError(f"{exc}; regenerate it with `trainbox stack lock {stack.name}`") from None
-    if not isinstance(lock, dict):
-        raise StackError(f"{lock_path}: expected a mapping at the top level; regenerate it with "
-                         f"`trainbox stack lock {stack.name}`")
+        msg = str(exc) if "trainbox stack lock" in str(exc) else \
+            f"{exc}; regenerate it with `trainbox stack lock {stack.name}`"
+        if repair:
+            return stack.resolved(lock_problem=msg)
+        raise StackError(msg) from None
     return stack.with_lock(lock, str(lock_path))
 
 

@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(wheels, source trees, lock, manifest, checksums) for `image build --bundle FILE`")
     p.add_argument("--wheelhouse", metavar="DIR", help="wheels already at hand (used only where a pin's sha256 "
                    "names them), e.g. one from an index this host cannot reach")
-    p.add_argument("--platform", metavar="P", help="with --bundle: target platform (default: this machine's)")
+    p.add_argument("--platform", metavar="P", help="target platform, linux/amd64 or linux/arm64 (default: this "
+                   "machine's, or the stack's first when it does not have this machine's)")
     add_json(p, "what was fetched (schema trainbox.fetch/1; with --bundle: trainbox.bundle/1)")
     p.set_defaults(func=_fetch)
 
@@ -34,13 +35,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _fetch(args: argparse.Namespace) -> int:
     import json
 
-    from trainbox.fetch import fetch_stacks
+    from trainbox.fetch import check_platform, fetch_stacks
 
+    check_platform(args.platform)  # before anything is fetched or cached
     if args.bundle:
         return _bundle(args)
     import sys
 
     rows = fetch_stacks(args.stacks or None, sources_only=args.sources_only, offline=args.offline,
+                        platform=args.platform,
                         say=lambda m: print(f"trainbox: fetch {m}", file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps({"schema": "trainbox.fetch/1", "fetched": rows}, indent=2, sort_keys=True))

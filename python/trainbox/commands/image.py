@@ -207,10 +207,16 @@ def _wheelhouse(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from trainbox import image, wheelhouse
+    from trainbox.fetch import check_platform
+    from trainbox.runtime.errors import TrainboxError
     from trainbox.stack import load_stack, parse_sets
 
+    check_platform(args.platform)  # a platform no stack targets: one line, before anything is downloaded
     stack = load_stack(args.stack, sets=parse_sets(args.sets) or None)
     plat = args.platform or image.host_platform()
+    if plat not in stack.platforms:
+        raise TrainboxError(f"--platform {plat}: stack {stack.name} supports {', '.join(stack.platforms)} "
+                            f"({stack.source_file}: platforms)")
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
     out = wheelhouse.fill(stack, plat, Path(args.output), say=say)
     if args.json:

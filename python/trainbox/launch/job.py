@@ -169,36 +169,79 @@ def _mounts(recipe: Recipe, vals: Values, sets: dict[str, str], check_paths: boo
         if recipe.code and n == recipe.code.input and n not in vals.inputs:
             continue  # the image's own copy of the workload's source (recipe `code:`): nothing to mount
         target = os.path.normpath(os.path.abspath(value))
-        if target in _PROTECTED_TARGETS or target.startswith(("/proc/", "/sys/", "/dev/", "/opt/trainbox/")):
-            raise TrainboxError(f"--set {n}={value}: refusing to mount over {target} inside the container; "
-                                "use a directory of its own")
+        given = _given_as(recipe, vals, n, value)
         control = _host_control(target)
         if control:
-            raise TrainboxError(f"--set {n}={value}: {control} is a host control path (an engine socket or runtime "
-                                "state); mounted into a job it hands over the host, read-only or not. Use a "
-                                "directory of your own")
+            raise TrainboxError(_control_message(given, control))
+        if target in _PROTECTED_TARGETS or target.startswith(("/proc/", "/sys/", "/dev/", "/opt/trainbox/")):
+            raise TrainboxError(f"{given}: refusing to mount over {target} inside the container; "
+                                "use a directory of its own")
         sets[n] = target
         mounts[target] = mounts.get(target, True) and spec.mount == "ro"
         if spec.create:
             create.append(target)
         elif check_paths and not os.path.exists(target):
-            raise TrainboxError(f"--set {n}={value}: no such file or directory on this host ({spec.description})")
+            raise TrainboxError(f"{given}: no such file or directory on this host ({spec.description})")
     return mounts, create
 
 
-# Where the host's engines and runtimes keep their sockets and state (/var/run/docker.sock, containerd, ...)
-_HOST_CONTROL = ("/run/", "/var/run/", "/var/lib/docker/", "/var/lib/containerd/", "/proc/", "/sys/", "/dev/")
+#: Where a host's engines, runtimes and kernel interfaces keep their sockets and state. A mount of one of them, of
+#: a path inside one (/var/run/docker.sock) or of a path that holds one (/var/lib holds /var/lib/docker, / holds
+#: all) hands the host over to the job, read-only or not. The job script checks the same list when it runs
+#: (launchers/templates/job.sh.j2, `refuse_control_path`), since it may run on another host with other values.
+HOST_CONTROL_PATHS = ("/run", "/var/run", "/var/lib/docker", "/var/lib/containerd", "/var/lib/containers",
+                      "/var/lib/kubelet", "/etc/docker", "/proc", "/sys", "/dev")
+
+
+def control_conflict(path: str) -> str | None:
+    """Why an absolute `path` (as written, normalized) may not be mounted: it is, is inside or holds a host
+    control path; None when it is clear."""
+    p = "/" + os.path.normpath(path).lstrip("/")
+    for c in HOST_CONTROL_PATHS:
+        if p == c:
+            return f"{p} is a host control path"
+        if p.startswith(c + "/"):
+            return f"{p} is inside the host control path {c}"
+        if p == "/" or c.startswith(p + "/"):
+            return f"{p} holds the host control path {c}"
+    return None
 
 
 def _host_control(target: str) -> str | None:
-    """`target` or what it resolves to when it is a socket or under a host control directory, else None."""
+    """Why `target` (or what it resolves to) is a host control path, a socket, inside one or holds one; else None."""
     for p in dict.fromkeys((target, os.path.realpath(target))):
-        if p in ("/run", "/var/run", "/var/lib/docker", "/var/lib/containerd") or p.startswith(_HOST_CONTROL):
-            return p
+        why = control_conflict(p)
+        if why:
+            return why
         with contextlib.suppress(OSError):
             if stat.S_ISSOCK(os.stat(p).st_mode):
-                return p
+                return f"{p} is a socket"
     return None
+
+
+def _given_as(recipe: Recipe, vals: Values, name: str, value: str) -> str:
+    """How the user gave an input's value: `--set NAME=VALUE`, or the recipe's default (no --set to blame)."""
+    if name in vals.inputs:
+        return f"--set {name}={value}"
+    return f"recipe {recipe.name}: input {name} (its default {value}; give --set {name}=DIR to choose another)"
+
+
+def _refuse_control_inputs(recipe: Recipe, vals: Values) -> None:
+    """Mounted path inputs that name a host control path, checked as written for every target (a script rendered
+    here may run elsewhere: it checks again when it runs); `_mounts` also resolves links and finds sockets."""
+    for n, spec in all_inputs(recipe).items():
+        value = vals.inputs.get(n) or (spec.default if n in recipe.inputs else "")
+        if spec.kind != "path" or not spec.mount or not value or not str(value).startswith("/"):
+            continue
+        why = control_conflict(str(value))
+        if why:
+            raise TrainboxError(_control_message(_given_as(recipe, vals, n, str(value)), why))
+
+
+def _control_message(given: str, why: str) -> str:
+    return (f"{given}: {why}; refusing to mount it (a socket, or a host control path of engine sockets, runtime "
+            f"state or kernel interfaces: {', '.join(HOST_CONTROL_PATHS)}, mounted into a job hands over the host, "
+            "read-only or not). Use a directory of your own")
 
 
 def _require_inputs(recipe: Recipe, vals: Values, provided: tuple[str, ...]) -> None:
@@ -249,6 +292,7 @@ def resolve(recipe_name: str, *, sets: dict[str, str] | None = None, stack_name:
         _require_inputs(recipe, vals, provided)
     cards = _cards(recipe, stack, devices)
     _derive_ports(recipe, sets, cards)
+    _refuse_control_inputs(recipe, vals)
     mounts, create = _mounts(recipe, vals, sets, check_paths) if host_paths else ({}, [])
     vals = split_sets(recipe, stack, sets)
     return Job(recipe, stack, sets, vals, cards, container_env(recipe, stack, vals, cards), mounts, create)

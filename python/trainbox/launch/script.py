@@ -33,7 +33,7 @@ from ..runtime import npu
 from ..runtime.errors import TrainboxError
 from ..templating import make_env
 from .recipecheck import entry_words
-from .job import StackInfo, Values, split_sets
+from .job import HOST_CONTROL_PATHS, StackInfo, Values, split_sets
 
 TEMPLATES_DIR = LAUNCHERS_DIR / "templates"
 # Ray rewrites the visible-devices variable per actor unless told not to (older Ray reads the second name).
@@ -227,7 +227,7 @@ def render_script(recipe: Recipe, stack: StackInfo, sets: dict[str, str] | None 
         entry_check=" ".join(shell_word(w) for w in entry) if entry else "", stack_name=stack.name,
         command=command, ray_resources=_ray_resources(stack.device, recipe.devices_per_node),
         ray_worker_ports=RAY_WORKER_PORTS,
-        runtime_env_vars=runtime_env_vars)
+        runtime_env_vars=runtime_env_vars, control_paths=HOST_CONTROL_PATHS)
 
 
 def check_script(script: str, shellcheck: str | None, shell: str = "bash") -> list[str]:

@@ -16,7 +16,7 @@ import shlex
 from ..ports import SLURM_BASES, SLURM_SLOTS
 from ..runtime.errors import TrainboxError
 from .docker import JOB_SCRIPT_IN_IMAGE, NPU_DRIVER_MOUNTS, NPU_MULTINODE_MOUNTS, run_args
-from .job import PORT_INPUTS, PORT_STRIDE, Job
+from .job import HOST_CONTROL_PATHS, PORT_INPUTS, PORT_STRIDE, Job
 from .script import HOST_NEEDS, oneline, render_script, render_template
 
 # Per-job ports: base + STRIDE * (job id % SLURM_SLOTS), from trainbox.ports (the plan `trainbox run` shares):
@@ -26,7 +26,7 @@ SLURM_PORT_BASES = SLURM_BASES
 SLURM_VARS_OWNED = ("NODE_RANK", "MASTER_ADDR")
 # --sbatch-arg: one long option a line, its value without spaces, quotes or backslashes (an #SBATCH line is read
 # by sbatch, not by a shell); the options that shape the job stay trainbox's
-SBATCH_ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[^\s'\"\\]+)?$")
+SBATCH_ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[^\s'\"\\]+)?\Z")
 SBATCH_OWNED = ("job-name", "nodes", "ntasks-per-node", "ntasks", "exclusive", "output", "error", "wait", "chdir")
 
 
@@ -106,7 +106,7 @@ def render_sbatch(job: Job, *, pyxis: bool = False, sbatch_args=()) -> str:
         port_stride=PORT_STRIDE, eof=eof, job_script=script + "\n", pyxis=pyxis,
         image=enroot_image(job.image) if pyxis else job.image,
         run_args=" ".join(shlex.quote(a) for a in args), stop_seconds=20, script_in_image=JOB_SCRIPT_IN_IMAGE,
-        env=sorted(job.env.items()), create=job.create,
+        env=sorted(job.env.items()), create=job.create, mounts=sorted(job.mounts), control_paths=HOST_CONTROL_PATHS,
         pyxis_mounts=",".join(f"{p}:{p}" + (":ro" if ro else "") for p, ro in _pyxis_mounts(job)),
         entrypoint=["--container-entrypoint"], sbatch_args=check_sbatch_args(sbatch_args))
 

@@ -9,7 +9,7 @@ from typing import Callable
 from ..runtime.errors import TrainboxError
 from .job import Job
 
-IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+#-]*$")  # "#": enroot's REGISTRY#IMAGE form
+IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+#-]*\Z")  # "#": enroot's REGISTRY#IMAGE form
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,11 @@ HEAD is checked against the pin.
                     on PYTHONPATH and pip's build isolation off), install the wheels matching --wheels --no-deps;
                     with --url and --sha256 instead of --git, the tree is the staged source archive (an sdist),
                     checked and unpacked (its one top-level directory)
+    --mode build-env
+                    install the --build-req lines (hash-pinned, from the index) into --build-env DIR, in a step of
+                    its own: the one step of a source build that is given the index credentials. The build step
+                    (pip, build) then takes --build-env DIR and runs the tree's own code with no credentials in
+                    reach (no secret mounted, no PIP_INDEX_URL that holds one)
 """
 
 from __future__ import annotations
@@ -152,6 +157,11 @@ def _purelib() -> Path:
     return Path(sysconfig.get_paths()["purelib"])
 
 
+def _pinned(args: argparse.Namespace) -> bool:
+    """Whether the build gets the lock's hash-pinned build requirements (installed here or in a step before)."""
+    return bool(args.build_req or args.build_env)
+
+
 def _build_env(args: argparse.Namespace, tmp: Path) -> tuple[list[str], dict | None]:
     """pip wheel's flags and environment. With --build-req (the lock's hash-pinned PEP 518 requirements) the
     build environment holds exactly those, installed --require-hashes, and pip builds without isolation in it:
@@ -159,20 +169,31 @@ def _build_env(args: argparse.Namespace, tmp: Path) -> tuple[list[str], dict | N
     (a setuptools-99 wheel added to a wheelhouse ran its code). Without a lock: pip's own isolation."""
     if not args.build_isolation:
         return ["--no-build-isolation"], None
-    if not args.build_req:
+    if not _pinned(args):
         return [], None
     return ["--no-build-isolation", "--use-pep517", "--check-build-dependencies"], _pinned_build_env(args, tmp)
 
 
 def _pinned_build_env(args: argparse.Namespace, tmp: Path, base: dict | None = None) -> dict:
     """The environment with the lock's hash-pinned build requirements (--build-req) installed --require-hashes
-    into their own directory, first on PYTHONPATH (before the venv's own site-packages)."""
-    reqs, env_dir = tmp / "build-requirements.txt", tmp / "build-env"
-    reqs.write_text("".join(line + "\n" for line in args.build_req))
+    into their own directory, first on PYTHONPATH (before the venv's own site-packages). With --build-env that
+    directory was filled by a `--mode build-env` step before this one (which alone saw the index credentials)."""
+    if args.build_env:
+        if not args.build_env.is_dir():
+            raise SourceFailed(f"--build-env {args.build_env}: no such directory; the `--mode build-env` step "
+                               "before this one installs the build requirements there")
+        return dict(base or os.environ, PYTHONPATH=str(args.build_env))
+    env_dir = tmp / "build-env"
+    _install_build_reqs(args.build_req, tmp, env_dir)
+    return dict(base or os.environ, PYTHONPATH=str(env_dir))
+
+
+def _install_build_reqs(lines: list[str], tmp: Path, env_dir: Path) -> None:
+    reqs = tmp / "build-requirements.txt"
+    reqs.write_text("".join(line + "\n" for line in lines))
     _run([sys.executable, "-m", "pip", "install", "--no-deps", "--require-hashes", "--no-compile",
           "--disable-pip-version-check", "--target", str(env_dir), "-r", str(reqs)],
          "installing the hash-pinned build requirements")
-    return dict(base or os.environ, PYTHONPATH=str(env_dir))
 
 
 def _install_wheel(args: argparse.Namespace, tree: Path, tmp: Path) -> None:
@@ -226,7 +247,7 @@ def _install_built(args: argparse.Namespace, tree: Path, tmp: Path) -> None:
         raise SourceFailed(f"needs {', '.join(missing)} in the builder; build it FROM a base that has the toolkit "
                            "(a substitute base leaves it out, and the manifest says so)")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    if args.build_req:
+    if _pinned(args):
         env = _pinned_build_env(args, tmp, env)
         # ... and the commands' pip builds in it, not in an isolated environment filled from an index. pip reads
         # PIP_NO_BUILD_ISOLATION as the value of its `build_isolation` setting: "false" turns isolation off.
@@ -309,7 +330,7 @@ def _install_archive(args: argparse.Namespace, tmp: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--component", required=True)
-    ap.add_argument("--mode", choices=("pip", "tree", "archive", "build", "sdist"), required=True)
+    ap.add_argument("--mode", choices=("pip", "tree", "archive", "build", "sdist", "build-env"), required=True)
     ap.add_argument("--git")
     ap.add_argument("--url", help="--mode build: the source archive's URL (its staged copy is checked by --sha256)")
     ap.add_argument("--commit")
@@ -321,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-build-isolation", dest="build_isolation", action="store_false")
     ap.add_argument("--build-req", action="append", default=[], metavar="LINE",
                     help="--mode pip, build: a hash-pinned build requirement (`name==version --hash=sha256:...`)")
+    ap.add_argument("--build-env", type=Path, metavar="DIR",
+                    help="--mode build-env: where to install the --build-req lines; --mode pip, build: where a "
+                    "build-env step installed them")
     ap.add_argument("--build", action="append", default=[], metavar="CMD", help="--mode build: a build command")
     ap.add_argument("--wheels", default="dist/*.whl", help="--mode build: the wheels it leaves (glob in the tree)")
     ap.add_argument("--needs", action="append", default=[], choices=sorted(TOOLKITS),
@@ -330,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix=f"trainbox-src-{args.component}-"))
     try:
+        if args.mode == "build-env":
+            if not (args.build_env and args.build_req):
+                raise SourceFailed("--mode build-env takes --build-env DIR and the --build-req lines to install")
+            _install_build_reqs(args.build_req, tmp, args.build_env)
+            print(f"{args.component}: {len(args.build_req)} hash-pinned build requirement(s) in {args.build_env}")
+            return 0
         if args.mode == "archive":
             _install_archive(args, tmp)
             return 0

@@ -14,6 +14,7 @@ from typing import Callable
 
 from .. import __version__
 from ..runtime.errors import TrainboxError
+from ..runtime.redact import redact_data
 from .checks import CheckSteps
 from .imagesteps import ImageSteps
 from .model import (
@@ -176,6 +177,7 @@ def main(opts: Options, as_json: bool = False, junit: str | None = None) -> int:
         report = Smoke(opts, say=say).run_all()
     finally:
         signal.signal(signal.SIGTERM, previous)
+    report = redact_data(report)  # no URL's credentials in a report CI keeps and shares
     path = opts.workdir / "report.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
     if junit:
