@@ -170,7 +170,7 @@ def _build(args: argparse.Namespace) -> int:
         # the refusal as the one JSON document, its findings as `stack validate --json` gives them
         emit_json({"ok": False, "dry_run": bool(args.dry_run), "refused": str(exc).splitlines()[0],
                    "findings": [r.as_dict() for r in exc.reported]})
-        return 2
+        return exc.exit_code  # as without --json, and as validate and lock exit on the same finding
     report = json.loads(json.dumps(outcome.report, default=str))
     emit_json({**report, "dry_run": bool(args.dry_run), "command": list(outcome.argv or []),
                "report_file": str(outcome.report_path) if outcome.report_path else None})
