@@ -113,7 +113,7 @@ def _register_build(isub) -> None:
     b.add_argument("--dry-run", action="store_true",
                    help="print the plan (findings, base, inputs, content hash, tags, secrets, where every source comes "
                    "from) and a docker command that runs as printed; planned as the build plans (an error finding "
-                   "refuses both); builds nothing, needs no engine, asks an index only for pins --set moved")
+                   "refuses both, exit 1 as in `stack validate`); builds nothing, needs no engine, asks an index only for pins --set moved")
     add_output(b, "where to write the JSON build report (default: build/reports/<stack>.json)", old=("--report",),
                metavar="FILE")
     add_json(b, "the build report (with --dry-run: the plan, schema trainbox.build-plan/1)")

@@ -74,7 +74,7 @@ Step details: any step may carry "note", a caveat of a pass (e.g. an index that 
 the reason it is expected); recipes {"recipes": [{"name", "render", "shellcheck", "dry_run", "message"}]}; args {"recipes": [{"name", "result" ("pass" | "fail" | "xfail" | "xpass" |
 "not checked"), "ok", "status" (launch check's: "ok" | "fail" | "not checked"), "summary", "why", "stubs",
 "missing"}]}. A recipe's `not checked` fails the step unless the profile's accept_not_checked names it; a recipe in
-the profile's expect_fail that passes (XPASS) fails it too.
+the profile's expect_fail that passes (XPASS), or fails otherwise than the failure it names, fails it too.
 """
 
 from __future__ import annotations
