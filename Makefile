@@ -32,7 +32,7 @@ help:
 # it on these machines; elsewhere add PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu).
 TORCH_SPEC ?= torch==2.13.0
 install:
-	$(PYTHON) -m pip install -q -e '.[build,dev]' '$(TORCH_SPEC)'
+	$(PYTHON) -m pip install -q -e '.[build,dev]' '$(TORCH_SPEC)' -c ci/constraints.txt
 
 # install on first use, so that a fresh clone needs only `make demo` / `make test` (the modules are found, not
 # imported: importing torch alone took 3 of the inner loop's seconds)

@@ -119,6 +119,25 @@ def test_cpu_stack_for_arm64_tag_config_and_manifest(arm64_cpu):
     # that torch imports as aarch64's CPU build: the doctor test (each emulated torch import costs a minute here)
 
 
+def test_the_arm64_sbom_names_the_aarch64_pins_hashes(arm64_cpu):
+    """Issue 37: the cpu stack pins torch and numpy once per platform (a requirement line under each platform's
+    marker). The SBOM keyed those lines by name, so the x86_64 line overwrote the aarch64 one and the arm64 image's
+    SBOM called its torch "not hash-pinned". Each distribution now carries the hash of its own platform's pin."""
+    from trainbox import sbom
+    from trainbox.stack import load_stack
+
+    stack = load_stack("cpu")
+    doc = json.loads(sbom.read_from_image(docker_helpers.docker_client(), arm64_cpu.tag))
+    comps = {c["name"]: c for c in doc["components"] if c.get("bom-ref", "").startswith("pypi:")}
+    for key in ("torch", "numpy"):
+        pin = stack.components[key].pin_for(PLAT)
+        c = comps[key]
+        props = {p["name"].removeprefix(sbom.PROP): p["value"] for p in c.get("properties") or []}
+        assert c["version"] == pin.version, (key, c["version"])
+        assert [h["content"] for h in c.get("hashes") or []] == [pin.sha256[0]], (key, c.get("hashes"), props)
+        assert not props.get("hash-source", "").startswith("not hash-pinned"), (key, props)
+
+
 def test_image_ls_shows_the_platform(arm64_cpu):
     from trainbox.inventory import built_images
 

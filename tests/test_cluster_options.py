@@ -64,7 +64,7 @@ def test_a_local_image_on_many_nodes_warns_and_strict_refuses():
     assert "local tag without a registry" in unpullable(local, "slurm")
     assert unpullable(resolve_for("slurm", "cpu-ddp", nodes=1, image="trainbox/cpu:latest"), "slurm") is None
     assert unpullable(resolve_for("volcano", "cpu-ddp", nodes=1, image="trainbox/cpu:latest"), "volcano")
-    for ok in ("registry.example:5000/trainbox/cpu:1", "localhost/x:1", "site#trainbox/cpu:1"):
+    for ok in ("registry.example:5000/trainbox/cpu:1", "site#trainbox/cpu:1", "localhost.example/x:1"):
         assert unpullable(resolve_for("slurm", "cpu-ddp", nodes=2, image=ok), "slurm") is None
     cmd = [sys.executable, "-m", "trainbox.cli", "launch", "render", "cpu-ddp", "--target", "slurm", "--nodes", "2",
            "--image", "trainbox/cpu:latest"]
@@ -72,6 +72,53 @@ def test_a_local_image_on_many_nodes_warns_and_strict_refuses():
     assert warn.returncode == 0 and "warning: image trainbox/cpu:latest is a local tag" in warn.stderr
     strict = subprocess.run(cmd + ["--strict"], capture_output=True, text=True, timeout=120)
     assert strict.returncode == 2 and "--strict: image trainbox/cpu:latest" in strict.stderr and not strict.stdout
+
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.mark.slow
+def test_a_loopback_registry_on_many_nodes_warns_and_strict_refuses():
+    """Issue 37: a registry on 127.0.0.1 / localhost / ::1 is, on every other node, that node itself: a multi-node
+    Slurm job or a pod gets a warning, --strict refuses it. One Slurm node may run where the registry is: nothing
+    to say (nor for the docker target, whose script names no image)."""
+    from trainbox.launch.images import loopback_problem
+
+    loopbacks = (f"127.0.0.1:5000/trainbox/cpu@{DIGEST}", "localhost:5000/trainbox/cpu:1", "localhost/x:1",
+                 "127.0.0.2:5000/trainbox/cpu:1", f"127.0.0.1:5000#trainbox/cpu@{DIGEST}")
+    assert "a loopback address" in loopback_problem("[::1]:5000/trainbox/cpu:1")  # --image refuses brackets
+    assert loopback_problem("10.0.0.1:5000/trainbox/cpu:1") is None and loopback_problem("trainbox/cpu:1") is None
+    for image in loopbacks:
+        for target, nodes in (("slurm", 2), ("slurm-pyxis", 2), ("volcano", 1)):
+            problem = unpullable(resolve_for(target, "cpu-ddp", nodes=nodes, image=image), target)
+            assert problem and "a loopback address" in problem, (image, target, problem)
+        assert unpullable(resolve_for("slurm", "cpu-ddp", nodes=1, image=image), "slurm") is None, image
+    cmd = [sys.executable, "-m", "trainbox.cli", "launch", "render", "cpu-ddp", "--target", "slurm", "--nodes", "2",
+           "--image", loopbacks[0]]
+    warn = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert warn.returncode == 0 and f"warning: image {loopbacks[0]} names the registry 127.0.0.1:5000, a loopback" \
+        in warn.stderr, warn.stderr
+    strict = subprocess.run(cmd + ["--strict"], capture_output=True, text=True, timeout=120)
+    assert strict.returncode == 2 and strict.stderr.startswith(f"trainbox: error: --strict: image {loopbacks[0]}")
+    assert not strict.stdout and len(strict.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("bad", ["trainbox/cpu@sha256:abc", "trainbox/cpu@sha256:" + "A" * 64,
+                                 "trainbox/cpu@md5:" + "a" * 32, "trainbox/cpu@" + DIGEST + "@" + DIGEST,
+                                 "reg.example/x@sha256:" + "a" * 63, "reg.example#x@sha256:abc"])
+def test_an_invalid_digest_is_refused_in_one_line(bad, capsys):
+    """Issue 37: `--image X@sha256:abc` no node can pull: refused (2, one line) before anything is written, with
+    --strict or without, for every target; a well-formed digest is taken."""
+    from trainbox.cli import main
+
+    for target in ("slurm", "docker", "pytorchjob"):
+        for strict in ([], ["--strict"]):
+            assert main(["launch", "render", "cpu-ddp", "--target", target, "--image", bad, *strict]) == 2
+            out, err = capsys.readouterr()
+            assert not out and err.startswith(f"trainbox: error: --image {bad!r}: expected an image reference") \
+                and len(err.splitlines()) == 1, err
+    job = resolve_for("slurm", "cpu-ddp", nodes=2, image=f"reg.example/trainbox/cpu@{DIGEST}")
+    assert job.image == f"reg.example/trainbox/cpu@{DIGEST}"
 
 
 # --- resource requests: cpu and memory per pod, defaults by device, requests only ---------------------------------

@@ -68,9 +68,9 @@ def test_a_wrong_torch_npu_pin_is_one_finding_per_platform_at_npu_910b(stacks, c
 
     assert main(["stack", "lock", npu]) == 1
     lock_err = capsys.readouterr().err
-    assert main(["image", "build", npu, "--dry-run"]) == 2
+    assert main(["image", "build", npu, "--dry-run"]) == 1  # the same status for the same finding (issue 37)
     dry_err = capsys.readouterr().err
-    assert main(["image", "build", npu]) == 2
+    assert main(["image", "build", npu]) == 1
     build_err = capsys.readouterr().err
 
     for err in (lock_err, dry_err, build_err):
@@ -98,11 +98,46 @@ def test_a_wrong_torch_npu_pin_is_one_finding_per_platform_at_npu_910b(stacks, c
     assert "FAIL specforge" in out.err and "inherited from npu-910b.yaml (shown there)" in out.err
 
     # a dependant alone: the finding at npu-910b.yaml, saying it is inherited; in the JSON too
-    assert main(["image", "build", str(stacks / "npu-a3.yaml"), "--dry-run", "--json"]) == 2
+    assert main(["image", "build", str(stacks / "npu-a3.yaml"), "--dry-run", "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] is False and [(f["rule"], f["file"], f["inherited_from"], f["platforms"])
                                    for f in doc["findings"]] == [
         ("torch-npu-cann", npu, "npu-910b.yaml", ["linux/amd64", "linux/arm64"])]
+
+
+def test_one_exit_status_per_kind_of_problem_from_every_command(stacks, capsys, monkeypatch):
+    """Issue 37: a stack's error finding exits 1 (a check found a problem) from validate, lock, render, patches
+    verify, the dry run and the build, with --json or not; a stack file that does not load exits 2 (invalid
+    input) from each of them. validate and lock said 1 and the build 2 for the same finding; validate said 1 and
+    the rest 2 for the same schema error."""
+    from trainbox.findings import EXIT_FINDINGS
+
+    monkeypatch.setattr(lockmod, "lock_stack", lambda *a, **k: pytest.fail("a refused stack was locked"))
+    monkeypatch.setattr(image, "find_client", lambda: pytest.fail("a refused build asked for the engine"))
+    commands = {
+        "validate": ["stack", "validate"], "validate --json": ["stack", "validate", "--json"],
+        "lock": ["stack", "lock", "--no-dependants"], "lock --json": ["stack", "lock", "--no-dependants", "--json"],
+        "render": ["render", "-o", str(stacks.parent / "out")],
+        "patches verify": ["patches", "verify", "--offline"],
+        "build --dry-run": ["image", "build", "--dry-run"],
+        "build --dry-run --json": ["image", "build", "--dry-run", "--json"],
+        "build": ["image", "build"], "build --json": ["image", "build", "--json"],
+    }
+
+    def statuses(stack: Path) -> dict[str, int]:
+        out = {}
+        for what, argv in commands.items():
+            out[what] = main([*argv, str(stack)])
+            err = capsys.readouterr().err
+            assert "Traceback" not in err, (what, err)
+        return out
+
+    finding = statuses(stacks / "npu-910b.yaml")  # the wrong torch_npu pin of the fixture: a rule's error
+    assert EXIT_FINDINGS == 1 and finding == dict.fromkeys(commands, EXIT_FINDINGS), finding
+    bad = stacks / "cpu.yaml"
+    bad.write_text(bad.read_text().replace("python:", "pythn:", 1))  # a key the schema does not know
+    assert statuses(bad) == dict.fromkeys(commands, 2)
+    assert not (stacks.parent / "out").exists()
 
 
 def test_a_warning_is_a_plan_note_and_in_the_plan_json(stacks, capsys):

@@ -309,3 +309,19 @@ def test_extends_stays_in_the_stacks_directory(tmp_path, parent):
     text = (STACKS_DIR / "cpu.yaml").read_text().replace("name: cpu\n", f"name: cpu\nextends: {parent}\n")
     with pytest.raises(StackError, match="extends: expected the name of a stack"):
         load_stack(stack_dir(tmp_path, text))
+
+
+@pytest.mark.parametrize("registry", ["127.0.0.1:5000/" + "/".join(["a" * 60] * 110),  # ~6.7 KB: a traceback
+                                      "registry.example.com/" + "b" * 240])
+def test_an_image_name_past_the_registry_limit_is_one_line(registry, capsys, monkeypatch):
+    """Issue 37: a registry path that makes REG/trainbox/STACK longer than the 255 characters a reference may have
+    went to the engine's tag call, outside any try, and came back as an HTTP 500 traceback. Refused before the
+    engine is asked, one line, exit 2 (invalid input), no tag made."""
+    from trainbox import push as pushmod
+
+    monkeypatch.setattr(pushmod, "sdk", lambda: pytest.fail("an over-long name reached the engine"))
+    assert cli(["image", "push", "cpu", "--registry", registry]) == 2
+    out, err = capsys.readouterr()
+    assert not out and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "REG/trainbox/cpu would be" in err and "an image name takes at most 255" in err and len(err) < 400, err
+    assert pushmod.check_registry("registry.example.com/" + "b" * 200)  # the path alone is no problem

@@ -27,9 +27,24 @@ def test_committed_component_hashes_match_the_index(name):
                 set(stack.components[key].pin_for(plat).sha256) >= set(rec["sha256"]), (plat, key)
 
 
-def test_unreachable_index_is_reported_by_name():
-    rep = lock_stack(load_stack("npu-910b"), resolve_deps=False)
-    assert any("pytorch-cpu" in u and "download.pytorch.org" in u for u in rep.unreachable) or not rep.unreachable
+def test_unreachable_index_is_reported_by_name(tmp_path):
+    """An index that does not answer (here a port on 127.0.0.1 nothing listens on, so it never answers) is named
+    with its URL, and its pins are not taken as locked. (It asked the real download.pytorch.org and passed
+    whether or not that answered: `any(...) or not rep.unreachable`.)"""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/whl/cpu"
+    shutil.copy(STACKS_DIR / "cpu.yaml", tmp_path / "cpu.yaml")
+    data = yaml.safe_load((tmp_path / "cpu.yaml").read_text())
+    data["indexes"]["pytorch-cpu"] = url
+    (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(data))
+    rep = lock_stack(load_stack(tmp_path / "cpu.yaml"), resolve_deps=False)
+    assert [u for u in rep.unreachable if "pytorch-cpu" in u and url in u], rep.unreachable
+    assert not any("pypi" in u and "pytorch" not in u for u in rep.unreachable), rep.unreachable  # PyPI answered
+    assert not [c for c in rep.changes if c.startswith("linux/amd64 torch")], rep.changes  # its pin: not locked
+    assert [c for c in rep.changes if c.startswith("linux/arm64 torch")], rep.changes  # arm64's is on PyPI
 
 
 def test_pin_that_does_not_exist(tmp_path, capsys):

@@ -169,19 +169,47 @@ PRELOAD_SGL_KERNEL_NPU = {"23519771d347a0422885d34b807076d56e122104", "607b00025
                           "87df718a2f15161d3120e4e1dfd19b30afca7cbf"}
 
 
+def _tms_preload_problem(name: str, env: dict, stack_name: str, kernel_commit: str | None) -> str | None:
+    """Why a recipe may not ask for torch-memory-saver's preload hook mode (TMS_HOOK_MODE=preload), or None."""
+    if str(env.get("TMS_HOOK_MODE", "")) != "preload" or kernel_commit is None:
+        return None  # no preload asked, or not torch_memory_saver's NPU build (CUDA's upstream one has preload)
+    if kernel_commit in PRELOAD_SGL_KERNEL_NPU:
+        return None
+    return (f"{name} sets TMS_HOOK_MODE=preload, but stack {stack_name} pins sgl-kernel-npu {kernel_commit[:12]} "
+            "(not known to carry 23519771, the NPU preload hook mode)")
+
+
+def _kernel_commit(recipe) -> str | None:
+    from trainbox.stack import load_stack
+
+    kernel = load_stack(recipe.stack).components.get("sgl-kernel-npu")
+    return kernel.commit if kernel is not None else None
+
+
 @pytest.mark.parametrize("name", sorted(list_recipes()))
 def test_no_recipe_sets_tms_preload_on_an_sgl_kernel_npu_without_it(name):
     """torch-memory-saver's preload mode on NPU arrived with sgl-kernel-npu 23519771; before it the README calls it
     unsupported with torch_npu and TMS_HOOK_MODE is not even read. A recipe may ask for it only on a stack whose
     sgl-kernel-npu has it."""
-    from trainbox.stack import load_stack
-
     recipe = load_recipe(name)
-    if str(recipe.env.get("TMS_HOOK_MODE", "")) != "preload":
-        return
-    kernel = load_stack(recipe.stack).components.get("sgl-kernel-npu")
-    if kernel is None:
-        return  # not torch_memory_saver's NPU build (CUDA's upstream one has preload)
-    assert kernel.commit in PRELOAD_SGL_KERNEL_NPU, (
-        f"{name} sets TMS_HOOK_MODE=preload, but stack {recipe.stack} pins sgl-kernel-npu {kernel.commit[:12]} "
-        "(not known to carry 23519771, the NPU preload hook mode)")
+    problem = _tms_preload_problem(name, recipe.env, recipe.stack, _kernel_commit(recipe))
+    assert problem is None, problem
+
+
+def test_the_tms_preload_check_refuses_preload_on_each_pinned_sgl_kernel_npu_without_it():
+    """The check above can fail (issue 37: while no recipe sets preload, it returned before its assert): each recipe
+    on a stack with sgl-kernel-npu, given TMS_HOOK_MODE=preload, is refused on its stack's pin (none of them carries
+    23519771 yet) and taken on a commit that does; off NPU (no sgl-kernel-npu) preload is fine."""
+    on_npu = [r for r in map(load_recipe, sorted(list_recipes())) if _kernel_commit(r)]
+    assert len(on_npu) >= 4, [r.name for r in on_npu]  # the relax and specforge NPU recipes
+    for recipe in on_npu:
+        env = {**recipe.env, "TMS_HOOK_MODE": "preload"}
+        commit = _kernel_commit(recipe)
+        if commit in PRELOAD_SGL_KERNEL_NPU:  # a stack moved to a commit that has it: then preload is allowed
+            assert _tms_preload_problem(recipe.name, env, recipe.stack, commit) is None
+        else:
+            assert "not known to carry 23519771" in _tms_preload_problem(recipe.name, env, recipe.stack, commit)
+        for good in PRELOAD_SGL_KERNEL_NPU:
+            assert _tms_preload_problem(recipe.name, env, recipe.stack, good) is None
+    cuda = load_recipe("relax-qwen35-9b-8gpu-async")
+    assert _tms_preload_problem(cuda.name, {"TMS_HOOK_MODE": "preload"}, cuda.stack, _kernel_commit(cuda)) is None

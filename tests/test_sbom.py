@@ -204,3 +204,32 @@ def test_a_local_wheel_without_a_recorded_hash_is_hashed_in_the_image(tmp_path):
     wheel.unlink()  # gone: nothing to hash, and the SBOM says why
     (entry,) = inventory.distributions([str(site)])
     assert entry["local_file_sha256"] is None
+
+
+def test_each_platform_gets_the_hash_of_its_own_requirement_line():
+    """Issue 37: the cpu stack pins torch (and numpy) once per platform, each line under its platform_machine
+    marker. Keyed by name alone, the x86_64 line overwrote the aarch64 one, so the arm64 SBOM called its torch
+    "not hash-pinned". Each platform's SBOM names the hash of the line pip installed there."""
+    from trainbox.render import render_stack
+    from trainbox.stack import load_stack
+
+    stack = load_stack("cpu")
+    rendered = render_stack(stack)
+    reqs = [rendered.requirements, rendered.deps]  # what for_plan reads from the plan's files
+    assert any("platform_machine" in t for t in reqs), "the cpu stack no longer pins per platform"
+    for plat in ("linux/amd64", "linux/arm64"):
+        torch = stack.components["torch"].pin_for(plat)
+        assert sbom.requirement_hashes(reqs, plat, "3.11")["torch"] == (torch.version, list(torch.sha256)), plat
+
+    def dist(version, tags):
+        return {"name": "torch", "canonical_name": "torch", "version": version, "installer": "pip",
+                "requested": True, "location": "/opt/venv/lib/python3.11/site-packages", "direct_url": None,
+                "wheel_tags": tags, "record_sha256": H["f"]}
+
+    arm = stack.components["torch"].pin_for("linux/arm64")
+    inv = {**_inventory(), "distributions": [dist(arm.version, ["cp311-cp311-manylinux_2_28_aarch64"])]}
+    doc = _doc(platform="linux/arm64", inventory=inv, requirements=reqs, wheels=[],
+               manifest={**MANIFEST, "python": "3.11"})
+    torch = _by_ref(doc)["pypi:torch"]
+    assert torch["hashes"] == [{"alg": "SHA-256", "content": arm.sha256[0]}]
+    assert _prop(torch, "hash-source") == "hash-pinned requirement (pip --require-hashes)"

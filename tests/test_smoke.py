@@ -179,7 +179,8 @@ def test_json_report_follows_the_documented_schema(keep_going):
                            "options", "summary", "stacks"}
     assert report["schema"] == 1 and report["steps"] == list(smoke.STEPS)
     assert set(report["options"]) == {"stacks", "keep_going", "substitute_base", "wheelhouse", "profile", "skip",
-                                      "build_cache", "workdir", "expect_fail", "accept_not_checked", "jobs"}
+                                      "build_cache", "workdir", "expect_fail", "expect_fail_as", "accept_not_checked",
+                                      "jobs"}
     assert report["options"]["skip"] == ["lock", "build"] and report["options"]["keep_going"] is True
     assert set(report["summary"]) == {"pass", "fail", "skipped", "failed", "xfail", "xpass", "not_checked"}
     n = sum(len(s["steps"]) for s in report["stacks"])
@@ -238,30 +239,48 @@ def test_missing_command_is_a_failure_not_a_pass(tmp_path):
 
 
 def test_args_step_judges_each_recipe_against_the_profile(tmp_path):
-    """expect_fail turns a failure into XFAIL and a pass into XPASS (a failure: the list cannot go stale); `not
-    checked` fails unless accept_not_checked names the recipe; the text and JUnit reports say which is which.
-    The child CLI is a stand-in here (its real output: tests/test_launch_recipecheck.py)."""
+    """expect_fail turns the failure it names (a missing module, or a pattern of the summary) into XFAIL, any other
+    failure (another module, a check killed by SIGKILL) into FAIL, and a pass into XPASS (a failure: the list cannot
+    go stale); `not checked` fails unless accept_not_checked names the recipe; the text and JUnit reports say which
+    is which. The child CLI is a stand-in here (its real output: tests/test_launch_recipecheck.py)."""
     outcome = {"plain-ok": ("ok", 0), "known-gap": ("fail", 1), "stale-gap": ("ok", 0),
-               "mounted": ("not checked", 0), "unaccepted": ("not checked", 0), "broken": ("fail", 1)}
+               "mounted": ("not checked", 0), "unaccepted": ("not checked", 0), "broken": ("fail", 1),
+               "runtime-gap": ("fail", 1), "killed-gap": ("killed", -9), "other-module": ("fail", 1),
+               "pattern-gap": ("fail", 1)}
+    summaries = {"runtime-gap": "args: the program failed before parsing its arguments: ModuleNotFoundError: No "
+                                "module named 'transformer_engine.pytorch'",
+                 "pattern-gap": "args: unrecognized arguments: --tp-size"}
+    missing = {"known-gap": "sglang.srt", "other-module": "torchvision"}
 
     def run(argv, timeout, log=None, stream=False):
         if argv[-3:] == ["launch", "list", "--json"]:
             return smoke.Proc(argv, 0, json.dumps({"recipes": [{"name": n, "stack": "s"} for n in outcome]}), "", 0.1)
         name = argv[argv.index("check") + 1]
         status, rc = outcome[name]
+        if status == "killed":  # the check died (SIGKILL: out of memory, say): no JSON, only the exit status
+            return smoke.Proc(argv, rc, "", "", 0.1)
         row = {"recipe": name, "status": status, "ok": status == "ok",
-               "args": {"status": status, "summary": f"{name}: {status} (summary)", "stubs": [],
-                        "imports": {"missing": [{"module": "sglang"}] if status == "fail" else []}}}
+               "args": {"status": status, "summary": f"{name}: {summaries.get(name, status + ' (summary)')}",
+                        "stubs": [], "imports": {"missing": [{"module": missing[name]}] if name in missing else []}}}
         return smoke.Proc(argv, rc, json.dumps({"recipes": [row]}), "", 0.1)
 
-    opts = options(tmp_path, expect_fail={"known-gap": "sglang is not in the stack yet", "stale-gap": "fixed?"},
+    gap = {"why": "sglang is not in the stack yet", "missing": "sglang"}
+    opts = options(tmp_path, expect_fail={"known-gap": gap, "stale-gap": {"why": "fixed?", "missing": "x"},
+                                          "runtime-gap": {"why": "MindSpeed's dummy", "missing": "transformer_engine"},
+                                          "killed-gap": gap, "other-module": gap,
+                                          "pattern-gap": {"why": "an old parser", "match": r"unrecognized .*--tp-size"}},
                    accept_not_checked=["mounted"])
     sr = stack_result(image="trainbox/s:1")
     res = smoke.Smoke(opts, run=run, say=lambda m: None).step_args(sr)
     got = {r["name"]: r["result"] for r in res.details["recipes"]}
     assert got == {"plain-ok": "pass", "known-gap": "xfail", "stale-gap": "xpass", "mounted": "not checked",
-                   "unaccepted": "fail", "broken": "fail"}
+                   "unaccepted": "fail", "broken": "fail", "runtime-gap": "xfail", "killed-gap": "fail",
+                   "other-module": "fail", "pattern-gap": "xfail"}
     assert res.status == smoke.FAIL
+    assert "expects it to fail with the missing module sglang (sglang is not in the stack yet), but it failed " \
+        "otherwise" in res.reason
+    for name in ("runtime-gap", "killed-gap", "other-module", "pattern-gap"):
+        del outcome[name]
     assert "XPASS stale-gap: ok (summary) [passes, but the profile expects it to fail (fixed?)" in res.reason
     assert "FAIL unaccepted: not checked (summary) [not checked, and the profile does not accept" in res.reason
     assert "known-gap" not in res.reason and "plain-ok" not in res.reason and "mounted" not in res.reason
@@ -277,7 +296,7 @@ def test_args_step_judges_each_recipe_against_the_profile(tmp_path):
     assert case["stale-gap"].find("failure").get("message").startswith("XPASS: ")
     assert case["mounted"].find("skipped").get("type") == "not checked"
     assert case["unaccepted"].find("failure") is not None and case["plain-ok"].find("failure") is None
-    assert root.get("failures") == str(1 + 3) and root.get("tests") == str(1 + 6)
+    assert root.get("failures") == str(1 + 5) and root.get("tests") == str(1 + 10)
     # all known or accepted: the step passes, and still names the XFAIL
     del outcome["stale-gap"], outcome["unaccepted"], outcome["broken"]
     res = smoke.Smoke(opts, run=run, say=lambda m: None).step_args(stack_result(image="trainbox/s:1"))
@@ -286,15 +305,36 @@ def test_args_step_judges_each_recipe_against_the_profile(tmp_path):
 
 def test_profile_expect_fail_names_real_recipes_with_a_reason(tmp_path):
     prof = tmp_path / "p.yaml"
-    prof.write_text("expect_fail: {no-such-recipe: why}\n")
+    prof.write_text("expect_fail: {no-such-recipe: {why: w, missing: torch}}\n")
     with pytest.raises(TrainboxError, match="expect_fail: no-such-recipe: no such recipe"):
         smoke.load_profile(prof)
-    prof.write_text("expect_fail: {cpu-ddp: ''}\n")
-    with pytest.raises(TrainboxError, match="expect_fail.cpu-ddp: say in one line why"):
+    prof.write_text("expect_fail: {cpu-ddp: {why: '', missing: torch}}\n")
+    with pytest.raises(TrainboxError, match="expect_fail.cpu-ddp.why: say in one line why"):
         smoke.load_profile(prof)
-    prof.write_text("expect_fail: {cpu-ddp: w}\naccept_not_checked: [cpu-ddp]\n")
+    prof.write_text("expect_fail: {cpu-ddp: {why: w, missing: torch}}\naccept_not_checked: [cpu-ddp]\n")
     with pytest.raises(TrainboxError, match="both expect_fail and accept_not_checked"):
         smoke.load_profile(prof)
+
+
+@pytest.mark.parametrize("entry,message", [
+    ("why it fails", r"expect_fail.cpu-ddp: state the failure it expects, as \{missing: MODULE, why: \.\.\.\}"),
+    ("{why: w}", "expect_fail.cpu-ddp: name the failure it expects, either missing"),
+    ("{why: w, missing: torch, match: x}", "expect_fail.cpu-ddp: name the failure it expects, either missing"),
+    ("{why: w, missing: 'torch; rm'}", "expect_fail.cpu-ddp.missing: 'torch; rm' is not a module name"),
+    ("{why: w, match: '(unclosed'}", "expect_fail.cpu-ddp.match: not a regular expression"),
+    ("{why: w, missing: torch, pattern: x}", "pattern"),
+])
+def test_an_expected_failure_names_the_failure_it_expects(tmp_path, entry, message):
+    """Issue 37: a bare reason let any failure, a SIGKILL included, count as the expected one. An entry states the
+    failure (missing: MODULE, or match: PATTERN; one of them) besides why, each refused in one line otherwise."""
+    prof = tmp_path / "p.yaml"
+    prof.write_text(f"expect_fail:\n  cpu-ddp: {entry}\n")
+    with pytest.raises(TrainboxError, match=message) as exc:
+        smoke.load_profile(prof)
+    assert len(str(exc.value).splitlines()) == 1, str(exc.value)
+    prof.write_text("expect_fail:\n  cpu-ddp: {why: w, missing: transformer_engine.pytorch}\n")
+    assert smoke.load_profile(prof)["expect_fail"] == {
+        "cpu-ddp": {"why": "w", "missing": "transformer_engine.pytorch", "match": None}}
 
 
 def test_doctor_findings_expected_on_a_substitute_npu_base():

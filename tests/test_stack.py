@@ -122,8 +122,8 @@ def test_build_state_keys_in_a_stack_file_are_refused(tmp_path, capsys, where, k
                                             r"remove it \(.+\)$") as ei:
         load_stack(p)
     assert ei.value.exit_code == 2
-    # validate reports it as the file's problem (1, as every schema error); the commands that use it stop (2)
-    for argv, rc in ((["stack", "validate", str(p)], 1), (["stack", "show", str(p)], 2),
+    # invalid input: the same status (2) from validate as from the commands that use the stack (issue 37)
+    for argv, rc in ((["stack", "validate", str(p)], 2), (["stack", "show", str(p)], 2),
                      (["image", "build", str(p), "--dry-run"], 2)):
         assert main(argv) == rc
         err = capsys.readouterr().err

@@ -73,6 +73,7 @@ def run(plan: BuildPlan, client: Client, report_path: Path, *, force: bool = Fal
     secrets = url_secrets(pip_index_url)
     if not force and client.image_exists(plan.tag):
         return _skip(plan, client, report_path, say)
+    before = client.image_info(plan.tag)  # --force: the image the tag names now, if any (see `replaced`)
     with stage(plan, pip_index_url=pip_index_url):
         say(f"building {plan.tag} for {plan.platform} on {plan.base.used} with {client.describe()}")
         result = run_build(client, plan.build_args(), plan.context,
@@ -88,9 +89,42 @@ def run(plan: BuildPlan, client: Client, report_path: Path, *, force: bool = Fal
     report.update(bake_cann_env(plan, client, say))
     report.update(add_sbom(plan, client, report_path, say))
     report.update(image_facts(client, plan.tag))
+    if before:
+        report.update(replaced(client, plan, before, report["image_id"], say))
     write_report(report, report_path, secrets)
     print(summary(report))
     return BuildOutcome(plan.tag, plan.tags, False, report, report_path, plan.argv())
+
+
+def replaced(client: Client, plan: BuildPlan, before: dict, new_id: str, say) -> dict:
+    """A forced rebuild moved the content-hash tag off the image it named (`before`): that image must neither stay
+    behind as a nameless 1 GB `<none>` nor vanish when a registry has it.
+
+    Pushed (it has a registry digest): kept, reachable by that digest here and in the registry, and named by its
+    registry tag REG/trainbox/STACK:HASH (given back if it lost it), so jobs rendered before (which name
+    REG/...@sha256:...) pull what they always did; the move is said, not silent. Not pushed and no other name: removed
+    (with the layers only it had); a container that still uses it keeps it, and that is said too."""
+    old_id = before.get("Id") or ""
+    now = client.image_info(old_id) if old_id and old_id != new_id else None
+    if now is None:
+        return {}
+    tags, digests = list(now.get("RepoTags") or []), list(now.get("RepoDigests") or [])
+    short, hash_tag = old_id.removeprefix("sha256:")[:12], plan.tag.split(":", 1)[1]
+    if digests:
+        for repo in sorted({d.split("@", 1)[0] for d in digests} - {t.rsplit(":", 1)[0] for t in tags}):
+            client.tag(old_id, f"{repo}:{hash_tag}")
+            tags.append(f"{repo}:{hash_tag}")
+        say(f"warning: {plan.tag} now names the rebuilt image {new_id.removeprefix('sha256:')[:12]}; the one it "
+            f"named ({short}) was pushed as {', '.join(digests)}: it stays, as {', '.join(tags)}, and jobs rendered "
+            f"before pull it by that digest. `trainbox image push {plan.stack.name}` pushes the rebuilt one")
+        return {"replaced": {"image_id": old_id, "pushed": digests, "kept_as": tags, "removed": False}}
+    if tags:  # a name of the user's own (a --tag of an earlier build, say) keeps it
+        return {"replaced": {"image_id": old_id, "pushed": [], "kept_as": tags, "removed": False}}
+    proc = client.run("image", "rm", old_id, check=False, timeout=300)
+    if proc.returncode != 0:
+        why = (proc.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
+        say(f"warning: the image {plan.tag} named before this rebuild ({short}) is left untagged: {why}")
+    return {"replaced": {"image_id": old_id, "pushed": [], "kept_as": [], "removed": proc.returncode == 0}}
 
 
 def bake_cann_env(plan: BuildPlan, client: Client, say) -> dict:

@@ -12,9 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .commands._args import EXIT_PROBLEMS
 from .rules import Finding, check
 from .runtime.errors import TrainboxError
 from .stack import Stack, load_stack, parent_path
+
+#: The exit status of a command whose stack has an error finding (with `stack validate --strict`: any warning),
+#: whichever command found it: validate, lock, render, patches verify, image build and its dry run. A finding is
+#: a check that found a problem (1), not a usage error (2): the same stack file gives the same status everywhere.
+EXIT_FINDINGS = EXIT_PROBLEMS
 
 #: Rules about the lock's state: what `stack lock` repairs, and what a build with --set resolves by itself.
 LOCK_RULES = frozenset({"pinned-sources", "lock-fresh"})
@@ -51,6 +57,8 @@ class Reported:
 
 class FindingsRefused(TrainboxError):
     """A command refused a stack for its error findings (each line names the file that holds the pin)."""
+
+    exit_code = EXIT_FINDINGS
 
     def __init__(self, what: str, reported: list[Reported]):
         self.reported = reported
@@ -119,6 +127,11 @@ def unique_lines(reported: list[Reported]) -> list[str]:
 
 def errors(reported: list[Reported]) -> list[Reported]:
     return [r for r in reported if r.level == "error"]
+
+
+def exit_status(refused: bool) -> int:
+    """What a command that found error findings (`refused`) exits with: the one mapping every command uses."""
+    return EXIT_FINDINGS if refused else 0
 
 
 def refuse_errors(what: str, reported: list[Reported]) -> None:

@@ -8,6 +8,7 @@ which `image ls` shows and from which the cluster targets name REG/trainbox/STAC
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import re
@@ -23,6 +24,17 @@ REGISTRY_RE = re.compile(r"^(localhost|[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+|\[[0-9a-f
 HASH_TAG_RE = re.compile(r"^trainbox/(?P<stack>[^:/]+):(?P<hash>[0-9a-f]{12})$")
 # the tag of the manifest list `image push --platform A,B` writes: multiarch-<hash of its images' tags>
 LIST_TAG_PREFIX = "multiarch-"
+# the longest repository name (registry and path included) a reference may have: distribution's reference grammar
+# (NameTotalLengthMax); the engine refuses a longer one with an HTTP 500 and a URL-sized message
+NAME_MAX = 255
+
+
+class PushFailed(TrainboxError):
+    """The registry (or the engine on its way there) refused or lost the push: a check that failed, exit 1, as
+    `image build` exits when the build fails. Bad input (a registry that is no registry name, no image built, no
+    engine) stays exit 2."""
+
+    exit_code = 1
 
 
 @dataclass
@@ -115,7 +127,7 @@ def _stream(lines, say: Callable[[str], None]) -> str:
     digest, seen = "", {}
     for msg in lines:
         if msg.get("error") or msg.get("errorDetail"):
-            raise TrainboxError(f"push failed: {msg.get('error') or msg['errorDetail'].get('message')}")
+            raise PushFailed(f"push failed: {msg.get('error') or (msg.get('errorDetail') or {}).get('message')}")
         aux = msg.get("aux") or {}
         if aux.get("Digest"):
             digest = aux["Digest"]
@@ -124,7 +136,7 @@ def _stream(lines, say: Callable[[str], None]) -> str:
             seen[layer] = status
             say(f"  {layer}: {status}")
     if not digest.startswith("sha256:"):
-        raise TrainboxError("push: the registry answered without a manifest digest")
+        raise PushFailed("push: the registry answered without a manifest digest")
     return digest
 
 
@@ -143,24 +155,67 @@ def record(pushed: Pushed, path: Path) -> None:
 def push(stack: str, registry: str, *, say: Callable[[str], None] = print, api=None,
          report: Path | None = None, platform: str | None = None) -> Pushed:
     import docker
+    import requests
 
     reg = check_registry(registry)
+    repo = f"{reg}/trainbox/{stack}"
+    if len(repo) > NAME_MAX:
+        raise TrainboxError(f"--registry {_short(registry)}: REG/trainbox/{stack} would be {len(repo)} characters "
+                            f"long; an image name takes at most {NAME_MAX} (registry, path and name together)")
     api = api or sdk()
     path = report or report_path(stack, platform)
     source = source_tag(stack, api, _read_report(path), platform)
     image = api.images.get(source)
     digest_tag = source.split(":", 1)[1]
-    repo = f"{reg}/trainbox/{stack}"
-    image.tag(repo, digest_tag)
-    say(f"pushing {repo}:{digest_tag} ({source}, {image.id[7:19]})")
-    try:
-        digest = _stream(api.api.push(repo, tag=digest_tag, stream=True, decode=True), say)
-    except docker.errors.APIError as exc:
-        raise TrainboxError(f"push {repo}:{digest_tag}: {exc.explanation or exc}") from None
+    with _tag_undone_on_failure(api, image, repo, digest_tag):
+        say(f"pushing {repo}:{digest_tag} ({source}, {image.id[7:19]})")
+        try:
+            digest = _stream(api.api.push(repo, tag=digest_tag, stream=True, decode=True), say)
+        except docker.errors.APIError as exc:
+            raise PushFailed(f"push {repo}:{digest_tag}: {_one_line(exc.explanation or exc)}") from None
+        except requests.exceptions.RequestException as exc:  # the engine's stream broke off or timed out
+            raise PushFailed(f"push {repo}:{digest_tag}: the engine's answer broke off: {_one_line(exc)}") from None
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     pushed = Pushed(stack, source, f"{repo}:{digest_tag}", digest, f"{repo}@{digest}", image.id, now)
     record(pushed, path)
     return pushed
+
+
+def _short(text: str, keep: int = 80) -> str:
+    return text if len(text) <= keep else f"{text[:keep]}... ({len(text)} characters)"
+
+
+def _one_line(exc) -> str:
+    return " ".join(str(exc).split())
+
+
+@contextlib.contextmanager
+def _tag_undone_on_failure(api, image, repo: str, tag: str):
+    """Tag `image` as repo:tag for the push; when the push fails (or is interrupted), the name is as it was: gone
+    if it was not there, back on the image it named if it named another one (a push that did not happen moves
+    no name)."""
+    import docker
+
+    ref = f"{repo}:{tag}"
+    try:
+        before = api.images.get(ref).id
+    except docker.errors.ImageNotFound:
+        before = None
+    try:
+        image.tag(repo, tag)
+    except docker.errors.APIError as exc:
+        raise PushFailed(f"push {_short(ref)}: the engine cannot tag {image.id[7:19]} with that name: "
+                         f"{_short(_one_line(exc.explanation or exc), 300)}") from None
+    try:
+        yield
+    except BaseException:
+        if before is None:
+            with contextlib.suppress(docker.errors.APIError):
+                api.images.remove(ref, noprune=True)
+        elif before != image.id:
+            with contextlib.suppress(docker.errors.APIError):
+                api.images.get(before).tag(repo, tag)
+        raise
 
 
 @dataclass
@@ -198,15 +253,19 @@ def push_platforms(stack: str, registry: str, platforms: list[str], *, say: Call
     def run(*args: str) -> str:
         proc = subprocess.run([docker_cli, "manifest", *args], capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
-            raise TrainboxError(f"docker manifest {args[0]} {tag}: {(proc.stderr or proc.stdout).strip()}")
+            raise PushFailed(f"docker manifest {args[0]} {tag}: {(proc.stderr or proc.stdout).strip()}")
         return proc.stdout
 
     say(f"pushing the manifest list {tag} ({', '.join(sorted(images))})")
-    run("create", "--amend", *insecure, tag, *(images[p].ref for p in platforms))
-    out = run("push", "--purge", *insecure, tag)
+    try:
+        run("create", "--amend", *insecure, tag, *(images[p].ref for p in platforms))
+        out = run("push", "--purge", *insecure, tag)
+    except BaseException:  # the list the client keeps locally until it is pushed goes too: no name left behind
+        subprocess.run([docker_cli, "manifest", "rm", tag], capture_output=True, timeout=60)
+        raise
     digest = next((w for w in out.split() if w.startswith("sha256:")), "")
     if not digest:
-        raise TrainboxError(f"docker manifest push {tag} answered without a digest: {out.strip()}")
+        raise PushFailed(f"docker manifest push {tag} answered without a digest: {out.strip()}")
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     listed = PushedList(stack, tag, digest, f"{reg}/trainbox/{stack}@{digest}",
                         {p: images[p].as_dict() for p in platforms}, now)

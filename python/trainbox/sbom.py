@@ -54,15 +54,33 @@ def require_library() -> None:
 
 # -- what the build allowed ------------------------------------------------------------------------------
 
-def requirement_hashes(texts: list[str]) -> dict[str, tuple[str, list[str]]]:
-    """`name==version --hash=sha256:X ...` lines (the build's requirement files) -> {canon name: (version, [X])}."""
+def requirement_hashes(texts: list[str], platform: str | None = None,
+                       python: str | None = None) -> dict[str, tuple[str, list[str]]]:
+    """`name==version [; marker] --hash=sha256:X ...` lines (the build's requirement files) -> {canon name: (version,
+    [X])}, for the image of `platform` (and `python`, "3.11"): a line whose marker does not hold there is not the
+    one pip installed (torch's aarch64 line is not the x86_64 one), as pip itself evaluates it in the build.
+    Without a platform the markers are evaluated for this host."""
+    from packaging.markers import InvalidMarker, Marker
+
+    from .platforms import PLATFORM_MACHINE
+
+    env = {"platform_machine": PLATFORM_MACHINE[platform]} if platform in PLATFORM_MACHINE else {}
+    if python:
+        env.update(python_version=python, python_full_version=f"{python}.0")
     out: dict[str, tuple[str, list[str]]] = {}
     for text in texts:
         for line in text.splitlines():
             line = line.split("#", 1)[0].strip()
-            m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^]]*\])?==(\S+)", line)
-            if m:
-                out[canon(m.group(1))] = (m.group(2), re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
+            m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^]]*\])?==([^\s;]+)\s*(?:;(.*?))?\s*(?:--hash|$)", line)
+            if not m:
+                continue
+            if m.group(3) and m.group(3).strip():
+                try:
+                    if not Marker(m.group(3).strip()).evaluate(env):
+                        continue
+                except InvalidMarker:
+                    pass  # a line pip would refuse: keep its hashes rather than guess
+            out[canon(m.group(1))] = (m.group(2), re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
     return out
 
 
@@ -220,7 +238,8 @@ def make_bom(*, manifest: dict, inventory: dict, base: dict, image: str, content
     from cyclonedx.model.component import Component, ComponentType
 
     files, pedigree = _patch_components(manifest)
-    components = [*_dist_components(inventory, manifest, requirement_hashes(requirements), wheels, pedigree),
+    pinned = requirement_hashes(requirements, platform, manifest.get("python"))
+    components = [*_dist_components(inventory, manifest, pinned, wheels, pedigree),
                   *_git_components(manifest, pedigree), *files, _base_component(base),
                   *_toolkit_components(inventory, manifest)]
     subject = Component(type=ComponentType.CONTAINER, name=image, version=content_hash, bom_ref="image",

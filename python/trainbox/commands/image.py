@@ -114,7 +114,7 @@ def _register_build(isub) -> None:
     b.add_argument("--dry-run", action="store_true",
                    help="print the plan (findings, base, inputs, content hash, tags, secrets, where every source comes "
                    "from) and a docker command that runs as printed; planned as the build plans (an error finding "
-                   "refuses both); builds nothing, needs no engine, asks an index only for pins --set moved")
+                   "refuses both, exit 1 as in `stack validate`); builds nothing, needs no engine, asks an index only for pins --set moved")
     add_output(b, "where to write the JSON build report (default: build/reports/<stack>.json)", old=("--report",),
                metavar="FILE")
     add_json(b, "the build report (with --dry-run: the plan, schema trainbox.build-plan/1)")
@@ -172,7 +172,7 @@ def _build(args: argparse.Namespace) -> int:
         # the refusal as the one JSON document, its findings as `stack validate --json` gives them
         emit_json({"ok": False, "dry_run": bool(args.dry_run), "refused": str(exc).splitlines()[0],
                    "findings": [r.as_dict() for r in exc.reported]})
-        return 2
+        return exc.exit_code  # as without --json, and as validate and lock exit on the same finding
     report = json.loads(json.dumps(outcome.report, default=str))
     emit_json({**report, "dry_run": bool(args.dry_run), "command": list(outcome.argv or []),
                "report_file": str(outcome.report_path) if outcome.report_path else None})

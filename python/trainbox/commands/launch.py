@@ -125,7 +125,8 @@ def _cluster_args(r) -> None:
     r.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="--OPTION=VALUE",
                    help="slurm targets: an extra #SBATCH line, e.g. --sbatch-arg=--partition=train (repeatable)")
     r.add_argument("--strict", action="store_true", help="fail (exit 2) where a warning would do: a cluster render "
-                   "whose image no node but this one can pull (a local tag without a registry), a RayJob whose NPU "
+                   "whose image no node but this one can pull (a local tag without a registry; a multi-node job's "
+                   "image in a registry on a loopback address, 127.0.0.1 or localhost), a RayJob whose NPU "
                    "image lacks the baked CANN environment (Ray pods do not run the entrypoint)")
 
 

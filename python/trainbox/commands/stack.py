@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ._args import EXIT_PROBLEMS, add_json, add_stack, add_stacks, exits, group_help
+from ._args import EXIT_PROBLEMS, EXIT_USAGE, add_json, add_stack, add_stacks, exits, group_help
 from ._output import emit_json, print_table
 
 
@@ -104,19 +104,21 @@ def cmd_list(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from ..findings import Review
+    from ..findings import Review, exit_status
     from ..runtime.errors import TrainboxError
     from ..stack import list_stacks, load_stack, stack_path
 
     names = args.stacks or list_stacks()
     for name in names:
         stack_path(name)  # a name that is no stack is a usage error (2), not a finding
-    loaded, report, failed = [], [], False
+    loaded, report, failed, invalid = [], [], False, False
     for name in names:
         try:
             loaded.append(load_stack(name))
         except TrainboxError as exc:
-            failed = True
+            # a stack file that does not load is invalid input (2), as for every other command; the rules' error
+            # findings below are problems a check found (1), as for every other command (findings.exit_status)
+            failed = invalid = True
             report.append({"stack": name, "ok": False, "findings": [{"rule": "schema", "level": "error",
                                                                       "message": str(exc)}]})
             if not args.json:
@@ -141,7 +143,7 @@ def cmd_validate(args) -> int:
         shown |= {r.where for r in found}
     if args.json:
         emit_json({"ok": not failed, "strict": args.strict, "stacks": report})
-    return EXIT_PROBLEMS if failed else 0
+    return EXIT_USAGE if invalid else exit_status(failed)
 
 
 _LEVELS = {"error": 0, "warning": 1, "info": 2}
@@ -243,7 +245,7 @@ def cmd_diff(args) -> int:
 def cmd_lock(args) -> int:
     from pathlib import Path
 
-    from ..findings import LOCK_RULES, Review
+    from ..findings import LOCK_RULES, Review, exit_status
     from .. import lock as lockmod
     from ..lock import lock_plan, lock_stack, write_lock
     from ..stack import list_stacks
@@ -254,7 +256,7 @@ def cmd_lock(args) -> int:
         args._cmd_parser.error("the following arguments are required: STACK (or --all)")
     plan, named = lock_plan(list_stacks() if args.all else args.stacks, dependants=not args.no_dependants)
     out = sys.stderr if args.json else sys.stdout
-    results, failed = [], False
+    results, failed, refused = [], False, False
     review, shown = Review(skip=LOCK_RULES), set()  # the lock's own state is what locking repairs
     for stack, why in plan:
         bad = [r for r in review.stack(stack) if r.level == "error"]
@@ -266,7 +268,7 @@ def cmd_lock(args) -> int:
             where = sorted({r.inherited_from for r in bad if r.inherited_from})
             print(f"{stack.name}: not locked: {len(bad)} error finding{'s' if len(bad) != 1 else ''}"
                   + (f" (inherited from {', '.join(where)})" if where else ""), file=sys.stderr)
-            failed = True
+            refused = True
             results.append({"stack": stack.name, "changes": [], "problems": [r.line() for r in bad],
                             "unreachable": [], "incomplete": [], "written": None,
                             "findings": [r.as_dict() for r in bad]})
@@ -298,9 +300,10 @@ def cmd_lock(args) -> int:
         print(f"{name} extends {parent}: its lock may now be stale; run `trainbox stack lock {name}` "
               "(or lock without --no-dependants)", file=sys.stderr)
     if args.json:
-        emit_json({"ok": not failed, "check": args.check, "stacks": results,
+        emit_json({"ok": not (failed or refused), "check": args.check, "stacks": results,
                    "not_locked_dependants": [{"stack": n, "extends": p} for n, p in named]})
-    return EXIT_PROBLEMS if failed else 0
+    # a refused stack exits as validate and build exit on the same finding; a pin that cannot be locked is 1 too
+    return exit_status(refused) or (EXIT_PROBLEMS if failed else 0)
 
 
 def cmd_rules(args) -> int:

@@ -128,6 +128,27 @@ def _last_pushed(refs: list[str]) -> list[str]:
     return [r for r in order if r in refs]
 
 
+def loopback_problem(image: str) -> str | None:
+    """Why the other nodes of a job cannot pull `image` from where it names, or None: a registry on a loopback
+    address (127.0.0.1, localhost, ::1) is, on every other node, that node's own (where the image is not)."""
+    import ipaddress
+
+    from ..engine import registry_of
+
+    host = image.split("#", 1)[0] if "#" in image else registry_of(image)  # enroot's REG#IMAGE, or docker's
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") else host
+    name = name.strip("[]").lower()
+    try:
+        loopback = ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        loopback = name == "localhost" or name.endswith(".localhost")
+    if not loopback:
+        return None
+    return (f"image {image} names the registry {host}, a loopback address: on every other node that is the node "
+            "itself, where the image is not. Push it to a registry the nodes reach (trainbox image push STACK "
+            "--registry REG) and render again")
+
+
 def pull_problem(image: str) -> str | None:
     """Why other machines cannot pull `image`, or None. A reference without a registry host (trainbox/cpu:latest)
     resolves to Docker Hub on every other node, where trainbox's images are not; enroot's REG#IMAGE names one."""

@@ -12,6 +12,14 @@ from .job import Job
 IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+#-]*\Z")  # "#": enroot's REGISTRY#IMAGE form
 
 
+# what may follow '@' in a reference: a digest as the OCI image spec writes it (anything else no node can pull)
+DIGEST_RE = re.compile(r"^(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$")
+
+
+def _digest_ok(image: str) -> bool:
+    return "@" not in image or (image.count("@") == 1 and bool(DIGEST_RE.match(image.split("@", 1)[1])))
+
+
 @dataclass(frozen=True)
 class RenderOptions:
     """What a cluster render takes beyond the job: for Kubernetes the NPU node type, the objects' name (default:
@@ -71,12 +79,13 @@ K8S_TARGETS = ("ascendjob", "volcano", "pytorchjob", "rayjob")
 
 def unpullable(job: Job, target: str) -> str | None:
     """Why the nodes of this render cannot pull its image, or None: a Kubernetes pod, or a node of a multi-node
-    Slurm job, is another machine than the one that built the image."""
-    from .images import pull_problem
+    job, is another machine than the one that built the image: neither a local tag nor a registry on a loopback
+    address reaches it. (The docker target's script names no image: `trainbox run` chooses it where it runs.)"""
+    from .images import loopback_problem, pull_problem
 
     if target == "docker" or (target not in K8S_TARGETS and job.nodes < 2):
         return None
-    return pull_problem(job.image)
+    return loopback_problem(job.image) or pull_problem(job.image)
 
 
 def render_target(job: Job, target: str, options: RenderOptions | None = None) -> str:
@@ -112,8 +121,9 @@ def resolve_for(target: str, recipe_name: str, *, sets: dict[str, str] | None = 
     job = resolve(recipe_name, sets=sets, stack_name=stack_name, nodes=nodes, nproc_per_node=nproc_per_node,
                   devices=devices, check_paths=False, require_inputs=cluster and not lint, host_paths=cluster,
                   provided=SCHEDULER_PROVIDES if cluster else ())
-    if image is not None and not IMAGE_RE.match(image):
-        raise TrainboxError(f"--image {image!r}: expected an image reference like registry/name:tag or name@sha256:...")
+    if image is not None and not (IMAGE_RE.match(image) and _digest_ok(image)):
+        raise TrainboxError(f"--image {image!r}: expected an image reference like registry/name:tag or "
+                            "name@sha256:<64 hex digits>")
     if cluster:
         job.image, job.image_note = choose_image(job, image, dry_run=True)
         ref, image_id = pinned(job.image)

@@ -16,9 +16,10 @@ a step whose command is missing or broken fails instead of passing. Steps, in or
   recipes   every recipe on the stack: `trainbox launch render`, shellcheck, `trainbox run --dry-run`
   args      every recipe on the stack, in the built image: `trainbox launch check RECIPE --args` (the entry's
             import closure resolves, device-only modules aside; its command parses with the framework's own
-            parser, device-only stand-ins named). Judged against the profile: expect_fail (recipe -> why) makes a
-            failure an XFAIL and a pass an XPASS (a failure); `not checked` fails unless accept_not_checked names
-            the recipe
+            parser, device-only stand-ins named). Judged against the profile: expect_fail (recipe -> the failure
+            it expects: a missing module or a pattern of the summary, and why) makes that failure an XFAIL, any
+            other failure a FAIL and a pass an XPASS (a failure); `not checked` fails unless accept_not_checked
+            names the recipe
 
 Step status: "pass", "fail", or "skipped" with the reason (a skipped step never counts as a pass: a stack is
 ok only when no step failed, and steps that depend on a failed one are skipped, naming it).
@@ -36,7 +37,9 @@ a schema number::
       "steps": ["validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes", "args"],
       "options": {"stacks": [...], "keep_going": bool, "jobs": int, "substitute_base": "auto" | "never" | IMAGE,
                   "wheelhouse": str | null, "profile": str | null, "skip": [...], "workdir": str,
-                  "build_cache": str | null, "expect_fail": {RECIPE: why}, "accept_not_checked": [RECIPE]},
+                  "build_cache": str | null, "expect_fail": {RECIPE: why},
+                  "expect_fail_as": {RECIPE: {"missing": MODULE | null, "match": PATTERN | null}},
+                  "accept_not_checked": [RECIPE]},
       "summary": {"pass": 10, "fail": 1, "skipped": 5,
                   "failed": ["npu-910b/patches"],            # STACK/STEP of every failed step
                   "xfail": [RECIPE], "xpass": [RECIPE],      # args step: failures the profile expects / that passed
@@ -71,7 +74,7 @@ Step details: any step may carry "note", a caveat of a pass (e.g. an index that 
 the reason it is expected); recipes {"recipes": [{"name", "render", "shellcheck", "dry_run", "message"}]}; args {"recipes": [{"name", "result" ("pass" | "fail" | "xfail" | "xpass" |
 "not checked"), "ok", "status" (launch check's: "ok" | "fail" | "not checked"), "summary", "why", "stubs",
 "missing"}]}. A recipe's `not checked` fails the step unless the profile's accept_not_checked names it; a recipe in
-the profile's expect_fail that passes (XPASS) fails it too.
+the profile's expect_fail that passes (XPASS), or fails otherwise than the failure it names, fails it too.
 """
 
 from __future__ import annotations

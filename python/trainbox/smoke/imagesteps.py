@@ -10,7 +10,8 @@ from pathlib import Path
 
 from .. import base
 from .findings import classify_doctor
-from .model import _PLACEHOLDER, FAIL, NOT_CHECKED, PASS, SKIPPED, XFAIL, XPASS, StackResult, StepResult
+from .model import (_PLACEHOLDER, FAIL, NOT_CHECKED, PASS, SKIPPED, XFAIL, XPASS, StackResult, StepResult,
+                    describe_expected, expected_failure)
 from .proc import _json, cli_argv, failure_message
 
 
@@ -223,17 +224,24 @@ class ImageSteps:
             res.reason = f"{len(rows)} recipe(s) rendered, shellchecked and dry-run: " + ", ".join(mine)
         return res
 
-    def _judge(self, name: str, status: str | None, summary: str) -> tuple[str, str | None]:
+    def _judge(self, name: str, status: str | None, summary: str,
+               missing: list[str] | None = None) -> tuple[str, str | None]:
         """A recipe's args result against the profile: (PASS | FAIL | XFAIL | XPASS | NOT_CHECKED, why it is not
-        a plain pass). `not checked` fails unless the recipe declared why and the profile accepts it by name."""
+        a plain pass). `not checked` fails unless the recipe declared why and the profile accepts it by name. An
+        expected failure is XFAIL only when it is the failure the profile names (a missing module or a pattern):
+        any other failure, a killed or timed-out check included, is a FAIL."""
         expected = self.opts.expect_fail.get(name)
         if expected is not None:
+            why = expected["why"]
+            if status == "fail" and expected_failure(expected, summary, missing or []):
+                return XFAIL, why
             if status == "fail":
-                return XFAIL, expected
+                return FAIL, (f"the profile expects it to fail with {describe_expected(expected)} ({why}), but "
+                              "it failed otherwise")
             if status == "ok":
-                return XPASS, (f"passes, but the profile expects it to fail ({expected}): remove it from "
+                return XPASS, (f"passes, but the profile expects it to fail ({why}): remove it from "
                                "expect_fail")
-            return FAIL, f"the profile expects it to fail ({expected}), but it was not checked: {summary}"
+            return FAIL, f"the profile expects it to fail ({why}), but it was not checked: {summary}"
         if status == "ok":
             return PASS, None
         if status == "not checked":
@@ -265,10 +273,12 @@ class ImageSteps:
             line = check.get("summary") or "; ".join(row.get("problems") or []) or \
                 failure_message(p, "trainbox launch check --args")
             status = row.get("status") if p.ok or row.get("status") == "fail" else "fail"
-            result, why = self._judge(name, status, line)
+            missing = (check.get("imports") or {}).get("missing", [])
+            result, why = self._judge(name, status, line, [str((m or {}).get("module")) for m in missing
+                                                           if isinstance(m, dict)])
             rows.append({"name": name, "result": result, "ok": result in (PASS, XFAIL, NOT_CHECKED),
                          "status": status, "summary": line, "why": why, "stubs": check.get("stubs", []),
-                         "missing": (check.get("imports") or {}).get("missing", [])})
+                         "missing": missing})
         res.duration_s = time.monotonic() - t0
         res.details = {"recipes": rows}
         bad = [r for r in rows if not r["ok"]]

@@ -110,7 +110,9 @@ class Options:
     build_cache: Path | None = None  # BuildKit cache directory kept between CI runs
     verbose: bool = False
     timeouts: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TIMEOUTS))
-    expect_fail: dict[str, str] = field(default_factory=dict)  # recipe -> why its args step fails (profile)
+    # recipe -> the failure its args step is known to end in (profile): {"why", and "missing" (a module) or "match"
+    # (a pattern of the step's summary line)}; a failure that is not that one stays a failure (expected_failure)
+    expect_fail: dict[str, dict] = field(default_factory=dict)
     accept_not_checked: list[str] = field(default_factory=list)  # recipes whose `not checked` is accepted
 
     def sets_for(self, stack: str) -> dict[str, str]:
@@ -120,3 +122,22 @@ class Options:
 # ------------------------------------------------------------------------------------- child processes
 
 
+
+
+def expected_failure(expected: dict, summary: str, missing: list[str]) -> bool:
+    """Whether an args step's failure is the one the profile expects: the module it names is missing (among the
+    import closure's missing modules, or a ModuleNotFoundError of the program itself), or the summary line matches
+    the pattern. Anything else (another module, a timeout, a SIGKILL) is not the expected failure."""
+    import re
+
+    module = expected.get("missing")
+    if module:
+        if any(m == module or m.startswith(module + ".") for m in missing):
+            return True
+        return re.search(rf"No module named '{re.escape(module)}(\.[\w.]+)?'", summary) is not None
+    return bool(expected.get("match")) and re.search(expected["match"], summary) is not None
+
+
+def describe_expected(expected: dict) -> str:
+    return (f"the missing module {expected['missing']}" if expected.get("missing")
+            else f"a summary matching {expected.get('match')!r}")

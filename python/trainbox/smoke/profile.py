@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ..paths import REPO_ROOT
@@ -29,6 +30,14 @@ def load_profile(path: str | Path) -> dict:
     """A smoke profile: defaults for one kind of runner (which stacks, pins it must move, a wheelhouse)."""
     from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+    class ExpectedFailure(BaseModel):
+        """The failure a recipe's args step is known to end in: a module it misses, or a pattern its summary
+        line matches (one of them), and why, with where the fix is tracked."""
+        model_config = ConfigDict(extra="forbid")
+        why: str
+        missing: str | None = None
+        match: str | None = None
+
     class Profile(BaseModel):
         model_config = ConfigDict(extra="forbid")
         description: str | None = None
@@ -39,8 +48,9 @@ def load_profile(path: str | Path) -> dict:
         wheelhouse: str | None = None
         skip: list[str] = Field(default_factory=list)
         set: dict[str, dict[str, str]] = Field(default_factory=dict)
-        # recipe -> why its args step is known to fail (XFAIL; one that passes is an XPASS and fails the smoke)
-        expect_fail: dict[str, str] = Field(default_factory=dict)
+        # recipe -> the failure its args step is known to end in (XFAIL; another failure is a FAIL, and one that
+        # passes is an XPASS, which fails the smoke)
+        expect_fail: dict[str, ExpectedFailure] = Field(default_factory=dict)
         # recipes whose `not checked` (declared in the recipe's check.why) this runner accepts
         accept_not_checked: list[str] = Field(default_factory=list)
 
@@ -58,6 +68,11 @@ def load_profile(path: str | Path) -> dict:
                 # YAML reads 2.10 as the number 2.1: a pin must be written as a string
                 raise TrainboxError(f"--profile {p}: set.{stack}.{k}: {v!r} is a number to YAML; quote the "
                                     f"version, e.g. {k}: \"{v}\"")
+    for name, v in (data.get("expect_fail") or {}).items() if isinstance(data.get("expect_fail"), dict) else ():
+        if not isinstance(v, dict):
+            raise TrainboxError(f"--profile {p}: expect_fail.{name}: state the failure it expects, as "
+                                "{missing: MODULE, why: ...} or {match: PATTERN, why: ...} (a bare reason let any "
+                                "failure, a killed check included, count as the expected one)")
     try:
         prof = Profile.model_validate(data)
     except ValidationError as exc:
@@ -75,8 +90,9 @@ def load_profile(path: str | Path) -> dict:
     return out
 
 
-def _check_recipe_names(p: Path, expect_fail: dict[str, str], accept: list[str]) -> None:
-    """expect_fail and accept_not_checked name real recipes, each with a reason, and not both at once."""
+def _check_recipe_names(p: Path, expect_fail: dict, accept: list[str]) -> None:
+    """expect_fail and accept_not_checked name real recipes, each expected failure with the failure it expects
+    and a reason, and no recipe in both."""
     from ..recipe import list_recipes
 
     known = set(list_recipes())
@@ -85,10 +101,23 @@ def _check_recipe_names(p: Path, expect_fail: dict[str, str], accept: list[str])
             if name not in known:
                 raise TrainboxError(f"--profile {p}: {key}: {name}: no such recipe (launchers/recipes/*.yaml; "
                                     "`trainbox launch list`)")
-    for name, why in expect_fail.items():
-        if not str(why).strip():
-            raise TrainboxError(f"--profile {p}: expect_fail.{name}: say in one line why it fails (and where "
+    for name, exp in expect_fail.items():
+        if not exp.why.strip():
+            raise TrainboxError(f"--profile {p}: expect_fail.{name}.why: say in one line why it fails (and where "
                                 "the fix is tracked)")
+        if (exp.missing is None) == (exp.match is None):
+            raise TrainboxError(f"--profile {p}: expect_fail.{name}: name the failure it expects, either missing "
+                                "(the module, e.g. torchvision) or match (a pattern of the args step's summary), "
+                                "one of them")
+        if exp.missing is not None and not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", exp.missing):
+            raise TrainboxError(f"--profile {p}: expect_fail.{name}.missing: {exp.missing!r} is not a module name "
+                                "(e.g. torchvision or transformer_engine.pytorch)")
+        if exp.match is not None:
+            try:
+                re.compile(exp.match)
+            except re.error as exc:
+                raise TrainboxError(f"--profile {p}: expect_fail.{name}.match: not a regular expression "
+                                    f"({exc})") from None
         if name in accept:
             raise TrainboxError(f"--profile {p}: {name} is in both expect_fail and accept_not_checked: choose one")
 

@@ -148,7 +148,10 @@ class Smoke(CheckSteps, ImageSteps):
                         "substitute_base": self.opts.substitute_base, "wheelhouse": self.opts.wheelhouse,
                         "profile": self.opts.profile, "skip": self.opts.skip, "workdir": str(self.opts.workdir),
                         "build_cache": str(self.opts.build_cache) if self.opts.build_cache else None,
-                        "expect_fail": self.opts.expect_fail, "accept_not_checked": self.opts.accept_not_checked},
+                        "expect_fail": {k: v["why"] for k, v in self.opts.expect_fail.items()},
+                        "expect_fail_as": {k: {"missing": v.get("missing"), "match": v.get("match")}
+                                           for k, v in self.opts.expect_fail.items()},
+                        "accept_not_checked": self.opts.accept_not_checked},
             "summary": {"pass": sum(s.status == PASS for s in all_steps),
                         "fail": sum(s.status == FAIL for s in all_steps),
                         "skipped": sum(s.status == SKIPPED for s in all_steps),
