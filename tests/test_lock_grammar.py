@@ -2,8 +2,8 @@
 sealed it is stale and unused (issue 37, the HIGH escape: a newline in a lock's sha256 put an
 `evilpkg @ http://...` line into build/generated/<stack>/requirements.txt, which pip installs as root).
 
-Each hostile lock is refused by `stack validate` (exit 1, the lock file and key path named, the fix said) and
-by `render` (exit 2, nothing written), and nothing of it reaches a generated file."""
+Each hostile lock is refused by `stack validate` and by `render` (exit 2, as for any stack that does not load: the
+lock file and key path named, the fix said; render writes nothing), and nothing of it reaches a generated file."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ HOSTILE = [
 def test_hostile_lock_value_is_refused_in_one_line(stacks, tmp_path, capsys, name, stack, change, where):
     lock = stacks / f"{stack}.lock"
     _edit(lock, change)
-    assert main(["stack", "validate", str(stacks / f"{stack}.yaml")]) == 1
+    assert main(["stack", "validate", str(stacks / f"{stack}.yaml")]) == 2
     err = capsys.readouterr().err
     line = next(ln for ln in err.splitlines() if str(lock) in ln)
     assert where in line, line
