@@ -312,10 +312,16 @@ def _extract_checked(tar: tarfile.TarFile, files: dict, sums: dict[str, str], de
 
 
 def _read_meta(path: Path, file: Path) -> dict:
+    from .jsonfile import loads
+
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"--bundle {file}: bundle.json cannot be read ({exc}); the bundle is damaged") from None
+        meta = loads(path.read_bytes())
+    except OSError as exc:
+        raise BundleError(f"--bundle {file}: bundle.json cannot be read ({exc.strerror or exc}); the bundle is "
+                          "damaged") from None
+    except ValueError as exc:  # jsonfile.JsonError: malformed, not UTF-8, or 100,000 brackets deep
+        raise BundleError(f"--bundle {file}: bundle.json cannot be read ({exc}); the bundle is damaged or "
+                          "tampered with") from None
     if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
         raise BundleError(f"--bundle {file}: bundle.json is not a {SCHEMA} object; write the bundle again")
     return meta

@@ -16,7 +16,7 @@ import sys
 
 from . import __version__
 from .commands._args import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, Parser, finish
-from .runtime.errors import TrainboxError
+from .runtime.errors import TrainboxError, describe_os_error
 
 # Order here is the order of `trainbox --help`.
 COMMAND_MODULES = [
@@ -55,6 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Whatever it raises ends here as one line on stderr and the documented exit status:
+    130 for Ctrl-C (also during argument parsing or imports), 141 when the reader of stdout went away, 2 for
+    invalid input, a file system that refuses a write (full, read-only) or input nested too deep."""
+    try:
+        return _dispatch(argv)
+    except KeyboardInterrupt:
+        return _interrupted()
+    except BrokenPipeError:
+        return _pipe_closed()
+
+
+def _dispatch(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     finish(args)
@@ -65,25 +77,43 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.func(args)
         sys.stdout.flush()
     except TrainboxError as exc:
-        print(f"trainbox: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _error(str(exc), exc.exit_code)
     except ModuleNotFoundError as exc:
         # Host-only commands inside the image, or a host without the [build] extra.
-        print(
-            f"trainbox: error: `trainbox {args.command}` needs the Python module {exc.name!r}, which is not "
-            "installed here; install the host tools with `pip install 'trainbox[build]'`",
-            file=sys.stderr,
-        )
-        return 2
+        return _error(f"`trainbox {args.command}` needs the Python module {exc.name!r}, which is not installed "
+                      "here; install the host tools with `pip install 'trainbox[build]'`", EXIT_USAGE)
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return _interrupted()
     except BrokenPipeError:
-        # `trainbox ... | head`: the reader left. No traceback; and stdout goes to /dev/null so that the
-        # interpreter's own flush at exit does not raise again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_PIPE
+        return _pipe_closed()
+    except OSError as exc:  # a full disk, a read-only cache, TRAINBOX_CACHE naming a file: the path and the fix
+        return _error(describe_os_error(exc), EXIT_USAGE)
+    except RecursionError:  # a document nested past what any reader bounds: never a 1000-frame traceback
+        return _error(f"`trainbox {args.command}`: an input is nested too deeply to read; check the files it "
+                      "reads (stack, lock, recipe, bundle, SBOM)", EXIT_USAGE)
     return int(rc or 0)
+
+
+def _error(message: str, code: int) -> int:
+    print(f"trainbox: error: {message}", file=sys.stderr)
+    return code
+
+
+def _interrupted() -> int:
+    # Ctrl-C: one line, 130; whatever was half-done has been undone by the `finally` blocks on the way here
+    try:
+        print("trainbox: interrupted", file=sys.stderr)
+    except (OSError, ValueError):
+        pass
+    return EXIT_INTERRUPTED
+
+
+def _pipe_closed() -> int:
+    # `trainbox ... | head`: the reader left. No traceback; and stdout goes to /dev/null so that the
+    # interpreter's own flush at exit does not raise again.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_PIPE
 
 
 if __name__ == "__main__":

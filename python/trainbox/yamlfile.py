@@ -22,11 +22,65 @@ MAX_YAML_BYTES = 1 << 20
 # A stack or recipe nests a few levels; deeper is a hostile or broken file (libyaml parses 20,000 levels happily,
 # and the schema would then print one error per level).
 MAX_YAML_DEPTH = 64
+# Nodes after aliases are expanded: the largest lock is ~1,600. Aliases make a billion-laughs file of under 1 KiB
+# (9 aliases of 9 aliases ... 8 levels: 43 million nodes) that loads in no time as shared objects and then hangs
+# whatever walks it (the depth check, pydantic, deepcopy); counted on the parsed nodes, before anything is built.
+MAX_YAML_NODES = 100_000
+
+
+class YamlTooBig(yaml.YAMLError):
+    """A document past MAX_YAML_DEPTH or MAX_YAML_NODES (its message is the one-line reason)."""
 
 
 class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """SafeLoader that refuses a mapping key given twice. libyaml's parser where PyYAML has it: the pure-Python
-    one takes ~10x as long, and a lock file is tens of KiB read on every stack load."""
+    """SafeLoader that refuses a mapping key given twice, and a document too deep or too big once its aliases are
+    expanded. libyaml's parser where PyYAML has it: the pure-Python one takes ~10x as long, and a lock file is
+    tens of KiB read on every stack load."""
+
+    def get_single_data(self):
+        node = self.get_single_node()
+        if node is None:
+            return None
+        _check_expanded(node)
+        return self.construct_document(node)
+
+
+def _children(node: yaml.Node) -> list:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _check_expanded(root: yaml.Node) -> None:
+    """Depth and node count of the document as its aliases expand it, each distinct node visited once (an alias
+    is the very node object it names): linear in the file, however large the expansion."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    todo: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_: set[int] = set()
+    while todo:
+        node, done = todo.pop()
+        key = id(node)
+        if done:
+            kids = _children(node)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
+            open_.discard(key)
+            if depth[key] > MAX_YAML_DEPTH:
+                raise YamlTooBig(f"nested more than {MAX_YAML_DEPTH} levels deep; a stack or recipe needs a few "
+                                 "levels")
+            if size[key] > MAX_YAML_NODES:
+                raise YamlTooBig(f"more than {MAX_YAML_NODES} values once its aliases (*name) are expanded; a "
+                                 "stack, lock or recipe holds a few thousand (an alias bomb?)")
+            continue
+        if key in size:
+            continue
+        if key in open_:  # `&a [*a]`: an alias inside the node it names never ends
+            raise YamlTooBig(f"an alias refers to a node that contains it (line {node.start_mark.line + 1}); "
+                             "it would nest without end")
+        open_.add(key)
+        todo.append((node, True))
+        todo.extend((k, False) for k in _children(node) if id(k) not in size)
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
@@ -76,29 +130,45 @@ def _cut_values(text: str, where: str, error: type[TrainboxError]) -> None:
                         "as '# text'")
 
 
-def _too_deep(data) -> bool:
-    """Nesting past MAX_YAML_DEPTH, measured without recursion (the data may be 20,000 levels deep)."""
-    todo = [(data, 1)]
-    while todo:
-        value, depth = todo.pop()
-        if depth > MAX_YAML_DEPTH:
-            return True
-        if isinstance(value, dict):
-            todo.extend((v, depth + 1) for v in value.values())
-        elif isinstance(value, list):
-            todo.extend((v, depth + 1) for v in value)
+_FLOW = re.compile(r"[\[\]{}]")
+
+
+def _flow_too_deep(text: str) -> bool:
+    """Flow collections (`[[[[...`) nested past MAX_YAML_DEPTH, found before parsing: libyaml's time grows with
+    the square of the flow depth (20,000 levels 1.7 s, a 1 MiB file of `[` hours). Counting brackets is quick and
+    over-counts at worst (a `[` inside a quoted string); only then are the tokens counted, up to the bound."""
+    depth = 0
+    for m in _FLOW.finditer(text):
+        if m.group() in "[{":
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                break
+        elif depth:
+            depth -= 1
+    else:
+        return False
+    level = 0
+    for tok in yaml.scan(text, Loader=_UniqueKeyLoader):
+        if isinstance(tok, (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken)):
+            level += 1
+            if level > MAX_YAML_DEPTH:
+                return True
+        elif isinstance(tok, (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken)):
+            level -= 1
     return False
 
 
 def parse_yaml(text: str, where: str, error: type[TrainboxError] = TrainboxError):
     """Parse YAML text (duplicate keys and cut-short values refused); errors name `where` (a path) and the line."""
     try:
+        if _flow_too_deep(text):
+            raise RecursionError
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
         if _SUSPECT.search(text):
             _cut_values(text, where, error)
-        if _too_deep(data):
-            raise RecursionError
         return data
+    except YamlTooBig as exc:
+        raise error(f"{where}: malformed YAML: {exc}") from None
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc)
         raise error(f"{where}{_location(exc)}: malformed YAML: {problem}") from None
