@@ -219,3 +219,142 @@ def test_a_hostile_bundle_json_is_refused_in_one_line(tmp_path, name):
                             env={"TRAINBOX_CACHE": str(tmp_path / "cache")}))
     assert f"--bundle {bad}: bundle.json" in err and words in err, err
     assert not (tmp_path / "cache" / "build").exists()
+
+
+# ----------------------------------------------------------------------------- image sbom: untrusted documents
+
+SBOM_AT = "/etc/trainbox/sbom.cdx.json"
+
+
+def _good_sbom(**component) -> dict:
+    comp = {"type": "library", "name": "numpy", "version": "2.3.5",
+            "hashes": [{"alg": "SHA-256", "content": "ab" * 32}],
+            "properties": [{"name": "trainbox:hash-source", "value": "lock"}], **component}
+    return {"bomFormat": "CycloneDX", "specVersion": "1.6",
+            "metadata": {"component": {"name": "trainbox/cpu", "version": "abc"}}, "components": [comp]}
+
+
+# (file content, what the one line says): each of the issue's malformed documents, and more of the same kinds
+BAD_SBOMS = {
+    "bad JSON": (b'{"bomFormat": "CycloneDX", ', "not valid JSON"),
+    "empty": (b"", "not valid JSON"),
+    "deep nesting": (b"[" * 100_000 + b"]" * 100_000, "nested more than 64 levels"),
+    "deep under components": (json.dumps({"components": [{"name": "x", "properties": [
+        {"name": "a", "value": "b", "x": json.loads("[" * 200 + "]" * 200)}]}]}).encode(), "nested more than 64"),
+    "missing name": (json.dumps({**_good_sbom(), "components": [{"type": "library", "version": "1"}]}).encode(),
+                     "components[0].name: expected a string, got nothing"),
+    "name of the wrong type": (json.dumps(_good_sbom(name=["numpy"])).encode(),
+                               "components[0].name: expected a string, got array"),
+    "components an object": (json.dumps({**_good_sbom(), "components": {"numpy": 1}}).encode(),
+                             "components: expected an array, got object"),
+    "component a string": (json.dumps({**_good_sbom(), "components": ["numpy"]}).encode(),
+                           "components[0]: expected an object, got str"),
+    "property without a name": (json.dumps(_good_sbom(properties=[{"value": "x"}])).encode(),
+                                "components[0].properties[0].name: expected a string"),
+    "property value a number": (json.dumps(_good_sbom(properties=[{"name": "trainbox:git-url", "value": 5}])).encode(),
+                                "properties[0].value: expected a string, got int"),
+    "hashes a string": (json.dumps(_good_sbom(hashes="abc")).encode(), "components[0].hashes: expected an array"),
+    "hash content a number": (json.dumps(_good_sbom(hashes=[{"alg": "SHA-256", "content": 1}])).encode(),
+                              "hashes[0].content: expected a string"),
+    "metadata a list": (json.dumps({**_good_sbom(), "metadata": []}).encode(), "metadata: expected an object"),
+    "subject name a number": (json.dumps({**_good_sbom(), "metadata": {"component": {"name": 3}}}).encode(),
+                              "metadata.component.name: expected a string"),
+    "top-level array": (b"[1, 2, 3]", "(top level): expected an object, got array"),
+    "top-level string": (b'"CycloneDX"', "(top level): expected an object, got str"),
+    "non-UTF-8": (b'{"bomFormat": "Cyclone\xff\xfeDX"}', "not UTF-8"),
+    "huge integer": (b'{"specVersion": ' + b"1" * 5000 + b"}", "not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(set(BAD_SBOMS) - {"non-UTF-8"}))  # that one: read_from_image, below
+def test_a_malformed_sbom_document_is_one_line(name):
+    from trainbox import sbom
+
+    raw, words = BAD_SBOMS[name]
+    with pytest.raises(TrainboxError) as exc:
+        sbom.parse_document(raw.decode("utf-8"), f"img: {SBOM_AT}")
+    msg = str(exc.value)
+    assert msg.startswith(f"img: {SBOM_AT}: ") and words in msg and "\n" not in msg, msg
+
+
+def test_sbom_values_are_printed_without_their_control_characters():
+    """ESC and OSC sequences, newlines, C1 controls and bidi overrides in a document's strings: escaped in the
+    table and the heading; the --json text escapes what JSON lets through raw (C1, bidi, DEL)."""
+    from trainbox import sbom
+
+    evil = "numpy\x1b]0;owned\x07\x1b[2J\nok  fake-line\u202e\x9b31m\x7f"
+    doc = _good_sbom(name=evil, version="1\r2", properties=[{"name": "trainbox:git-url", "value": "u\x1b[1m"}])
+    doc["metadata"]["component"]["name"] = "img\x1b[H"
+    text = json.dumps(doc, ensure_ascii=False)
+    parsed = sbom.parse_document(text, "img")
+    head, rows = sbom.summary(parsed, "img\x1b")
+    for cell in [head, *rows[0]]:
+        assert cell.isprintable(), repr(cell)
+    assert rows[0][1] == "numpy\\x1b]0;owned\\x07\\x1b[2J\\nok  fake-line\\u202e\\u009b31m\\x7f"
+    assert rows[0][4] == "u\\x1b[1m" and "img\\x1b[H" in head
+    out = sbom.json_text(text, parsed)
+    assert all(c.isprintable() or c in "\n " for c in out) and json.loads(out) == doc
+    clean = json.dumps(_good_sbom(), indent=2)
+    assert sbom.json_text(clean, json.loads(clean)) == clean  # an honest document keeps its own bytes
+
+
+@pytest.fixture(scope="module")
+def sbom_images():
+    """Tiny images (`docker import` of one file: no base, no build) that carry each bad SBOM, or a link."""
+    import docker_helpers as dh
+
+    client = dh.docker_client()
+    made: dict[str, str] = {}
+
+    def image(name: str, raw: bytes | None, link: str | None = None) -> str:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for d in ("etc", "etc/trainbox"):
+                info = tarfile.TarInfo(d)
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            info = tarfile.TarInfo(SBOM_AT.lstrip("/"))
+            if link:
+                info.type, info.linkname = tarfile.SYMTYPE, link
+                tar.addfile(info)
+            else:
+                info.size = len(raw)
+                tar.addfile(info, io.BytesIO(raw))
+        tag = dh.temporary_tag("trainbox-test/sbom-bad")
+        subprocess.run([client.docker, "import", "--change", f"LABEL {dh.TEST_LABEL}", "-", tag],
+                       input=buf.getvalue(), check=True, capture_output=True, timeout=120)
+        made[name] = tag
+        return tag
+
+    for name, (raw, _words) in BAD_SBOMS.items():
+        image(name, raw)
+    image("symlink to /etc/passwd", None, link="/etc/passwd")
+    image("symlink in the image", None, link="sbom.real.json")
+    evil = _good_sbom(name="numpy\x1b]0;owned\x07\x1b[2J\nforged line")
+    image("control characters", json.dumps(evil).encode())
+    yield made
+    subprocess.run([client.docker, "rmi", "-f", *made.values()], capture_output=True, timeout=300)
+
+
+@pytest.mark.docker
+def test_image_sbom_refuses_each_malformed_document_in_one_line(sbom_images):
+    for name, (_raw, words) in sorted(BAD_SBOMS.items()):
+        err = one_line(trainbox("image", "sbom", sbom_images[name]))
+        assert SBOM_AT in err and words in err, (name, err)
+        err = one_line(trainbox("image", "sbom", "--json", sbom_images[name]))
+        assert words in err, (name, err)
+    for name in ("symlink to /etc/passwd", "symlink in the image"):
+        proc = trainbox("image", "sbom", sbom_images[name])
+        err = one_line(proc)
+        assert "is a link" in err and "refusing to follow it" in err and "root:" not in proc.stdout + err, err
+
+
+@pytest.mark.docker
+def test_image_sbom_prints_control_characters_escaped(sbom_images):
+    proc = trainbox("image", "sbom", sbom_images["control characters"])
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout and "forged line" not in proc.stdout.splitlines()
+    assert "numpy\\x1b]0;owned\\x07\\x1b[2J\\nforged line" in proc.stdout
+    proc = trainbox("image", "sbom", "--json", sbom_images["control characters"])
+    assert proc.returncode == 0 and "\x1b" not in proc.stdout
+    assert json.loads(proc.stdout)["components"][0]["name"].startswith("numpy\x1b]0;owned")
