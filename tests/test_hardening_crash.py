@@ -34,11 +34,14 @@ def trainbox(*args: str, env: dict | None = None, timeout: float = 120) -> subpr
 
 
 def one_line(proc: subprocess.CompletedProcess, rc: int = 2) -> str:
-    """The command failed with `rc` and said why in exactly one line on stderr (no traceback)."""
+    """The command failed with `rc` and said why in exactly one line on stderr (no traceback), its last; notes
+    it printed before it got there (`trainbox: base ... cannot be pulled; building on ...`) may precede it."""
     err = proc.stderr.strip()
     assert proc.returncode == rc, (proc.returncode, proc.stdout[-2000:], err[-3000:])
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err[-3000:]
-    return err
+    lines = err.splitlines()
+    assert "Traceback" not in err and lines and all(ln.startswith("trainbox: ") and "error" not in ln
+                                                    for ln in lines[:-1]), err[-3000:]
+    return lines[-1]
 
 
 # ----------------------------------------------------------------------------- YAML: alias bombs, depth
@@ -358,3 +361,129 @@ def test_image_sbom_prints_control_characters_escaped(sbom_images):
     proc = trainbox("image", "sbom", "--json", sbom_images["control characters"])
     assert proc.returncode == 0 and "\x1b" not in proc.stdout
     assert json.loads(proc.stdout)["components"][0]["name"].startswith("numpy\x1b]0;owned")
+
+
+# ----------------------------------------------------------------------------- a full, read-only or bogus cache
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """mount(small_fs)(size, ro=False, fill=False) -> a real tmpfs of `size` (full when `fill`), read-only when
+    `ro`; unmounted at the end. Skipped where this process may not mount (not root, no CAP_SYS_ADMIN)."""
+    mounts: list[Path] = []
+
+    def make(size: str = "64k", ro: bool = False, fill: bool = False) -> Path:
+        mnt = tmp_path / f"fs{len(mounts)}"
+        mnt.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(mnt)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        mounts.append(mnt)
+        if fill:  # every block taken: the next write gets ENOSPC (a new inode may still be made)
+            fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                while os.write(fd, b"\0" * 4096):
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        if ro:
+            subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        return mnt
+
+    yield make
+    for mnt in reversed(mounts):
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _left(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name != "filler")
+
+
+def test_run_dry_run_with_the_cache_on_a_full_disk(small_fs):
+    cache = small_fs("16k", fill=True)
+    err = one_line(trainbox("run", "cpu-ddp", "--dry-run", env={"TRAINBOX_CACHE": str(cache)}))
+    assert "no space left" in err and "TRAINBOX_CACHE" in err, err
+    assert not [p for p in _left(cache) if p.endswith(".tmp")], _left(cache)  # no half-written script
+
+
+@pytest.mark.parametrize("args", [["run", "cpu-ddp", "--dry-run"], ["image", "build", "cpu", "--dry-run"],
+                                  ["render", "cpu", "--check"]])
+def test_a_read_only_cache_is_one_line(small_fs, args):
+    cache = small_fs(ro=True)
+    proc = trainbox(*args, env={"TRAINBOX_CACHE": str(cache)})
+    if args[0] == "render":  # a command that writes nothing to the cache works without it
+        assert proc.returncode == 0, proc.stderr
+        return
+    err = one_line(proc)
+    assert "read-only" in err and f"trainbox's cache is {cache}" in err and "TRAINBOX_CACHE" in err, err
+
+
+def test_image_build_dry_run_on_a_full_cache_leaves_no_half_staged_context(small_fs):
+    cache = small_fs("256k", fill=True)
+    err = one_line(trainbox("image", "build", "cpu", "--dry-run", env={"TRAINBOX_CACHE": str(cache)}))
+    assert "no space left" in err and f"trainbox's cache is {cache}" in err, err
+    assert not (cache / "build" / "cpu" / "context").exists(), _left(cache)
+
+
+@pytest.mark.parametrize("value", ["/etc/passwd", "/dev/null"])
+@pytest.mark.parametrize("args", [["run", "cpu-ddp", "--dry-run"], ["image", "build", "cpu", "--dry-run"],
+                                  ["fetch", "cpu", "--offline"]])
+def test_trainbox_cache_naming_a_file(value, args):
+    proc = trainbox(*args, env={"TRAINBOX_CACHE": value})
+    err = one_line(proc)
+    assert value in err, err
+
+
+# ----------------------------------------------------------------------------- fetch --bundle: where it writes
+
+# The network is not what these tests are about: the pins to fetch and the sources are stand-ins (none), the
+# rest of `fetch --bundle` (manifest, stack files, sums, the tar, the disk) is the real code.
+NO_FETCHING = """
+import sys, types
+import trainbox.bundle, trainbox.fetch
+trainbox.bundle._pypi_pins = trainbox.bundle._build_pins = lambda stack, plat: []
+trainbox.fetch.fetch_sources = lambda stack, cache_dir=None, say=print: types.SimpleNamespace(stack=stack, fetched={})
+from trainbox.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def fetch_bundle(out: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python"), TRAINBOX_CACHE=str(tmp_path / "cache"))
+    return subprocess.run([sys.executable, "-c", NO_FETCHING, "fetch", "cpu", "--bundle", str(out)],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=REPO_ROOT)
+
+
+def test_fetch_bundle_on_a_full_disk_leaves_nothing_and_says_so(small_fs, tmp_path):
+    roomy = small_fs("4m")
+    proc = fetch_bundle(roomy / "cpu.tar", tmp_path)  # the same command where there is room: it works
+    assert proc.returncode == 0 and (roomy / "cpu.tar").stat().st_size > 16 * 1024, proc.stderr
+    tiny = small_fs("16k")
+    err = one_line(fetch_bundle(tiny / "cpu.tar", tmp_path))
+    assert f"--bundle {tiny / 'cpu.tar'}: the bundle cannot be written" in err and "no space left" in err, err
+    assert _left(tiny) == [], "a .partial (or a bundle) was left on the full disk"
+    (tiny / "cpu.tar").write_bytes(b"the old bundle")  # one already there is kept as it was
+    one_line(fetch_bundle(tiny / "cpu.tar", tmp_path))
+    assert _left(tiny) == ["cpu.tar"] and (tiny / "cpu.tar").read_bytes() == b"the old bundle"
+
+
+def test_fetch_bundle_on_a_read_only_disk(small_fs, tmp_path):
+    ro = small_fs(ro=True)
+    err = one_line(fetch_bundle(ro / "cpu.tar", tmp_path))
+    assert "read-only" in err and "nothing was written" in err, err
+
+
+@pytest.mark.parametrize("target", ["/proc/self/mem", "/proc/self/environ", "/sys/kernel/notes", "/dev/full",
+                                    "/dev/stdout", "/etc/passwd/cpu.tar", "/"])
+def test_fetch_bundle_refuses_what_is_not_a_regular_file(tmp_path, target):
+    err = one_line(fetch_bundle(Path(target), tmp_path))
+    assert "not a regular file" in err or "not a usable path" in err, err
+
+
+@pytest.mark.parametrize("target", ["/proc/self/mem", "/proc/self/environ", "/dev/zero"])
+def test_image_build_bundle_refuses_what_is_not_a_regular_file(tmp_path, target):
+    err = one_line(trainbox("image", "build", "cpu", "--bundle", target, "--dry-run",
+                            env={"TRAINBOX_CACHE": str(tmp_path / "cache")}))
+    assert "not a bundle file" in err, err

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..paths import CACHE_DIR
 from ..runtime import npu
-from ..runtime.errors import TrainboxError
+from ..runtime.errors import TrainboxError, describe_os_error
 from .job import Job, resolve
 from .script import render_script
 
@@ -92,9 +92,14 @@ def write_job_script(name: str, script: str) -> Path:
     path = d / f"{name}-{digest}.sh"
     if not path.exists() or path.read_text() != script:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(script)
-        tmp.chmod(0o644)
-        tmp.replace(path)
+        try:
+            tmp.write_text(script)
+            tmp.chmod(0o644)
+            tmp.replace(path)
+        except OSError as exc:
+            raise TrainboxError(f"cannot write the job script: {describe_os_error(exc, str(tmp))}") from None
+        finally:  # a full disk: no half-written script stays behind
+            tmp.unlink(missing_ok=True)
     return path
 
 

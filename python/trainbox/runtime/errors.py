@@ -26,15 +26,16 @@ _OS_FIX = {
 }
 
 
-def describe_os_error(exc: OSError) -> str:
-    """One line for an OSError that reached the command line: the path, what happened, and, when the path is in
-    trainbox's cache (TRAINBOX_CACHE), how to point it elsewhere."""
+def describe_os_error(exc: OSError, path: str | None = None) -> str:
+    """One line for an OSError that reached the command line: the path (the error's own, else `path`: a failed
+    write() names none), what happened, and, when the path is in trainbox's cache (TRAINBOX_CACHE), how to point
+    it elsewhere."""
     import errno
     import os
 
     code = errno.errorcode.get(exc.errno or 0, "")
     what = _OS_FIX.get(code) or " ".join(str(exc.strerror or exc).split())
-    path = exc.filename if isinstance(exc.filename, str) else None
+    path = exc.filename if isinstance(exc.filename, str) else None if path is None else str(path)
     line = f"{path}: {what}" if path else what
     cache = os.path.abspath(_cache_dir())
     if path and (os.path.abspath(path) + "/").startswith(cache + "/"):
