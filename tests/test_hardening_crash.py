@@ -487,3 +487,129 @@ def test_image_build_bundle_refuses_what_is_not_a_regular_file(tmp_path, target)
     err = one_line(trainbox("image", "build", "cpu", "--bundle", target, "--dry-run",
                             env={"TRAINBOX_CACHE": str(tmp_path / "cache")}))
     assert "not a bundle file" in err, err
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+
+# A stand-in for the docker CLI (no engine needed): `docker run ...` prints that it started, then on SIGINT
+# prints a traceback of the interrupt, as torchrun in the container does, and exits 130; everything else: ok.
+FAKE_DOCKER = """#!/usr/bin/env python3
+import os, signal, sys, time
+if sys.argv[1:2] != ["run"]:
+    sys.exit(0)
+def stop(*_):
+    print("Traceback (most recent call last):\\n  File 'torchrun', line 8\\nKeyboardInterrupt", file=sys.stderr,
+          flush=True)
+    sys.exit(130)
+signal.signal(signal.SIGINT, stop)
+print("job started", flush=True)
+open(os.environ["FAKE_DOCKER_STARTED"], "w").close()
+time.sleep(60)
+sys.exit(0)
+"""
+
+RUN_WITH_FAKE_DOCKER = """
+import sys
+import trainbox.engine as engine
+client = engine.Client(docker=sys.argv[1], version="stand-in", mode="buildx")
+engine.find_client = lambda refresh=False: client
+engine.Client.image_exists = lambda self, ref: True
+from trainbox.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _interrupt(argv: list[str], env: dict, started: Path, group: bool) -> tuple[int, str, str]:
+    import signal
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=REPO_ROOT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        if group:  # what a terminal's Ctrl-C does: SIGINT to the whole foreground process group
+            os.killpg(proc.pid, signal.SIGINT)
+        else:  # `kill -INT` of trainbox alone
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["ctrl-c", "kill -INT"])
+def test_ctrl_c_during_run_is_130_and_one_line(tmp_path, group):
+    """Was exit 1 and three tracebacks (~50 lines): trainbox's own, the tee threads', the job's."""
+    docker = tmp_path / "docker"
+    docker.write_text(FAKE_DOCKER)
+    docker.chmod(0o755)
+    started = tmp_path / "started"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python"), TRAINBOX_CACHE=str(tmp_path / "cache"),
+               FAKE_DOCKER_STARTED=str(started))
+    rc, out, err = _interrupt([sys.executable, "-c", RUN_WITH_FAKE_DOCKER, str(docker), "run", "cpu-ddp"], env,
+                              started, group)
+    assert rc == 130, (rc, out, err)
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err, out + err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("trainbox: interrupted: the cpu-ddp job stopped (container exit 130); its log is kept at")
+    assert "job started" in out  # the job's output streamed until the interrupt
+    log = Path(last.split("kept at ")[1].split(" (trainbox logs")[0])
+    assert "KeyboardInterrupt" in log.read_text()  # its dying words: in the log, not on the terminal
+
+
+@pytest.mark.parametrize("args", [["stack", "validate"], ["render", "--check"], ["launch", "check"]])
+def test_ctrl_c_in_other_commands_is_130_and_one_line(tmp_path, args):
+    """The dispatcher's own answer, wherever the interrupt lands (here: at once, while the command runs)."""
+    import signal
+
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python"), TRAINBOX_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen([sys.executable, "-m", "trainbox.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT, start_new_session=True)
+    time.sleep(1.2)  # past the interpreter's start (an interrupt before main() is Python's own)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    if proc.returncode != 130:
+        pytest.skip(f"the command ended before the interrupt (exit {proc.returncode})")
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "trainbox: interrupted", err
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_ctrl_c_during_a_real_run_stops_the_container(tmp_path):
+    """The cpu-ddp job in the cpu image: torchrun prints its tracebacks of the interrupt into the log only, the
+    container stops, trainbox exits 130 with one line."""
+    import docker_helpers as dh
+
+    image = dh.build_cpu_image()
+    name = f"i37-ctrl-c-{os.getpid()}"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python"), TRAINBOX_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen([sys.executable, "-m", "trainbox.cli", "run", "cpu-ddp", "--image", image, "--name", name,
+                             "--set", "STEPS=100000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=REPO_ROOT, start_new_session=True)
+    import signal
+
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "trainbox launcher: node 0/1" in line:
+                break
+        time.sleep(8)  # torch imported, ranks training
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+    out = "".join(lines) + rest
+    assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out and out.strip().splitlines()[-1].startswith(
+        "trainbox: interrupted: the cpu-ddp job stopped"), out[-3000:]
+    log = Path(out.strip().splitlines()[-1].split("kept at ")[1].split(" (trainbox logs")[0])
+    assert "Traceback" in log.read_text() or "SignalException" in log.read_text()
+    gone = subprocess.run(["docker", "ps", "-aq", "--filter", f"name={name}"], capture_output=True, text=True)
+    assert gone.stdout.strip() == ""

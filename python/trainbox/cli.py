@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     invalid input, a file system that refuses a write (full, read-only) or input nested too deep."""
     try:
         return _dispatch(argv)
-    except KeyboardInterrupt:
-        return _interrupted()
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc)
     except BrokenPipeError:
         return _pipe_closed()
 
@@ -82,8 +82,8 @@ def _dispatch(argv: list[str] | None) -> int:
         # Host-only commands inside the image, or a host without the [build] extra.
         return _error(f"`trainbox {args.command}` needs the Python module {exc.name!r}, which is not installed "
                       "here; install the host tools with `pip install 'trainbox[build]'`", EXIT_USAGE)
-    except KeyboardInterrupt:
-        return _interrupted()
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc)
     except BrokenPipeError:
         return _pipe_closed()
     except OSError as exc:  # a full disk, a read-only cache, TRAINBOX_CACHE naming a file: the path and the fix
@@ -99,10 +99,15 @@ def _error(message: str, code: int) -> int:
     return code
 
 
-def _interrupted() -> int:
-    # Ctrl-C: one line, 130; whatever was half-done has been undone by the `finally` blocks on the way here
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """Ctrl-C: one line, 130; whatever was half-done has been undone by the `finally` blocks on the way here.
+    A command that knows more (`run`: the job stopped, where its log is) says it in the interrupt's message."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while saying so is not another traceback
+    detail = str(exc.args[0]) if exc.args and isinstance(exc.args[0], str) else ""
     try:
-        print("trainbox: interrupted", file=sys.stderr)
+        print(f"trainbox: interrupted{': ' + detail if detail else ''}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
     return EXIT_INTERRUPTED

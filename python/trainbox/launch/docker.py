@@ -246,7 +246,14 @@ def execute(plan: RunPlan, node_rank: int = 0) -> int:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     log = logs_dir() / f"{plan.recipe.name}-{stamp}-node{node_rank}.log"
     print(f"trainbox run {plan.recipe.name}: {plan.image}, script {plan.script_path}", file=sys.stderr)
-    rc = client.attached(*plan.argv_per_node[node_rank][1:], log=log)
+    from ..engine import Interrupted
+
+    try:
+        rc = client.attached(*plan.argv_per_node[node_rank][1:], log=log)
+    except Interrupted as exc:  # Ctrl-C: the container stopped; its output after the interrupt is in the log only
+        prune_logs(plan.recipe.name)
+        raise KeyboardInterrupt(f"the {plan.recipe.name} job stopped (container exit {exc.returncode}); its log is "
+                                f"kept at {log} (trainbox logs {plan.recipe.name})") from None
     # the container is gone (--rm); its output is not (the newest KEEP_LOGS per recipe are kept)
     prune_logs(plan.recipe.name)
     print(f"trainbox run {plan.recipe.name}: exit {rc}; log kept at {log} (trainbox logs {plan.recipe.name})",

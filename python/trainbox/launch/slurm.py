@@ -135,9 +135,10 @@ def submit(job: Job, script: str, workdir: str | None = None, poll: float = 1.0)
     log = out.replace("%j", job_id)
     print(f"trainbox run: Slurm job {job_id}, output {log} (scancel {job_id} stops it)", file=sys.stderr)
     pos = 0
+    cancelled = False
     while True:
         done = proc.poll() is not None
-        if os.path.exists(log):
+        if os.path.exists(log) and not cancelled:  # after Ctrl-C the job's dying words stay in its output file
             with open(log, "rb") as fh:
                 fh.seek(pos)
                 chunk = fh.read()
@@ -145,8 +146,11 @@ def submit(job: Job, script: str, workdir: str | None = None, poll: float = 1.0)
                 sys.stdout.write(chunk.decode(errors="replace"))
                 sys.stdout.flush()
         if done:
+            if cancelled:  # the documented 130 and one line, not sbatch's status
+                raise KeyboardInterrupt(f"Slurm job {job_id} cancelled (scancel); its output is in {log}")
             return proc.returncode
         try:
             time.sleep(poll)
         except KeyboardInterrupt:
-            subprocess.run(["scancel", job_id], check=False)
+            cancelled = True
+            subprocess.run(["scancel", job_id], check=False, capture_output=True)
