@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import yaml
 
+from . import jsonfile
 from .dists import dist_key, norm_version
 from .runtime.errors import TrainboxError
 from .index import IndexUnreachable, artifacts_for, project_files, versions
@@ -282,7 +283,7 @@ def lock_overrides(stack: Stack, plat: str, wheels: list[WheelFile], wheelhouse:
     memo = CACHE_DIR / "override-locks" / f"{stack.name}-{key}.json"
     origin = f"resolved for the overrides {', '.join(sorted(stack.overrides))} ({memo})"
     try:
-        lock = json.loads(memo.read_text())
+        lock = jsonfile.loads(memo.read_text())
     except (OSError, ValueError):
         lock = None
     if lock is None and dry_notes is not None:

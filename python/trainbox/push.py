@@ -9,12 +9,12 @@ which `image ls` shows and from which the cluster targets name REG/trainbox/STAC
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import jsonfile
 from .runtime.errors import TrainboxError
 
 # host[:port] with an optional path below it (a project or namespace): what `docker push` accepts before the name
@@ -81,7 +81,7 @@ def _tag_re(platform: str | None):
 
 def _read_report(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
+        return jsonfile.loads(path.read_text())
     except (OSError, ValueError):
         return None
 
