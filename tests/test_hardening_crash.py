@@ -379,15 +379,8 @@ def small_fs(tmp_path):
         if proc.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
         mounts.append(mnt)
-        if fill:  # every block taken: the next write gets ENOSPC (a new inode may still be made)
-            fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
-            try:
-                while os.write(fd, b"\0" * 4096):
-                    pass
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+        if fill:
+            _fill(mnt)
         if ro:
             subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
         return mnt
@@ -395,6 +388,18 @@ def small_fs(tmp_path):
     yield make
     for mnt in reversed(mounts):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _fill(mnt: Path) -> None:
+    """Take every block of the file system: the next write there gets ENOSPC (a new inode may still be made)."""
+    fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _left(root: Path) -> list[str]:
@@ -613,3 +618,49 @@ def test_ctrl_c_during_a_real_run_stops_the_container(tmp_path):
     assert "Traceback" in log.read_text() or "SignalException" in log.read_text()
     gone = subprocess.run(["docker", "ps", "-aq", "--filter", f"name={name}"], capture_output=True, text=True)
     assert gone.stdout.strip() == ""
+
+
+# ----------------------------------------------------------------------------- more writes on a full disk
+
+def test_launch_render_on_a_full_disk_leaves_no_half_script(small_fs):
+    out = small_fs("16k", fill=True)
+    err = one_line(trainbox("launch", "render", "cpu-ddp", "-o", str(out / "job.sh")))
+    assert "cannot write the script there" in err, err
+    assert _left(out) == [], _left(out)
+
+
+def test_render_on_a_full_disk_is_one_line_and_all_or_nothing(small_fs):
+    out = small_fs("16k", fill=True)
+    err = one_line(trainbox("render", "cpu", "-o", str(out)))
+    assert str(out) in err, err
+    assert not [p for p in _left(out) if Path(out, p).is_file()], _left(out)
+
+
+def test_a_lock_written_on_a_full_disk_keeps_the_old_one(small_fs):
+    from trainbox.lock import write_lock
+
+    d = small_fs("64k")
+    shutil.copy(STACKS_DIR / "cpu.yaml", d / "cpu.yaml")
+    shutil.copy(STACKS_DIR / "cpu.lock", d / "cpu.lock")
+    stack = load_stack(d / "cpu.yaml")
+    old = (d / "cpu.lock").read_bytes()
+    _fill(d)
+    with pytest.raises(OSError):
+        write_lock(stack, {**stack.lock, "padding": "x" * 100_000})
+    assert (d / "cpu.lock").read_bytes() == old and sorted(p.name for p in d.iterdir()) == [
+        "cpu.lock", "cpu.yaml", "filler"]
+
+
+def test_write_atomic_under_ctrl_c_leaves_the_old_file(tmp_path, monkeypatch):
+    from trainbox.paths import write_atomic
+
+    target = tmp_path / "report.json"
+    target.write_text("old")
+
+    def interrupted(self, *a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(target, "new")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["report.json"]

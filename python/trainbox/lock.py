@@ -26,7 +26,7 @@ from . import jsonfile
 from .dists import dist_key, norm_version
 from .runtime.errors import TrainboxError
 from .index import IndexUnreachable, artifacts_for, project_files, versions
-from .paths import CACHE_DIR
+from .paths import CACHE_DIR, write_atomic
 from .platforms import PLATFORM_MACHINE
 from .stack import Stack, canon, load_stack
 
@@ -302,7 +302,7 @@ def lock_overrides(stack: Stack, plat: str, wheels: list[WheelFile], wheelhouse:
         lock = rep.lock
         with contextlib.suppress(OSError):
             memo.parent.mkdir(parents=True, exist_ok=True)
-            memo.write_text(json.dumps(lock, sort_keys=True))
+            write_atomic(memo, json.dumps(lock, sort_keys=True))
     stack = stack.with_lock(lock, origin)
     left = missing(stack)
     if left:
@@ -375,7 +375,4 @@ def write_lock(stack: Stack, lock: dict) -> Path:
     assert path is not None
     text = HEADER.format(name=stack.name, src=path.with_suffix(".yaml").name) + yaml.safe_dump(
         lock, sort_keys=True, default_flow_style=False, width=120)
-    tmp = path.with_suffix(".lock.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)  # atomic: a failed lock never leaves half a file
-    return path
+    return write_atomic(path, text)  # a failed lock (full disk, Ctrl-C) never leaves half a file

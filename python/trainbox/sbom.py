@@ -27,6 +27,7 @@ import tarfile
 import uuid
 from pathlib import Path
 
+from .paths import write_atomic
 from .engine import Client
 from .runtime.errors import TrainboxError
 from .runtime.installed import SBOM_FILE as SBOM_PATH, canon
@@ -441,10 +442,7 @@ def write_beside(report_path: Path, doc: str) -> Path:
     """The SBOM next to the build report: build/reports/<stack>.json -> <stack>.sbom.cdx.json."""
     out = report_path.with_name(report_path.name.removesuffix(".json") + ".sbom.cdx.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(doc)
-    tmp.replace(out)
-    return out
+    return write_atomic(out, doc)
 
 
 # -- a build's SBOM ----------------------------------------------------------------------------------------
