@@ -664,3 +664,23 @@ def test_write_atomic_under_ctrl_c_leaves_the_old_file(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         write_atomic(target, "new")
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+# ----------------------------------------------------------------------------- other inputs of the same kinds
+
+@pytest.mark.parametrize("content", [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 5000 + b"1" + b"}" * 5000],
+                         ids=["arrays", "objects"])
+def test_doctor_with_a_deep_manifest_fails_its_check_not_the_command(tmp_path, content):
+    manifest = tmp_path / "stack.json"
+    manifest.write_bytes(content)
+    proc = trainbox("doctor", "--manifest", str(manifest), "--quick", "--json")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    failed = [c for c in json.loads(proc.stdout)["checks"] if c["status"] == "FAIL"]
+    assert any("nested thousands of levels deep" in c["message"] for c in failed), failed
+
+
+@pytest.mark.parametrize("target", ["/proc/self/mem", "/proc/self/environ"])
+def test_an_unreadable_ca_bundle_is_one_line(tmp_path, target):
+    err = one_line(trainbox("image", "build", "cpu", "--dry-run", "--ca-bundle", target,
+                            env={"TRAINBOX_CACHE": str(tmp_path / "cache")}))
+    assert f"--ca-bundle {target}" in err, err
