@@ -334,14 +334,14 @@ def _extract_checked(tar: tarfile.TarFile, files: dict, sums: dict[str, str], de
 
 
 def _read_meta(path: Path, file: Path) -> dict:
-    from .jsonfile import loads
+    from .yamlfile import json_loads as loads
 
     try:
         meta = loads(path.read_bytes())
     except OSError as exc:
         raise BundleError(f"--bundle {file}: bundle.json cannot be read ({exc.strerror or exc}); the bundle is "
                           "damaged") from None
-    except ValueError as exc:  # jsonfile.JsonError: malformed, not UTF-8, or 100,000 brackets deep
+    except ValueError as exc:  # yamlfile.JsonError: malformed, not UTF-8, or 100,000 brackets deep
         raise BundleError(f"--bundle {file}: bundle.json cannot be read ({exc}); the bundle is damaged or "
                           "tampered with") from None
     if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:

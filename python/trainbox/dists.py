@@ -15,7 +15,7 @@ from pathlib import Path
 from packaging.utils import parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import jsonfile
+from .yamlfile import json_loads
 from .paths import CACHE_DIR, write_atomic
 from .runtime.apply_patches import canon_name as canon  # PEP 503 names: the runtime's one copy
 
@@ -87,7 +87,7 @@ def sha256_file(path: Path, remember: bool = False) -> str:
     cache = CACHE_DIR / "sha256.json"
     key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
     try:
-        memo = jsonfile.loads(cache.read_text())
+        memo = json_loads(cache.read_text())
     except (OSError, ValueError):
         memo = {}
     if key in memo:

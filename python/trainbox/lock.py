@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import yaml
 
-from . import jsonfile
+from .yamlfile import json_loads
 from .dists import dist_key, norm_version
 from .runtime.errors import TrainboxError
 from .index import IndexUnreachable, artifacts_for, project_files, versions
@@ -283,7 +283,7 @@ def lock_overrides(stack: Stack, plat: str, wheels: list[WheelFile], wheelhouse:
     memo = CACHE_DIR / "override-locks" / f"{stack.name}-{key}.json"
     origin = f"resolved for the overrides {', '.join(sorted(stack.overrides))} ({memo})"
     try:
-        lock = jsonfile.loads(memo.read_text())
+        lock = json_loads(memo.read_text())
     except (OSError, ValueError):
         lock = None
     if lock is None and dry_notes is not None:

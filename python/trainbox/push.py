@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import jsonfile
+from .yamlfile import json_loads
 from .runtime.errors import TrainboxError
 
 # host[:port] with an optional path below it (a project or namespace): what `docker push` accepts before the name
@@ -81,7 +81,7 @@ def _tag_re(platform: str | None):
 
 def _read_report(path: Path) -> dict | None:
     try:
-        return jsonfile.loads(path.read_text())
+        return json_loads(path.read_text())
     except (OSError, ValueError):
         return None
 

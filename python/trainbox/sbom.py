@@ -384,7 +384,7 @@ def parse_document(text: str, where: str) -> dict:
     """Parse and check an SBOM's text: JSON (depth-bounded), an object, and every field `image sbom` shows of
     the type CycloneDX gives it (components[].name a string, properties[] objects with string name and value ...).
     SbomError (one line) otherwise."""
-    from .jsonfile import loads
+    from .yamlfile import json_loads as loads
 
     try:
         doc = loads(text)

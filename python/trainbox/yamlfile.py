@@ -1,4 +1,5 @@
-"""The one YAML reader for every file users write (stacks, locks, recipes, smoke profiles) (host module).
+"""The one YAML reader for every file users write (stacks, locks, recipes, smoke profiles), and the one JSON reader
+for documents from elsewhere (a bundle's bundle.json, an image's SBOM and labels, build reports) (host module).
 
 yaml.safe_load lets a repeated key win silently (`version: 2.3.5` then `version: 9.9.9` gives 9.9.9) and reads
 anything of any size. This reader refuses duplicate keys (file and both lines named), files over a size bound,
@@ -8,6 +9,7 @@ of the line a comment), each as one TrainboxError line instead of a traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -209,3 +211,49 @@ def read_text_file(path: Path, what: str, error: type[TrainboxError] = TrainboxE
 def load_yaml_file(path: Path, what: str, error: type[TrainboxError] = TrainboxError):
     """Read and parse one user-written YAML file (see the module doc for what is refused)."""
     return parse_yaml(read_text_file(path, what, error), str(path), error)
+
+
+# -- JSON from elsewhere ------------------------------------------------------------------------------------
+# `json.loads` of 100,000 nested brackets raises RecursionError (a traceback, not the ValueError callers catch),
+# and a document a few hundred levels deep parses but then breaks whatever walks it recursively. Here either is
+# a `JsonError`, a ValueError with a one-line message, so `except ValueError` at every caller handles it.
+
+# bundle.json (the stack's manifest inside) nests 6 levels, a CycloneDX SBOM 5; 64 leaves room for any honest one
+MAX_JSON_DEPTH = 64
+
+
+class JsonError(ValueError):
+    """Not JSON, or JSON nested past MAX_JSON_DEPTH; the message is one line."""
+
+
+def _json_depth_over(data, limit: int) -> bool:
+    todo = [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if depth > limit:
+            return True
+        if isinstance(value, dict):
+            todo.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            todo.extend((v, depth + 1) for v in value)
+    return False
+
+
+def json_loads(text: str | bytes, max_depth: int = MAX_JSON_DEPTH):
+    """Parse JSON text; JsonError (one line) for malformed JSON, bytes that are not UTF-8, or nesting too deep."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JsonError(f"not UTF-8 text (byte {text[exc.start]:#04x} at offset {exc.start})") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise JsonError(f"nested more than {max_depth} levels deep") from None
+    except json.JSONDecodeError as exc:
+        raise JsonError(f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise JsonError(f"not valid JSON: {' '.join(str(exc).split())[:200]}") from None
+    if _json_depth_over(data, max_depth):
+        raise JsonError(f"nested more than {max_depth} levels deep")
+    return data
