@@ -684,3 +684,28 @@ def test_an_unreadable_ca_bundle_is_one_line(tmp_path, target):
     err = one_line(trainbox("image", "build", "cpu", "--dry-run", "--ca-bundle", target,
                             env={"TRAINBOX_CACHE": str(tmp_path / "cache")}))
     assert f"--ca-bundle {target}" in err, err
+
+
+BUGGY = """
+import sys
+import trainbox.stack
+def broken(*a, **k):
+    raise TypeError("a stand-in bug\\nover two lines")
+trainbox.stack.load_stack = broken
+from trainbox.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_unexpected_error_is_one_line_and_its_traceback_on_demand():
+    """The last resort: whatever no handler knows is said as an internal error (exit 1), not 40 lines."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python"))
+    env.pop("TRAINBOX_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-c", BUGGY, "stack", "show", "cpu"], capture_output=True, text=True,
+                          env=env, timeout=60, cwd=REPO_ROOT)
+    err = one_line(proc, rc=1)
+    assert err == ("trainbox: error: internal error in `trainbox stack`: TypeError: a stand-in bug over two lines "
+                   "(a bug in trainbox: please report it with the command; TRAINBOX_DEBUG=1 prints the traceback)")
+    proc = subprocess.run([sys.executable, "-c", BUGGY, "stack", "show", "cpu"], capture_output=True, text=True,
+                          env=dict(env, TRAINBOX_DEBUG="1"), timeout=60, cwd=REPO_ROOT)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "TypeError: a stand-in bug" in proc.stderr

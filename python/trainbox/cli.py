@@ -15,7 +15,7 @@ import os
 import sys
 
 from . import __version__
-from .commands._args import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, Parser, finish
+from .commands._args import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_PROBLEMS, EXIT_USAGE, Parser, finish
 from .runtime.errors import TrainboxError, describe_os_error
 
 # Order here is the order of `trainbox --help`.
@@ -91,6 +91,13 @@ def _dispatch(argv: list[str] | None) -> int:
     except RecursionError:  # a document nested past what any reader bounds: never a 1000-frame traceback
         return _error(f"`trainbox {args.command}`: an input is nested too deeply to read; check the files it "
                       "reads (stack, lock, recipe, bundle, SBOM)", EXIT_USAGE)
+    except Exception as exc:  # noqa: BLE001 - the last resort: a bug says so in one line, the traceback on demand
+        if os.environ.get("TRAINBOX_DEBUG"):
+            raise
+        what = " ".join(str(exc).split())[:300]
+        return _error(f"internal error in `trainbox {args.command}`: {type(exc).__name__}: {what} (a bug in "
+                      "trainbox: please report it with the command; TRAINBOX_DEBUG=1 prints the traceback)",
+                      EXIT_PROBLEMS)
     return int(rc or 0)
 
 
