@@ -507,6 +507,10 @@ def stop(*_):
           flush=True)
     sys.exit(130)
 signal.signal(signal.SIGINT, stop)
+if os.environ.get("FAKE_DOCKER_SPEW"):  # a chatty job that ends by itself
+    for i in range(int(os.environ["FAKE_DOCKER_SPEW"])):
+        print(f"step {i:06d} " + "x" * 100, flush=True)
+    sys.exit(0)
 print("job started", flush=True)
 open(os.environ["FAKE_DOCKER_STARTED"], "w").close()
 time.sleep(60)
@@ -709,3 +713,18 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_on_demand():
     proc = subprocess.run([sys.executable, "-c", BUGGY, "stack", "show", "cpu"], capture_output=True, text=True,
                           env=dict(env, TRAINBOX_DEBUG="1"), timeout=60, cwd=REPO_ROOT)
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "TypeError: a stand-in bug" in proc.stderr
+
+
+def test_a_run_whose_log_fills_the_disk_goes_on_streaming(small_fs, tmp_path):
+    """The log's disk fills during the job: no traceback from the copying thread; the job's output and its exit
+    status are still the user's."""
+    docker = tmp_path / "docker"
+    docker.write_text(FAKE_DOCKER)
+    docker.chmod(0o755)
+    cache = small_fs("128k")
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python"), TRAINBOX_CACHE=str(cache),
+               FAKE_DOCKER_STARTED=str(tmp_path / "started"), FAKE_DOCKER_SPEW="5000")
+    proc = subprocess.run([sys.executable, "-c", RUN_WITH_FAKE_DOCKER, str(docker), "run", "cpu-ddp"],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "step 004999" in proc.stdout, proc.stderr[-3000:]

@@ -101,10 +101,15 @@ def _tee(src, dst, sink, lock, attached: _Attached | None = None) -> None:
     """Copy a child's stream to our own and to a log file, chunk by chunk, as it comes (after a Ctrl-C: to the
     log only)."""
     out = getattr(dst, "buffer", dst)
+    logging = True
     for chunk in iter(lambda: src.read1(65536), b""):
-        with lock:
-            sink.write(chunk)
-            sink.flush()
+        if logging:
+            try:
+                with lock:
+                    sink.write(chunk)
+                    sink.flush()
+            except (OSError, ValueError):  # the log's disk filled up: the job goes on, streaming only
+                logging = False
         if attached is not None and attached.interrupted:
             continue
         with contextlib.suppress(OSError, ValueError):  # the terminal went away: the log still gets it all
