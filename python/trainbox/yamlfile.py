@@ -132,38 +132,36 @@ def _cut_values(text: str, where: str, error: type[TrainboxError]) -> None:
                         "as '# text'")
 
 
-_FLOW = re.compile(r"[\[\]{}]")
+_OPENS = (yaml.BlockSequenceStartToken, yaml.BlockMappingStartToken, yaml.FlowSequenceStartToken,
+          yaml.FlowMappingStartToken)
+_CLOSES = (yaml.BlockEndToken, yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken)
 
 
-def _flow_too_deep(text: str) -> bool:
-    """Flow collections (`[[[[...`) nested past MAX_YAML_DEPTH, found before parsing: libyaml's time grows with
-    the square of the flow depth (20,000 levels 1.7 s, a 1 MiB file of `[` hours). Counting brackets is quick and
-    over-counts at worst (a `[` inside a quoted string); only then are the tokens counted, up to the bound."""
-    depth = 0
-    for m in _FLOW.finditer(text):
-        if m.group() in "[{":
-            depth += 1
-            if depth > MAX_YAML_DEPTH:
-                break
-        elif depth:
-            depth -= 1
-    else:
-        return False
+def _tokens_too_deep(text: str) -> bool:
+    """Nesting past MAX_YAML_DEPTH, found in the tokens before anything is composed: libyaml's composer recurses in
+    C (`- - - ... x` 50,000 levels deep, 100 KB, kills the interpreter with SIGSEGV) and its time grows with the
+    square of the flow depth (`[[[[...`: 20,000 levels 1.7 s, 1 MiB hours). The scan stops at the bound; for an
+    honest lock it costs a tenth of the parse."""
     level = 0
-    for tok in yaml.scan(text, Loader=_UniqueKeyLoader):
-        if isinstance(tok, (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken)):
-            level += 1
-            if level > MAX_YAML_DEPTH:
-                return True
-        elif isinstance(tok, (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken)):
-            level -= 1
+    loader = _UniqueKeyLoader(text)
+    try:
+        while loader.check_token():
+            tok = loader.get_token()
+            if isinstance(tok, _OPENS):
+                level += 1
+                if level > MAX_YAML_DEPTH:
+                    return True
+            elif isinstance(tok, _CLOSES):
+                level -= 1
+    finally:
+        loader.dispose()
     return False
 
 
 def parse_yaml(text: str, where: str, error: type[TrainboxError] = TrainboxError):
     """Parse YAML text (duplicate keys and cut-short values refused); errors name `where` (a path) and the line."""
     try:
-        if _flow_too_deep(text):
+        if _tokens_too_deep(text):
             raise RecursionError
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
         if _SUSPECT.search(text):
