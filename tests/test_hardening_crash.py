@@ -745,3 +745,22 @@ def test_a_run_whose_log_fills_the_disk_goes_on_streaming(small_fs, tmp_path):
                           capture_output=True, text=True, env=env, timeout=120, cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "step 004999" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_every_table_cell_is_printed_without_control_characters():
+    """`image ls` (image labels), `stack list`, `image sbom`: a value with ESC, OSC, a newline or a bidi
+    override is escaped in the table, piped or on a terminal."""
+    from trainbox.commands._output import plain_table, print_table
+
+    evil = "cpu\x1b]0;owned\x07\x1b[2J\nforged row\u202e"
+    text = plain_table(["STACK", "TAGS"], [[evil, [evil, "x"]]])
+    assert text.isprintable() or set(text) - set(c for c in text if c.isprintable()) == {"\n"}
+    assert len(text.splitlines()) == 2 and "cpu\\x1b]0;owned\\x07\\x1b[2J\\nforged row\\u202e" in text
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Tty()
+    print_table(["STACK"], [[evil]], stream=out)  # rich, where installed
+    assert "\x1b]0;owned" not in out.getvalue() and "\x07" not in out.getvalue()

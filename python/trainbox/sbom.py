@@ -27,6 +27,7 @@ import tarfile
 import uuid
 from pathlib import Path
 
+from .commands._output import printable  # noqa: F401 - image sbom's printing
 from .paths import write_atomic
 from .engine import Client
 from .runtime.errors import TrainboxError
@@ -354,16 +355,6 @@ def read_from_image(client: Client, ref: str) -> str:
 
 
 # -- reading a document from elsewhere (an image anyone may have built) ------------------------------------
-
-def printable(text) -> str:
-    """`text` for a terminal: control characters (ESC and OSC sequences, newlines, bidi overrides) as escapes,
-    so a package name in an untrusted document cannot move the cursor, retitle the window or forge a line."""
-    text = str(text)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") if c < "\x80"
-                   else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text)
-
 
 class SbomError(TrainboxError):
     """An SBOM document that is not the CycloneDX shape `image sbom` reads (one line: where, key, expected)."""
