@@ -764,3 +764,24 @@ def test_every_table_cell_is_printed_without_control_characters():
     out = Tty()
     print_table(["STACK"], [[evil]], stream=out)  # rich, where installed
     assert "\x1b]0;owned" not in out.getvalue() and "\x07" not in out.getvalue()
+
+
+def test_stacks_load_in_several_threads_at_once(tmp_path):
+    """The per-load memo (each file of an extends chain read once) is per thread: `smoke --jobs` loads stacks
+    in several threads at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trainbox.findings import Review
+
+    top = _stack_chain(tmp_path, 6)
+    names = [top, "cpu", "cpu-ray", "twinkle-a3", "swift", top.with_name("s3.yaml")]
+    want = {str(n): load_stack(n).pins_digest() for n in names}
+
+    def one(n):
+        st = load_stack(n)
+        Review().stack(st)
+        return str(n), st.pins_digest()
+
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(one, names * 4))
+    assert all(want[n] == d for n, d in got)

@@ -16,6 +16,7 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -393,29 +394,33 @@ def read_yaml(path: Path) -> dict:
 # Within one load_stack (and one findings.ancestors walk) every file of an `extends:` chain is read, merged and
 # validated once: each level loads its parent for the lock it inherits and the rules load every ancestor, which
 # made the cost cubic in the depth (40 levels: 12,000 file reads, 80 levels: two minutes).
-_MEMO: dict | None = None
+_LOCAL = threading.local()  # per thread: `smoke --jobs` loads stacks in several at once
+
+
+def _memo() -> dict | None:
+    return getattr(_LOCAL, "memo", None)
 
 
 @contextlib.contextmanager
 def one_reading():
     """Files read inside are read once (the memo ends with the outermost `with`: a later call sees edits)."""
-    global _MEMO
-    if _MEMO is not None:
+    if _memo() is not None:
         yield
         return
-    _MEMO = {}
+    _LOCAL.memo = {}
     try:
         yield
     finally:
-        _MEMO = None
+        _LOCAL.memo = None
 
 
 def _raw(path: Path, stacks_dir: Path | None, seen: tuple[Path, ...] = ()) -> dict:
     """The stack file's mapping with its `extends:` chain merged in (parents first), walked without recursion
     and at most MAX_EXTENDS_DEPTH files deep."""
     key = ("raw", path, stacks_dir)
-    if _MEMO is not None and key in _MEMO:
-        return copy.deepcopy(_MEMO[key])
+    memo = _memo()
+    if memo is not None and key in memo:
+        return copy.deepcopy(memo[key])
     chain: list[tuple[Path, dict]] = []
     visited = list(seen)
     here: Path | None = path
@@ -440,8 +445,8 @@ def _raw(path: Path, stacks_dir: Path | None, seen: tuple[Path, ...] = ()) -> di
         merged.pop("name", None)
         merged.pop("extends", None)
         merged = merge(merged, data)
-    if _MEMO is not None:
-        _MEMO[key] = copy.deepcopy(merged)
+    if memo is not None:
+        memo[key] = copy.deepcopy(merged)
     return merged
 
 
@@ -502,11 +507,12 @@ def load_stack(
     if sets or base:
         with one_reading():
             return _load(path, sets, base, stacks_dir)
-    if _MEMO is not None and key in _MEMO:
-        return _MEMO[key]  # a Stack is not changed in place: each with_* method returns a copy
+    memo = _memo()
+    if memo is not None and key in memo:
+        return memo[key]  # a Stack is not changed in place: each with_* method returns a copy
     with one_reading():
         stack = _load(path, None, None, stacks_dir)
-        _MEMO[key] = stack
+        _memo()[key] = stack
     return stack
 
 
