@@ -76,14 +76,18 @@ class _Attached:
 
     def __init__(self, argv: list[str], piped: bool):
         import signal
+        import threading
 
         self.interrupted = False
         self._signal = signal
-        self._old = signal.getsignal(signal.SIGINT)
+        # only the main thread gets signals (and may set a handler); elsewhere the child shares our group
+        self._main = threading.current_thread() is threading.main_thread()
+        self._old = signal.getsignal(signal.SIGINT) if self._main else None
         out = subprocess.PIPE if piped else None
         # no tty is handed over: `docker run` is not -t and reads no stdin, so a background group is fine
-        self.proc = subprocess.Popen(argv, stdout=out, stderr=out, process_group=0)
-        signal.signal(signal.SIGINT, self._forward)
+        self.proc = subprocess.Popen(argv, stdout=out, stderr=out, process_group=0 if self._main else None)
+        if self._main:
+            signal.signal(signal.SIGINT, self._forward)
 
     def _forward(self, _signum, _frame) -> None:
         self.interrupted = True
@@ -94,7 +98,8 @@ class _Attached:
         try:
             return self.proc.wait()
         finally:
-            self._signal.signal(self._signal.SIGINT, self._old)
+            if self._main:
+                self._signal.signal(self._signal.SIGINT, self._old)
 
 
 def _tee(src, dst, sink, lock, attached: _Attached | None = None) -> None:
