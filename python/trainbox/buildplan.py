@@ -372,9 +372,20 @@ def stage(plan: BuildPlan, pip_index_url: str | None = None, wait: bool = True) 
             print(f"trainbox: another build of stack {plan.stack.name} is running; waiting for it",
                   file=sys.stderr, flush=True)
             fcntl.flock(lock, fcntl.LOCK_EX)
-        populate(ctx, plan.files, plan.wheels)
-        if "pip_index_url" in plan.secrets and pip_index_url:
-            _write_secret(Path(plan.secrets["pip_index_url"]), pip_index_url)
+        try:
+            populate(ctx, plan.files, plan.wheels)
+            if "pip_index_url" in plan.secrets and pip_index_url:
+                _write_secret(Path(plan.secrets["pip_index_url"]), pip_index_url)
+        except BaseException as exc:  # a full disk, Ctrl-C: no half-staged context (or secret) is left for a build
+            shutil.rmtree(ctx, ignore_errors=True)
+            Path(plan.secrets.get("pip_index_url", ctx.parent / "secrets" / "none")).unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                from .runtime.errors import describe_os_error
+
+                # copy2 names the source file; what failed is the write into the context
+                where = OSError(exc.errno, exc.strerror, str(ctx))
+                raise TrainboxError(f"cannot stage the build context: {describe_os_error(where)}") from None
+            raise
         if not wait:  # a dry run leaves the context and the secret for the printed command
             yield ctx
             return

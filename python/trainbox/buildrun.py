@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from .paths import write_atomic
 from . import cann_bake, sbom
 from .buildplan import BuildPlan, stage
 from .engine import Client, ConsoleProgress, run_build
@@ -177,9 +177,7 @@ def image_facts(client: Client, ref: str) -> dict:
 def write_report(report: dict, path: Path, secrets: list[str] | tuple[str, ...] = ()) -> None:
     """The report, with every URL's credentials and each of `secrets` masked (it is kept, shared, attached to CI)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(redact_data(report, secrets), indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(redact_data(report, secrets), indent=2, sort_keys=False) + "\n")
 
 
 def summary(report: dict) -> str:

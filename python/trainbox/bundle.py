@@ -144,19 +144,41 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
         (root / "SHA256SUMS").write_text("\n".join(sums) + "\n")
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.partial")
-        with tarfile.open(tmp, "w") as tar:
-            tar.add(root, arcname=".")
-        os.replace(tmp, out)
+        try:
+            with tarfile.open(tmp, "w") as tar:
+                tar.add(root, arcname=".")
+            os.replace(tmp, out)
+        finally:  # a full disk, Ctrl-C: no half-written bundle stays behind (the old one, if any, is kept)
+            tmp.unlink(missing_ok=True)
         return {"schema": SCHEMA, "bundle": str(out), "stack": stack.name, "platform": plat, "files": len(sums),
                 "size": out.stat().st_size}
+    except OSError as exc:
+        from .runtime.errors import describe_os_error
+
+        raise BundleError(f"--bundle {out}: the bundle cannot be written: {describe_os_error(exc)}; nothing was "
+                          "written") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
+# kernel file systems: their "regular files" (/proc/self/mem, /sys/...) are interfaces, not places for a bundle
+_PSEUDO_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def _pseudo(path: Path) -> bool:
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r + "/") for r in _PSEUDO_ROOTS)
+
+
 def _check_output(out: Path) -> None:
     """The bundle replaces `out` when done: only a regular file (or nothing) may be there, never `/`, a directory,
-    a device (`/dev/full` was replaced by the tar) or a link."""
-    if out.name in ("", ".", "..") or (os.path.lexists(out) and not stat.S_ISREG(os.lstat(out).st_mode)):
+    a device (`/dev/full` was replaced by the tar), a link, or a file of /proc, /sys or /dev."""
+    try:
+        bad = out.name in ("", ".", "..") or _pseudo(out) or (os.path.exists(out.parent) and not out.parent.is_dir()) or (
+            os.path.lexists(out) and not stat.S_ISREG(os.lstat(out).st_mode))
+    except OSError as exc:  # a name too long, a path through a file
+        raise BundleError(f"--bundle {str(out)[:200]}: not a usable path ({exc.strerror or exc})") from None
+    if bad:
         raise BundleError(f"--bundle {out}: not a regular file; name a new or existing .tar file to write the "
                           "bundle to")
 
@@ -204,7 +226,7 @@ def open_bundle(file: Path, stack, dest: Path) -> OpenBundle:
     """Unpack into `dest` what SHA256SUMS lists, and nothing else, each file checked as it is written; then check
     that the bundle is for `stack` and that its git objects are the pinned commits' own (see `_check_git`)."""
     file = Path(file)
-    if not file.is_file():
+    if not file.is_file() or _pseudo(file):
         raise BundleError(f"--bundle {file}: not a bundle file (no such file, or a directory or device); write one "
                           "with `trainbox fetch STACK --bundle FILE`")
     try:
@@ -312,10 +334,16 @@ def _extract_checked(tar: tarfile.TarFile, files: dict, sums: dict[str, str], de
 
 
 def _read_meta(path: Path, file: Path) -> dict:
+    from .yamlfile import json_loads as loads
+
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise BundleError(f"--bundle {file}: bundle.json cannot be read ({exc}); the bundle is damaged") from None
+        meta = loads(path.read_bytes())
+    except OSError as exc:
+        raise BundleError(f"--bundle {file}: bundle.json cannot be read ({exc.strerror or exc}); the bundle is "
+                          "damaged") from None
+    except ValueError as exc:  # yamlfile.JsonError: malformed, not UTF-8, or 100,000 brackets deep
+        raise BundleError(f"--bundle {file}: bundle.json cannot be read ({exc}); the bundle is damaged or "
+                          "tampered with") from None
     if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
         raise BundleError(f"--bundle {file}: bundle.json is not a {SCHEMA} object; write the bundle again")
     return meta

@@ -15,8 +15,8 @@ import os
 import sys
 
 from . import __version__
-from .commands._args import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, Parser, finish
-from .runtime.errors import TrainboxError
+from .commands._args import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_PROBLEMS, EXIT_USAGE, Parser, finish
+from .runtime.errors import TrainboxError, describe_os_error
 from .runtime.redact import redact
 
 # Order here is the order of `trainbox --help`.
@@ -57,6 +57,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Whatever it raises ends here as one line on stderr and the documented exit status:
+    130 for Ctrl-C (also during argument parsing or imports), 141 when the reader of stdout went away, 2 for
+    invalid input, a file system that refuses a write (full, read-only) or input nested too deep."""
+    try:
+        return _dispatch(argv)
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc)
+    except BrokenPipeError:
+        return _pipe_closed()
+
+
+def _dispatch(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args._argv = list(sys.argv[1:] if argv is None else argv)  # `run --detach` starts the same command again
@@ -68,25 +80,55 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.func(args)
         sys.stdout.flush()
     except TrainboxError as exc:
-        print(f"trainbox: error: {redact(str(exc))}", file=sys.stderr)  # a URL's credentials never in clear
-        return exc.exit_code
+        return _error(str(exc), exc.exit_code)
     except ModuleNotFoundError as exc:
         # Host-only commands inside the image, or a host without the [build] extra.
-        print(
-            f"trainbox: error: `trainbox {args.command}` needs the Python module {exc.name!r}, which is not "
-            "installed here; install the host tools with `pip install 'trainbox[build]'`",
-            file=sys.stderr,
-        )
-        return 2
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return _error(f"`trainbox {args.command}` needs the Python module {exc.name!r}, which is not installed "
+                      "here; install the host tools with `pip install 'trainbox[build]'`", EXIT_USAGE)
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc)
     except BrokenPipeError:
-        # `trainbox ... | head`: the reader left. No traceback; and stdout goes to /dev/null so that the
-        # interpreter's own flush at exit does not raise again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_PIPE
+        return _pipe_closed()
+    except OSError as exc:  # a full disk, a read-only cache, TRAINBOX_CACHE naming a file: the path and the fix
+        return _error(describe_os_error(exc), EXIT_USAGE)
+    except RecursionError:  # a document nested past what any reader bounds: never a 1000-frame traceback
+        return _error(f"`trainbox {args.command}`: an input is nested too deeply to read; check the files it "
+                      "reads (stack, lock, recipe, bundle, SBOM)", EXIT_USAGE)
+    except Exception as exc:  # noqa: BLE001 - the last resort: a bug says so in one line, the traceback on demand
+        if os.environ.get("TRAINBOX_DEBUG"):
+            raise
+        what = " ".join(str(exc).split())[:300]
+        return _error(f"internal error in `trainbox {args.command}`: {type(exc).__name__}: {what} (a bug in "
+                      "trainbox: please report it with the command; TRAINBOX_DEBUG=1 prints the traceback)",
+                      EXIT_PROBLEMS)
     return int(rc or 0)
+
+
+def _error(message: str, code: int) -> int:
+    print(f"trainbox: error: {redact(message)}", file=sys.stderr)  # a URL's credentials never in clear
+    return code
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """Ctrl-C: one line, 130; whatever was half-done has been undone by the `finally` blocks on the way here.
+    A command that knows more (`run`: the job stopped, where its log is) says it in the interrupt's message."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while saying so is not another traceback
+    detail = str(exc.args[0]) if exc.args and isinstance(exc.args[0], str) else ""
+    try:
+        print(f"trainbox: interrupted{': ' + detail if detail else ''}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+    return EXIT_INTERRUPTED
+
+
+def _pipe_closed() -> int:
+    # `trainbox ... | head`: the reader left. No traceback; and stdout goes to /dev/null so that the
+    # interpreter's own flush at exit does not raise again.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_PIPE
 
 
 if __name__ == "__main__":

@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from packaging.utils import parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from .paths import CACHE_DIR
+from .yamlfile import json_loads
+from .paths import CACHE_DIR, write_atomic
 from .runtime.apply_patches import canon_name as canon  # PEP 503 names: the runtime's one copy
 
 #: File names pip installs from: wheels and the two sdist formats.
@@ -87,7 +87,7 @@ def sha256_file(path: Path, remember: bool = False) -> str:
     cache = CACHE_DIR / "sha256.json"
     key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
     try:
-        memo = json.loads(cache.read_text())
+        memo = json_loads(cache.read_text())
     except (OSError, ValueError):
         memo = {}
     if key in memo:
@@ -95,7 +95,5 @@ def sha256_file(path: Path, remember: bool = False) -> str:
     memo[key] = _hash(path)
     with contextlib.suppress(OSError):
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(memo))
-        tmp.replace(cache)
+        write_atomic(cache, json.dumps(memo))
     return memo[key]

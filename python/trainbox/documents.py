@@ -47,6 +47,19 @@ def read_yaml(path: Path, error: type[TrainboxError] = TrainboxError, what: str 
     return data
 
 
+# A stack or recipe extends one or two others; a chain of hundreds is a hostile or generated file, and each level
+# costs a read, a merge and (stacks) a validation. Counted in files, the one that is loaded included.
+MAX_EXTENDS_DEPTH = 16
+
+
+def extends_too_deep(path: Path, chain: list[Path], error: type[TrainboxError] = TrainboxError) -> TrainboxError:
+    """The one-line refusal of an `extends:` chain longer than MAX_EXTENDS_DEPTH files."""
+    names = [p.stem for p in chain]
+    shown = " -> ".join(names[:3] + ["..."] + names[-2:])
+    return error(f"{path}: extends: a chain of more than {MAX_EXTENDS_DEPTH} files ({shown}); a file may extend at "
+                 f"most {MAX_EXTENDS_DEPTH - 1} others in turn: merge some of them into one")
+
+
 def merge(parent: dict, child: dict) -> dict:
     """Child keys win; mappings merge recursively (so a child can change one pin's version only)."""
     out = copy.deepcopy(parent)

@@ -62,23 +62,65 @@ def _candidate_clients() -> list[str]:
     return found
 
 
-def _wait(proc: subprocess.Popen) -> int:
-    while True:
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped an attached `docker run`: the container was asked to stop and has; `returncode` is its."""
+
+    def __init__(self, returncode: int):
+        super().__init__(returncode)
+        self.returncode = returncode
+
+
+class _Attached:
+    """A foreground child in a process group of its own, so that Ctrl-C reaches trainbox alone, which then
+    forwards one SIGINT per Ctrl-C (docker's sig-proxy passes it to the container) and waits for the child; from
+    the first Ctrl-C on, the child's output (its tracebacks of the interrupt) goes to the log only."""
+
+    def __init__(self, argv: list[str], piped: bool):
+        import signal
+        import threading
+
+        self.interrupted = False
+        self._signal = signal
+        # only the main thread gets signals (and may set a handler); elsewhere the child shares our group
+        self._main = threading.current_thread() is threading.main_thread()
+        self._old = signal.getsignal(signal.SIGINT) if self._main else None
+        out = subprocess.PIPE if piped else None
+        # no tty is handed over: `docker run` is not -t and reads no stdin, so a background group is fine
+        self.proc = subprocess.Popen(argv, stdout=out, stderr=out, process_group=0 if self._main else None)
+        if self._main:
+            signal.signal(signal.SIGINT, self._forward)
+
+    def _forward(self, _signum, _frame) -> None:
+        self.interrupted = True
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(self._signal.SIGINT)
+
+    def wait(self) -> int:
         try:
-            return proc.wait()
-        except KeyboardInterrupt:
-            continue
+            return self.proc.wait()
+        finally:
+            if self._main:
+                self._signal.signal(self._signal.SIGINT, self._old)
 
 
-def _tee(src, dst, sink, lock) -> None:
-    """Copy a child's stream to our own and to a log file, chunk by chunk, as it comes."""
+def _tee(src, dst, sink, lock, attached: _Attached | None = None) -> None:
+    """Copy a child's stream to our own and to a log file, chunk by chunk, as it comes (after a Ctrl-C: to the
+    log only)."""
     out = getattr(dst, "buffer", dst)
+    logging = True
     for chunk in iter(lambda: src.read1(65536), b""):
-        with lock:
-            sink.write(chunk)
-            sink.flush()
-        out.write(chunk)
-        out.flush()
+        if logging:
+            try:
+                with lock:
+                    sink.write(chunk)
+                    sink.flush()
+            except (OSError, ValueError):  # the log's disk filled up: the job goes on, streaming only
+                logging = False
+        if attached is not None and attached.interrupted:
+            continue
+        with contextlib.suppress(OSError, ValueError):  # the terminal went away: the log still gets it all
+            out.write(chunk)
+            out.flush()
 
 
 @dataclass
@@ -121,24 +163,27 @@ class Client:
         return proc
 
     def attached(self, *args: str, log=None) -> int:
-        """`docker ARGS` in the foreground, its output streaming through; the exit code. On Ctrl-C the CLI got
-        the same SIGINT and forwards it to the container: wait for it to stop. `log`: a file path that also gets
-        both streams (a `--rm` container's own logs go with it)."""
+        """`docker ARGS` in the foreground, its output streaming through; the exit code. Ctrl-C is forwarded to
+        the container (see `_Attached`), which is waited for; then `Interrupted` is raised with its exit code.
+        `log`: a file path that also gets both streams (a `--rm` container's own logs go with it)."""
         if log is None:
-            proc = subprocess.Popen([self.docker, *args])
-            return _wait(proc)
-        import threading
+            job = _Attached([self.docker, *args], piped=False)
+            rc = job.wait()
+        else:
+            import threading
 
-        lock = threading.Lock()
-        with open(log, "ab") as sink:
-            proc = subprocess.Popen([self.docker, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            copies = [threading.Thread(target=_tee, args=(src, dst, sink, lock), daemon=True)
-                      for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
-            for c in copies:
-                c.start()
-            rc = _wait(proc)
-            for c in copies:
-                c.join(timeout=30)
+            lock = threading.Lock()
+            with open(log, "ab") as sink:
+                job = _Attached([self.docker, *args], piped=True)
+                copies = [threading.Thread(target=_tee, args=(src, dst, sink, lock, job), daemon=True)
+                          for src, dst in ((job.proc.stdout, sys.stdout), (job.proc.stderr, sys.stderr))]
+                for c in copies:
+                    c.start()
+                rc = job.wait()
+                for c in copies:
+                    c.join(timeout=30)
+        if job.interrupted:
+            raise Interrupted(rc)
         return rc
 
     def engine_answers(self, timeout: float = 15) -> tuple[bool, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from .commands._args import EXIT_PROBLEMS
 from .rules import Finding, check
 from .runtime.errors import TrainboxError
-from .stack import Stack, load_stack, parent_path
+from .stack import Stack, load_stack, one_reading, parent_path
 
 #: The exit status of a command whose stack has an error finding (with `stack validate --strict`: any warning),
 #: whichever command found it: validate, lock, render, patches verify, image build and its dry run. A finding is
@@ -71,10 +71,11 @@ def ancestors(stack: Stack, stacks_dir: Path | None = None) -> list[Stack]:
     """The stacks `stack` extends, root first, each loaded as its own file says (no --set, no --base)."""
     chain: list[Stack] = []
     path, parent = stack.source_file, stack.extends
-    while parent and path is not None:
-        st = load_stack(parent_path(path, parent, stacks_dir), stacks_dir=stacks_dir)
-        chain.insert(0, st)
-        path, parent = st.source_file, st.extends
+    with one_reading():  # each ancestor read and validated once, not once per descendant
+        while parent and path is not None:
+            st = load_stack(parent_path(path, parent, stacks_dir), stacks_dir=stacks_dir)
+            chain.insert(0, st)
+            path, parent = st.source_file, st.extends
     return chain
 
 

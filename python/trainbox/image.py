@@ -59,7 +59,12 @@ def check_ca_bundle(path: str | os.PathLike) -> Path:
     if not p.is_file():
         raise TrainboxError(f"--ca-bundle {p}: no such file; give a PEM file of CA certificates "
                             f"(e.g. {DEFAULT_CA_BUNDLE})")
-    data = p.read_bytes()
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(16 << 20)  # the system's whole bundle is ~200 KiB; /dev/zero would never end
+    except OSError as exc:  # /proc/self/mem, a file it may not read
+        raise TrainboxError(f"--ca-bundle {p}: cannot be read ({exc.strerror or exc}); give a PEM file of CA "
+                            "certificates") from None
     if b"-----BEGIN CERTIFICATE-----" not in data:
         raise TrainboxError(f"--ca-bundle {p}: holds no PEM certificate (no '-----BEGIN CERTIFICATE-----' "
                             "block); give a PEM file of CA certificates, not a key, DER file or directory")

@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
+from .yamlfile import json_loads
 from .engine import Client, EngineError, find_client
 from .platforms import PLATFORM_ARCH, platform_of
 
@@ -58,7 +59,7 @@ def _parse_created(text: str) -> _dt.datetime:
 
 def _overrides(labels: dict[str, str]) -> dict[str, str]:
     try:
-        data = json.loads(labels.get("io.trainbox.overrides") or "{}")
+        data = json_loads(labels.get("io.trainbox.overrides") or "{}")  # an image label: anyone's
     except ValueError:
         return {"?": labels["io.trainbox.overrides"]}
     return data if isinstance(data, dict) else {}

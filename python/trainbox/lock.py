@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Callable
 
 import yaml
 
+from .yamlfile import json_loads
 from .dists import dist_key, norm_version
 from .runtime.errors import TrainboxError
 from .index import IndexUnreachable, artifacts_for, project_files, versions
 from .component import broken_seal, check_lock, intact, seal
-from .paths import CACHE_DIR
+from .paths import CACHE_DIR, write_atomic
 from .platforms import PLATFORM_MACHINE
 from .stack import Stack, canon, load_stack
 
@@ -311,7 +312,7 @@ def lock_overrides(stack: Stack, plat: str, wheels: list[WheelFile], wheelhouse:
     origin = f"resolved for the overrides {', '.join(sorted(stack.overrides))} ({memo})"
     try:
         # the cache is a directory like any other: a memo outside the lock grammar or its seal is not used
-        lock = check_lock(json.loads(memo.read_text()), memo, stack.name)
+        lock = check_lock(json_loads(memo.read_text()), memo, stack.name)
         lock = lock if intact(lock) else None
     except (OSError, ValueError, TrainboxError):
         lock = None
@@ -331,7 +332,7 @@ def lock_overrides(stack: Stack, plat: str, wheels: list[WheelFile], wheelhouse:
         lock = rep.lock
         with contextlib.suppress(OSError):
             memo.parent.mkdir(parents=True, exist_ok=True)
-            memo.write_text(json.dumps(lock, sort_keys=True))
+            write_atomic(memo, json.dumps(lock, sort_keys=True))
     stack = stack.with_lock(lock, origin)
     left = missing(stack)
     if left:
@@ -404,7 +405,4 @@ def write_lock(stack: Stack, lock: dict) -> Path:
     assert path is not None
     text = HEADER.format(name=stack.name, src=path.with_suffix(".yaml").name) + yaml.safe_dump(
         seal(lock), sort_keys=True, default_flow_style=False, width=120)
-    tmp = path.with_suffix(".lock.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)  # atomic: a failed lock never leaves half a file
-    return path
+    return write_atomic(path, text)  # a failed lock (full disk, Ctrl-C) never leaves half a file

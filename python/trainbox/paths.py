@@ -16,3 +16,21 @@ COMPAT_DIR = REPO_ROOT / "build" / "compat"
 PATCHES_DIR = REPO_ROOT / "patches"
 LAUNCHERS_DIR = REPO_ROOT / "launchers"
 CACHE_DIR = Path(os.environ.get("TRAINBOX_CACHE") or Path.home() / ".cache" / "trainbox")
+
+
+def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> Path:
+    """Write `path` whole or not at all: a temporary file beside it, renamed over it when complete. A full disk
+    or Ctrl-C leaves the old file (or none) and no temporary one; the OSError goes on to the caller."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if isinstance(data, str):
+            tmp.write_text(data, encoding="utf-8")
+        else:
+            tmp.write_bytes(data)
+        if mode is not None:
+            tmp.chmod(mode)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

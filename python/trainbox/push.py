@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from .yamlfile import json_loads
 from .runtime.errors import TrainboxError
 
 # host[:port] with an optional path below it (a project or namespace): what `docker push` accepts before the name
@@ -93,7 +93,7 @@ def _tag_re(platform: str | None):
 
 def _read_report(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
+        return json_loads(path.read_text())
     except (OSError, ValueError):
         return None
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .runtime.errors import TrainboxError
 from .paths import LAUNCHERS_DIR
 from .grammar import ENV_NAME_RE, MAX_DEVICES_PER_NODE, MAX_NODES, check_name, check_text
-from .documents import format_validation, merge, named_file, read_yaml
+from .documents import MAX_EXTENDS_DEPTH, extends_too_deep, format_validation, merge, named_file, read_yaml
 from .ports import RUN_BASES
 
 RECIPES_DIR = LAUNCHERS_DIR / "recipes"
@@ -533,22 +533,32 @@ def _drop_nulls(merged: dict, child: dict) -> None:
 
 def _raw_recipe(path: Path, recipes_dir: Path | None, seen: tuple[Path, ...] = ()) -> dict:
     """The recipe's mapping with `extends: PARENT` applied like stacks do: mappings (inputs, env, parallel,
-    ...) merge key by key, anything else (command, source, preflight, upstream) is replaced whole."""
-    if path.resolve() in seen:
-        chain = " -> ".join(p.name for p in seen + (path.resolve(),))
-        raise RecipeError(f"{path}: `extends` loops: {chain}")
-    data = read_yaml(path, RecipeError, "recipe")
-    parent = data.pop("extends", None)
-    if parent is None:
-        return data
-    if not isinstance(parent, str) or not RECIPE_NAME_RE.match(parent):
-        raise RecipeError(f"{path}: extends: expected a recipe name, got {parent!r}")
-    sibling = path.parent / f"{parent}.yaml"
-    base = _raw_recipe(sibling if sibling.is_file() else recipe_path(parent, recipes_dir), recipes_dir,
-                       seen + (path.resolve(),))
-    base.pop("name", None)
-    merged = merge(base, data)
-    _drop_nulls(merged, data)
+    ...) merge key by key, anything else (command, source, preflight, upstream) is replaced whole. The chain is
+    walked without recursion, at most MAX_EXTENDS_DEPTH files deep."""
+    chain: list[dict] = []
+    visited = list(seen)
+    here: Path | None = path
+    while here is not None:
+        if here.resolve() in visited:
+            looped = " -> ".join(p.name for p in visited + [here.resolve()])
+            raise RecipeError(f"{here}: `extends` loops: {looped}")
+        visited.append(here.resolve())
+        if len(visited) > MAX_EXTENDS_DEPTH:
+            raise extends_too_deep(path, visited, RecipeError)
+        data = read_yaml(here, RecipeError, "recipe")
+        chain.append(data)
+        parent = data.pop("extends", None)
+        if parent is None:
+            break
+        if not isinstance(parent, str) or not RECIPE_NAME_RE.match(parent):
+            raise RecipeError(f"{here}: extends: expected a recipe name, got {parent!r}")
+        sibling = here.parent / f"{parent}.yaml"
+        here = sibling if sibling.is_file() else recipe_path(parent, recipes_dir)
+    merged = chain[-1]
+    for data in reversed(chain[:-1]):
+        merged.pop("name", None)
+        merged = merge(merged, data)
+        _drop_nulls(merged, data)
     return merged
 
 

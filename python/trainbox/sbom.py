@@ -27,6 +27,8 @@ import tarfile
 import uuid
 from pathlib import Path
 
+from .commands._output import printable  # noqa: F401 - image sbom's printing
+from .paths import write_atomic
 from .engine import Client
 from .runtime.errors import TrainboxError
 from .runtime.installed import SBOM_FILE as SBOM_PATH, canon
@@ -329,8 +331,13 @@ def commit(client: Client, tags: list[str], doc: str) -> str:
     return digest
 
 
+# An SBOM of the largest stack is ~200 KiB; a bound keeps a hostile image from filling memory through `docker cp`.
+MAX_SBOM_BYTES = 32 << 20
+
+
 def read_from_image(client: Client, ref: str) -> str:
-    """The SBOM document an image carries (its text), or a TrainboxError saying it has none."""
+    """The SBOM document an image carries (its text), or a TrainboxError saying it has none or that what is
+    there is not a plain UTF-8 file (a link is refused, never followed)."""
     if not client.image_exists(ref):  # `docker create` would try to pull it
         raise TrainboxError(f"{ref}: no such image in this engine (`trainbox image ls` lists trainbox's)")
     # a command for images without CMD (never run: the container is only read)
@@ -343,22 +350,109 @@ def read_from_image(client: Client, ref: str) -> str:
     if proc.returncode != 0:
         raise TrainboxError(f"{ref}: no SBOM at {SBOM_PATH} (an image not built by `trainbox image build`, or one "
                             "built before SBOMs); rebuild it with `trainbox image build --force`")
-    with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
-        member = tar.next()
-        fh = tar.extractfile(member) if member is not None else None
-        if fh is None:
-            raise TrainboxError(f"{ref}: {SBOM_PATH} is not a file")
-        return fh.read().decode()
+    where = f"{ref}: {SBOM_PATH}"
+    try:
+        with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
+            member = tar.next()
+            if member is not None and (member.issym() or member.islnk()):
+                raise TrainboxError(f"{where} is a link (to {printable(member.linkname)[:200]}), not the file trainbox "
+                                    "writes; refusing to follow it: rebuild the image with `trainbox image build "
+                                    "--force`")
+            if member is None or not member.isfile():
+                raise TrainboxError(f"{where} is not a file; rebuild the image with `trainbox image build --force`")
+            if member.size > MAX_SBOM_BYTES:
+                raise TrainboxError(f"{where}: {member.size} bytes; an SBOM may hold at most {MAX_SBOM_BYTES}")
+            raw = tar.extractfile(member).read()
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise TrainboxError(f"{where}: `docker cp` gave no readable tar ({' '.join(str(exc).split())[:200]})") \
+            from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TrainboxError(f"{where}: not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start}); not an "
+                            "SBOM trainbox wrote: rebuild the image with `trainbox image build --force`") from None
+
+
+# -- reading a document from elsewhere (an image anyone may have built) ------------------------------------
+
+class SbomError(TrainboxError):
+    """An SBOM document that is not the CycloneDX shape `image sbom` reads (one line: where, key, expected)."""
+
+
+def _expect(value, kind: type | tuple, where: str, key: str, optional: bool = True):
+    if value is None and optional:
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        names = {dict: "an object", list: "an array", str: "a string"}
+        want = names.get(kind, getattr(kind, "__name__", str(kind)))
+        got = "nothing" if value is None else type(value).__name__.replace("dict", "object").replace("list", "array")
+        raise SbomError(f"{where}: {key}: expected {want}, got {got}; not an SBOM trainbox wrote")
+    return value
+
+
+def parse_document(text: str, where: str) -> dict:
+    """Parse and check an SBOM's text: JSON (depth-bounded), an object, and every field `image sbom` shows of
+    the type CycloneDX gives it (components[].name a string, properties[] objects with string name and value ...).
+    SbomError (one line) otherwise."""
+    from .yamlfile import json_loads as loads
+
+    try:
+        doc = loads(text)
+    except ValueError as exc:
+        raise SbomError(f"{where}: {exc}; not an SBOM trainbox wrote") from None
+    _expect(doc, dict, where, "(top level)", optional=False)
+    meta = _expect(doc.get("metadata"), dict, where, "metadata") or {}
+    subject = _expect(meta.get("component"), dict, where, "metadata.component") or {}
+    for key in ("name", "version"):
+        _expect(subject.get(key), str, where, f"metadata.component.{key}")
+    for key in ("bomFormat", "specVersion"):
+        _expect(doc.get(key), str, where, key)
+    for i, c in enumerate(_expect(doc.get("components"), list, where, "components") or []):
+        at = f"components[{i}]"
+        _expect(c, dict, where, at, optional=False)
+        _expect(c.get("name"), str, where, f"{at}.name", optional=False)
+        for key in ("type", "version"):
+            _expect(c.get(key), str, where, f"{at}.{key}")
+        for j, prop in enumerate(_expect(c.get("properties"), list, where, f"{at}.properties") or []):
+            _expect(prop, dict, where, f"{at}.properties[{j}]", optional=False)
+            _expect(prop.get("name"), str, where, f"{at}.properties[{j}].name", optional=False)
+            _expect(prop.get("value"), str, where, f"{at}.properties[{j}].value")
+        for j, h in enumerate(_expect(c.get("hashes"), list, where, f"{at}.hashes") or []):
+            _expect(h, dict, where, f"{at}.hashes[{j}]", optional=False)
+            for key in ("alg", "content"):
+                _expect(h.get(key), str, where, f"{at}.hashes[{j}].{key}")
+    return doc
+
+
+def summary(doc: dict, image: str) -> tuple[str, list[list[str]]]:
+    """The heading line and the table rows `image sbom` prints (every value printable: see `printable`)."""
+    subject = (doc.get("metadata") or {}).get("component") or {}
+    head = (f"{printable(image)}: {printable(subject.get('name'))} {printable(subject.get('version'))} "
+            f"({printable(doc.get('bomFormat'))} {printable(doc.get('specVersion'))}, "
+            f"{len(doc.get('components') or [])} components)")
+    rows = []
+    for c in doc.get("components") or []:
+        props = {p["name"].removeprefix(PROP): p.get("value") or "" for p in c.get("properties") or []}
+        sha = next((h.get("content") or "" for h in c.get("hashes") or [] if h.get("alg") == "SHA-256"), "")
+        note = props.get("git-url") or props.get("base-reference") or props.get("toolkit-source") \
+            or props.get("hash-source") or props.get("patch-series") or ""
+        rows.append([printable(x) for x in (c.get("type") or "", c["name"], c.get("version") or "", sha[:16], note)])
+    return head, rows
+
+
+def json_text(text: str, doc: dict) -> str:
+    """The document for `image sbom --json`: its own text, unless that holds a raw control character JSON lets
+    through (DEL, C1, bidi overrides); then the same document with every one escaped."""
+    if all(c.isprintable() or c in "\n\r\t " for c in text):
+        return text
+    return json.dumps(doc, indent=2, ensure_ascii=True).replace("\x7f", "\\u007f") + "\n"
 
 
 def write_beside(report_path: Path, doc: str) -> Path:
     """The SBOM next to the build report: build/reports/<stack>.json -> <stack>.sbom.cdx.json."""
     out = report_path.with_name(report_path.name.removesuffix(".json") + ".sbom.cdx.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(doc)
-    tmp.replace(out)
-    return out
+    return write_atomic(out, doc)
 
 
 # -- a build's SBOM ----------------------------------------------------------------------------------------

@@ -185,11 +185,13 @@ def fill(stack, platform: str, dest: Path, cache_dir: Path | None = None, say=pr
         art, origin = _artifact(stack, platform, pin, cache_dir)
         target = dest / art.name
         tmp = target.with_name(f".{target.name}.part")
-        shutil.copy2(art, tmp)
-        if sha256_file(tmp) not in pin.sha256:  # the cache re-checks, this re-checks the copy
-            tmp.unlink()
-            raise TrainboxError(f"{target}: copy does not match its pin's sha256; nothing was added")
-        tmp.replace(target)
+        try:
+            shutil.copy2(art, tmp)
+            if sha256_file(tmp) not in pin.sha256:  # the cache re-checks, this re-checks the copy
+                raise TrainboxError(f"{target}: copy does not match its pin's sha256; nothing was added")
+            tmp.replace(target)
+        finally:  # a full disk, Ctrl-C: no .part stays in the wheelhouse
+            tmp.unlink(missing_ok=True)
         added.append(art.name)
         say(f"trainbox: {pin.name}=={pin.version} -> {target} (from {origin})")
     return {"schema": SCHEMA, "stack": stack.name, "platform": platform, "dir": str(dest), "added": added,

@@ -1,4 +1,5 @@
-"""The one YAML reader for every file users write (stacks, locks, recipes, smoke profiles) (host module).
+"""The one YAML reader for every file users write (stacks, locks, recipes, smoke profiles), and the one JSON reader
+for documents from elsewhere (a bundle's bundle.json, an image's SBOM and labels, build reports) (host module).
 
 yaml.safe_load lets a repeated key win silently (`version: 2.3.5` then `version: 9.9.9` gives 9.9.9) and reads
 anything of any size. This reader refuses duplicate keys (file and both lines named), files over a size bound,
@@ -8,6 +9,7 @@ of the line a comment), each as one TrainboxError line instead of a traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -22,11 +24,65 @@ MAX_YAML_BYTES = 1 << 20
 # A stack or recipe nests a few levels; deeper is a hostile or broken file (libyaml parses 20,000 levels happily,
 # and the schema would then print one error per level).
 MAX_YAML_DEPTH = 64
+# Nodes after aliases are expanded: the largest lock is ~1,600. Aliases make a billion-laughs file of under 1 KiB
+# (9 aliases of 9 aliases ... 8 levels: 43 million nodes) that loads in no time as shared objects and then hangs
+# whatever walks it (the depth check, pydantic, deepcopy); counted on the parsed nodes, before anything is built.
+MAX_YAML_NODES = 100_000
+
+
+class YamlTooBig(yaml.YAMLError):
+    """A document past MAX_YAML_DEPTH or MAX_YAML_NODES (its message is the one-line reason)."""
 
 
 class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """SafeLoader that refuses a mapping key given twice. libyaml's parser where PyYAML has it: the pure-Python
-    one takes ~10x as long, and a lock file is tens of KiB read on every stack load."""
+    """SafeLoader that refuses a mapping key given twice, and a document too deep or too big once its aliases are
+    expanded. libyaml's parser where PyYAML has it: the pure-Python one takes ~10x as long, and a lock file is
+    tens of KiB read on every stack load."""
+
+    def get_single_data(self):
+        node = self.get_single_node()
+        if node is None:
+            return None
+        _check_expanded(node)
+        return self.construct_document(node)
+
+
+def _children(node: yaml.Node) -> list:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _check_expanded(root: yaml.Node) -> None:
+    """Depth and node count of the document as its aliases expand it, each distinct node visited once (an alias
+    is the very node object it names): linear in the file, however large the expansion."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    todo: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_: set[int] = set()
+    while todo:
+        node, done = todo.pop()
+        key = id(node)
+        if done:
+            kids = _children(node)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
+            open_.discard(key)
+            if depth[key] > MAX_YAML_DEPTH:
+                raise YamlTooBig(f"nested more than {MAX_YAML_DEPTH} levels deep; a stack or recipe needs a few "
+                                 "levels")
+            if size[key] > MAX_YAML_NODES:
+                raise YamlTooBig(f"more than {MAX_YAML_NODES} values once its aliases (*name) are expanded; a "
+                                 "stack, lock or recipe holds a few thousand (an alias bomb?)")
+            continue
+        if key in size:
+            continue
+        if key in open_:  # `&a [*a]`: an alias inside the node it names never ends
+            raise YamlTooBig(f"an alias refers to a node that contains it (line {node.start_mark.line + 1}); "
+                             "it would nest without end")
+        open_.add(key)
+        todo.append((node, True))
+        todo.extend((k, False) for k in _children(node) if id(k) not in size)
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
@@ -76,29 +132,43 @@ def _cut_values(text: str, where: str, error: type[TrainboxError]) -> None:
                         "as '# text'")
 
 
-def _too_deep(data) -> bool:
-    """Nesting past MAX_YAML_DEPTH, measured without recursion (the data may be 20,000 levels deep)."""
-    todo = [(data, 1)]
-    while todo:
-        value, depth = todo.pop()
-        if depth > MAX_YAML_DEPTH:
-            return True
-        if isinstance(value, dict):
-            todo.extend((v, depth + 1) for v in value.values())
-        elif isinstance(value, list):
-            todo.extend((v, depth + 1) for v in value)
+_OPENS = (yaml.BlockSequenceStartToken, yaml.BlockMappingStartToken, yaml.FlowSequenceStartToken,
+          yaml.FlowMappingStartToken)
+_CLOSES = (yaml.BlockEndToken, yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken)
+
+
+def _tokens_too_deep(text: str) -> bool:
+    """Nesting past MAX_YAML_DEPTH, found in the tokens before anything is composed: libyaml's composer recurses in
+    C (`- - - ... x` 50,000 levels deep, 100 KB, kills the interpreter with SIGSEGV) and its time grows with the
+    square of the flow depth (`[[[[...`: 20,000 levels 1.7 s, 1 MiB hours). The scan stops at the bound; for an
+    honest lock it costs a tenth of the parse."""
+    level = 0
+    loader = _UniqueKeyLoader(text)
+    try:
+        while loader.check_token():
+            tok = loader.get_token()
+            if isinstance(tok, _OPENS):
+                level += 1
+                if level > MAX_YAML_DEPTH:
+                    return True
+            elif isinstance(tok, _CLOSES):
+                level -= 1
+    finally:
+        loader.dispose()
     return False
 
 
 def parse_yaml(text: str, where: str, error: type[TrainboxError] = TrainboxError):
     """Parse YAML text (duplicate keys and cut-short values refused); errors name `where` (a path) and the line."""
     try:
+        if _tokens_too_deep(text):
+            raise RecursionError
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
         if _SUSPECT.search(text):
             _cut_values(text, where, error)
-        if _too_deep(data):
-            raise RecursionError
         return data
+    except YamlTooBig as exc:
+        raise error(f"{where}: malformed YAML: {exc}") from None
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc)
         raise error(f"{where}{_location(exc)}: malformed YAML: {problem}") from None
@@ -139,3 +209,49 @@ def read_text_file(path: Path, what: str, error: type[TrainboxError] = TrainboxE
 def load_yaml_file(path: Path, what: str, error: type[TrainboxError] = TrainboxError):
     """Read and parse one user-written YAML file (see the module doc for what is refused)."""
     return parse_yaml(read_text_file(path, what, error), str(path), error)
+
+
+# -- JSON from elsewhere ------------------------------------------------------------------------------------
+# `json.loads` of 100,000 nested brackets raises RecursionError (a traceback, not the ValueError callers catch),
+# and a document a few hundred levels deep parses but then breaks whatever walks it recursively. Here either is
+# a `JsonError`, a ValueError with a one-line message, so `except ValueError` at every caller handles it.
+
+# bundle.json (the stack's manifest inside) nests 6 levels, a CycloneDX SBOM 5; 64 leaves room for any honest one
+MAX_JSON_DEPTH = 64
+
+
+class JsonError(ValueError):
+    """Not JSON, or JSON nested past MAX_JSON_DEPTH; the message is one line."""
+
+
+def _json_depth_over(data, limit: int) -> bool:
+    todo = [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if depth > limit:
+            return True
+        if isinstance(value, dict):
+            todo.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            todo.extend((v, depth + 1) for v in value)
+    return False
+
+
+def json_loads(text: str | bytes, max_depth: int = MAX_JSON_DEPTH):
+    """Parse JSON text; JsonError (one line) for malformed JSON, bytes that are not UTF-8, or nesting too deep."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JsonError(f"not UTF-8 text (byte {text[exc.start]:#04x} at offset {exc.start})") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise JsonError(f"nested more than {max_depth} levels deep") from None
+    except json.JSONDecodeError as exc:
+        raise JsonError(f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise JsonError(f"not valid JSON: {' '.join(str(exc).split())[:200]}") from None
+    if _json_depth_over(data, max_depth):
+        raise JsonError(f"nested more than {max_depth} levels deep")
+    return data

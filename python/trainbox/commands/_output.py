@@ -57,5 +57,16 @@ def _cell(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    return str(value)
+        return printable(",".join(str(v) for v in value))
+    return printable(value)  # cells come from image labels, SBOMs, stack files: never raw control characters
+
+
+def printable(text) -> str:
+    """`text` for a terminal: control characters (ESC and OSC sequences, newlines, bidi overrides) as escapes,
+    so a package name in an untrusted document cannot move the cursor, retitle the window or forge a line."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") if c < "\x80"
+                   else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text)
+

@@ -278,28 +278,19 @@ def _push_platforms(args: argparse.Namespace, say) -> int:
 
 
 def _sbom(args: argparse.Namespace) -> int:
-    import json
-
     from trainbox import sbom
     from trainbox.engine import find_client
 
     client = find_client()
     client.require_engine()
     text = sbom.read_from_image(client, args.image)
+    # the image may be anyone's: its document is checked and everything printed from it made printable
+    doc = sbom.parse_document(text, f"{sbom.printable(args.image)}: {sbom.SBOM_PATH}")
     if args.json:
-        sys.stdout.write(text)
+        sys.stdout.write(sbom.json_text(text, doc))
         return 0
-    doc = json.loads(text)
-    subject = (doc.get("metadata") or {}).get("component") or {}
-    print(f"{args.image}: {subject.get('name')} {subject.get('version')} ({doc.get('bomFormat')} "
-          f"{doc.get('specVersion')}, {len(doc.get('components') or [])} components)")
-    rows = []
-    for c in doc.get("components") or []:
-        props = {p["name"].removeprefix(sbom.PROP): p["value"] for p in c.get("properties") or []}
-        sha = next((h["content"] for h in c.get("hashes") or [] if h.get("alg") == "SHA-256"), "")
-        note = props.get("git-url") or props.get("base-reference") or props.get("toolkit-source") \
-            or props.get("hash-source") or props.get("patch-series") or ""
-        rows.append([c.get("type"), c.get("name"), c.get("version") or "", sha[:16], note])
+    head, rows = sbom.summary(doc, args.image)
+    print(head)
     print_table(["TYPE", "NAME", "VERSION", "SHA256", "FROM"], rows)
     return 0
 

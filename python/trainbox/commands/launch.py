@@ -156,11 +156,11 @@ def cmd_render(args) -> int:
     if args.output:
         from ..runtime.errors import TrainboxError
 
+        from ..paths import write_atomic
+
         path = os.path.abspath(args.output)
         try:
-            with open(path, "w") as fh:
-                fh.write(script)
-            os.chmod(path, 0o755)
+            write_atomic(path, script, mode=0o755)  # a full disk leaves no half a script to run
         except OSError as exc:
             raise TrainboxError(f"-o {args.output}: cannot write the script there ({exc.strerror or exc}); "
                                 "create the directory first or choose another path") from None

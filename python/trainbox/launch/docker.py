@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..paths import CACHE_DIR
 from ..runtime import npu
-from ..runtime.errors import TrainboxError
+from ..runtime.errors import TrainboxError, describe_os_error
 from .job import Job, resolve
 from .script import render_script
 
@@ -92,9 +92,14 @@ def write_job_script(name: str, script: str) -> Path:
     path = d / f"{name}-{digest}.sh"
     if not path.exists() or path.read_text() != script:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(script)
-        tmp.chmod(0o644)
-        tmp.replace(path)
+        try:
+            tmp.write_text(script)
+            tmp.chmod(0o644)
+            tmp.replace(path)
+        except OSError as exc:
+            raise TrainboxError(f"cannot write the job script: {describe_os_error(exc, str(tmp))}") from None
+        finally:  # a full disk: no half-written script stays behind
+            tmp.unlink(missing_ok=True)
     return path
 
 
@@ -269,9 +274,17 @@ def execute(plan: RunPlan, node_rank: int = 0) -> int:
                     node_rank=node_rank, nodes=len(plan.argv_per_node))
     print(f"trainbox run {plan.recipe.name}: job {name} ({plan.image}, script {plan.script_path}, log {log}); "
           f"`trainbox status|logs|cancel {name}`", file=sys.stderr)
+    from ..engine import Interrupted
+
     rc = 1
     try:
         rc = client.attached(*plan.argv_per_node[node_rank][1:], log=log)
+    except Interrupted as exc:  # Ctrl-C: the container stopped; its output after the interrupt is in the log only
+        rc = exc.returncode
+        lifecycle.save({**lifecycle.load(name), "cancel_requested": lifecycle.now()})  # Ctrl-C is a cancel
+        prune_logs(plan.recipe.name)
+        raise KeyboardInterrupt(f"the {plan.recipe.name} job {name} stopped (container exit {exc.returncode}); its "
+                                f"log is kept at {log} (trainbox logs {name})") from None
     finally:  # an interrupted follow still records the end (the container got the same SIGINT)
         record = lifecycle.finish(name, rc)
     # the container is gone (--rm); its output is not (the newest KEEP_LOGS per recipe are kept)

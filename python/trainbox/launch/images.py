@@ -97,14 +97,13 @@ def pinned(image: str) -> tuple[str, str | None]:
 def _listed(ref: str) -> str | None:
     """The newest manifest list (`image push --platform A,B`) that holds the pushed image `ref`: nodes of every
     platform pull that one name and each gets its own image."""
-    import json
-
+    from ..yamlfile import json_loads
     from ..image import REPORTS_DIR
 
     lists = []
     for path in REPORTS_DIR.glob("*.json"):
         try:
-            lists += json.loads(path.read_text()).get("manifest_lists") or []
+            lists += json_loads(path.read_text()).get("manifest_lists") or []
         except (OSError, ValueError, AttributeError):
             continue
     holding = [e for e in lists if isinstance(e, dict) and ref in (e.get("images") or {}).values()]
@@ -114,14 +113,13 @@ def _listed(ref: str) -> str | None:
 
 def _last_pushed(refs: list[str]) -> list[str]:
     """Those of `refs` in the order of the build reports' push records, newest first."""
-    import json
-
+    from ..yamlfile import json_loads
     from ..image import REPORTS_DIR
 
     pushed = []
     for path in REPORTS_DIR.glob("*.json"):
         try:
-            pushed += json.loads(path.read_text()).get("pushed") or []
+            pushed += json_loads(path.read_text()).get("pushed") or []
         except (OSError, ValueError, AttributeError):
             continue
     order = [p.get("ref") for p in sorted(pushed, key=lambda p: p.get("pushed_at") or "", reverse=True)]

@@ -13,7 +13,6 @@ host lacks the image's packages): a recipe that was not checked is never reporte
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -126,9 +125,14 @@ def plan(job: Job, code_dir: str | None = None) -> ArgsCheck:
 
 
 def _result(proc_out: str, proc_err: str, rc: int, what: str) -> dict:
+    from ..yamlfile import json_loads  # bounded: the report comes out of an image
+
     text = proc_out[proc_out.find("{"):] if "{" in proc_out else ""
     try:
-        return json.loads(text)
+        doc = json_loads(text)
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        return doc
     except ValueError:
         tail = (proc_err.strip().splitlines() or proc_out.strip().splitlines() or [f"exit {rc}"])[-1]
         return {"ok": False, "error": f"{what} did not report (exit {rc}): {tail}"}

@@ -140,11 +140,11 @@ def submit(job: Job, script: str, workdir: str | None = None, poll: float = 1.0,
     print(f"trainbox run: job {name}: Slurm job {job_id}, output {log} (`trainbox status|logs|cancel {name}`)",
           file=sys.stderr)
     pos = 0
-    rc = 1
+    cancelled, rc = False, 1
     try:
         while True:
             done = proc.poll() is not None
-            if os.path.exists(log):
+            if os.path.exists(log) and not cancelled:  # after Ctrl-C the job's dying words stay in its output file
                 with open(log, "rb") as fh:
                     fh.seek(pos)
                     chunk = fh.read()
@@ -153,10 +153,13 @@ def submit(job: Job, script: str, workdir: str | None = None, poll: float = 1.0,
                     sys.stdout.flush()
             if done:
                 rc = proc.returncode
+                if cancelled:  # the documented 130 and one line, not sbatch's status
+                    raise KeyboardInterrupt(f"Slurm job {job_id} cancelled (scancel); its output is in {log}")
                 return rc
             try:
                 time.sleep(poll)
             except KeyboardInterrupt:
-                subprocess.run(["scancel", job_id], check=False)
+                cancelled = True
+                subprocess.run(["scancel", job_id], check=False, capture_output=True)
     finally:
         lifecycle.finish(name, rc)

@@ -224,7 +224,7 @@ def recorded_cann_env(env: dict) -> dict | None:
         if not (isinstance(recorded, dict) and data.get("sourced")):
             return None  # built where there was nothing to source (a substitute base): look again now
         return {str(k): str(v) for k, v in recorded.items()}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         _say(f"warning: {path}: unreadable ({exc}); sourcing the CANN scripts instead")
         return None
 

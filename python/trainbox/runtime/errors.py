@@ -7,6 +7,43 @@ class TrainboxError(Exception):
     exit_code = 2
 
 
+def _cache_dir() -> str:
+    import os
+
+    return os.environ.get("TRAINBOX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trainbox")
+
+
+# what the user can do about each errno a command meets on its own files (the rest: the system's own words)
+_OS_FIX = {
+    "ENOSPC": "no space left on the device; free some space and run it again",
+    "EDQUOT": "the disk quota is used up; free some space and run it again",
+    "EROFS": "the file system is read-only",
+    "EACCES": "permission denied",
+    "EPERM": "operation not permitted",
+    "ENOTDIR": "a part of the path is a file, not a directory",
+    "EISDIR": "is a directory, not a file",
+    "ENAMETOOLONG": "the name is too long for the file system",
+}
+
+
+def describe_os_error(exc: OSError, path: str | None = None) -> str:
+    """One line for an OSError that reached the command line: the path (the error's own, else `path`: a failed
+    write() names none), what happened, and, when the path is in trainbox's cache (TRAINBOX_CACHE), how to point
+    it elsewhere."""
+    import errno
+    import os
+
+    code = errno.errorcode.get(exc.errno or 0, "")
+    what = _OS_FIX.get(code) or " ".join(str(exc.strerror or exc).split())
+    path = exc.filename if isinstance(exc.filename, str) else None if path is None else str(path)
+    line = f"{path}: {what}" if path else what
+    cache = os.path.abspath(_cache_dir())
+    if path and (os.path.abspath(path) + "/").startswith(cache + "/"):
+        line += (f" (trainbox's cache is {cache}: set TRAINBOX_CACHE to a writable directory with free space, "
+                 "or fix this one)")
+    return line
+
+
 def not_a_command(module: str) -> int:
     """What `python3 -m <library module>` does: say so and exit 2, so that a health probe written as
     `python3 -m trainbox.runtime.dist` fails loudly instead of passing with no output."""

@@ -45,7 +45,7 @@ def _direct_url(dist: md.Distribution) -> dict | None:
         return None
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 

@@ -56,6 +56,9 @@ def load_manifest(path: str | os.PathLike | None = None) -> dict | None:
                             "image or point TRAINBOX_MANIFEST at a valid manifest") from None
     try:
         data = json.loads(text)
+    except RecursionError:  # thousands of nested brackets: not a manifest, and not a traceback either
+        raise ManifestError(f"{p}: the stack manifest is nested thousands of levels deep, not a manifest trainbox "
+                            "wrote; rebuild the image or point TRAINBOX_MANIFEST at a valid manifest") from None
     except ValueError as exc:
         raise ManifestError(f"{p}: the stack manifest is not valid JSON ({exc}); rebuild the image or "
                             "point TRAINBOX_MANIFEST at a valid manifest") from exc

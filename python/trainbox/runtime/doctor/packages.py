@@ -155,7 +155,7 @@ def check_sbom(ctx: Context) -> Result:
     except FileNotFoundError:
         return Result(WARN, f"no SBOM at {SBOM_FILE}: the image was not built by `trainbox image build` (a plain "
                             "`docker build` adds none)", "build it with `trainbox image build STACK`")
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: thousands of brackets deep
         return Result(FAIL, f"{SBOM_FILE} cannot be read as JSON: {exc}", "rebuild the image")
     listed = {}
     for c in doc.get("components") or [] if isinstance(doc, dict) else []:
