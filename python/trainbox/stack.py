@@ -525,20 +525,21 @@ def load_stack(
     is refused (StackError), except with `repair_lock` (`trainbox stack lock`, which rewrites it): then the stack
     loads as if it had none, and `resolution.lock_problem` says what was wrong."""
     path = _stack_path(name_or_path, stacks_dir)
-    key = ("stack", path, stacks_dir)
+    key = ("stack", path, stacks_dir, repair_lock)
     if sets or base:
         with one_reading():
-            return _load(path, sets, base, stacks_dir)
+            return _load(path, sets, base, stacks_dir, repair_lock)
     memo = _memo()
     if memo is not None and key in memo:
         return memo[key]  # a Stack is not changed in place: each with_* method returns a copy
     with one_reading():
-        stack = _load(path, None, None, stacks_dir)
+        stack = _load(path, None, None, stacks_dir, repair_lock)
         _memo()[key] = stack
     return stack
 
 
-def _load(path: Path, sets: dict[str, str] | None, base: str | None, stacks_dir: Path | None) -> Stack:
+def _load(path: Path, sets: dict[str, str] | None, base: str | None, stacks_dir: Path | None,
+          repair_lock: bool = False) -> Stack:
     data = _raw(path, stacks_dir)
     if data.get("name") != path.stem:
         raise StackError(f"{path}: name: expected {path.stem!r} (the file name), got {data.get('name')!r}")
