@@ -147,13 +147,14 @@ def test_an_alias_bomb_in_a_stack_is_one_line_from_the_command_line(tmp_path):
 # ----------------------------------------------------------------------------- extends chains
 
 def _stack_chain(tmp_path: Path, depth: int) -> Path:
-    """s0 (the cpu stack, locked) <- s1 <- ... <- s<depth>, each file only `extends:` its parent."""
+    """cpu (the cpu stack and its lock, which names it) <- s1 <- ... <- s<depth>, each file only `extends:` its
+    parent."""
     d = tmp_path / "chain"
     d.mkdir()
-    (d / "s0.yaml").write_text((STACKS_DIR / "cpu.yaml").read_text().replace("name: cpu\n", "name: s0\n", 1))
-    shutil.copy(STACKS_DIR / "cpu.lock", d / "s0.lock")
+    shutil.copy(STACKS_DIR / "cpu.yaml", d / "cpu.yaml")
+    shutil.copy(STACKS_DIR / "cpu.lock", d / "cpu.lock")
     for i in range(1, depth + 1):
-        (d / f"s{i}.yaml").write_text(f"name: s{i}\nextends: s{i - 1}\n")
+        (d / f"s{i}.yaml").write_text(f"name: s{i}\nextends: {f's{i - 1}' if i > 1 else 'cpu'}\n")
     return d / f"s{depth}.yaml"
 
 
@@ -168,7 +169,7 @@ def test_a_deep_extends_chain_is_refused_in_one_line_at_once(tmp_path, depth):
         err = one_line(trainbox(*args, env={"TRAINBOX_CACHE": str(tmp_path / "cache")}, timeout=60))
         assert f"s{depth}.yaml: extends: a chain of more than 16 files" in err, err
     proc = trainbox("stack", "validate", str(top), timeout=60)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "a chain of more than 16" in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "a chain of more than 16" in proc.stderr
     assert time.monotonic() - t0 < 40
     assert not (tmp_path / "out").exists()
 
@@ -568,7 +569,8 @@ def test_ctrl_c_during_run_is_130_and_one_line(tmp_path, group):
     assert rc == 130, (rc, out, err)
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err, out + err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("trainbox: interrupted: the cpu-ddp job stopped (container exit 130); its log is kept at")
+    assert last.startswith("trainbox: interrupted: the cpu-ddp job cpu-ddp-"), last
+    assert "stopped (container exit 130); its log is kept at" in last, last
     assert "job started" in out  # the job's output streamed until the interrupt
     log = Path(last.split("kept at ")[1].split(" (trainbox logs")[0])
     assert "KeyboardInterrupt" in log.read_text()  # its dying words: in the log, not on the terminal
@@ -634,7 +636,7 @@ def test_ctrl_c_during_a_real_run_stops_the_container(tmp_path):
     out = "".join(lines) + rest
     assert proc.returncode == 130, out[-3000:]
     assert "Traceback" not in out and out.strip().splitlines()[-1].startswith(
-        "trainbox: interrupted: the cpu-ddp job stopped"), out[-3000:]
+        "trainbox: interrupted: the cpu-ddp job cpu-ddp-"), out[-3000:]
     log = Path(out.strip().splitlines()[-1].split("kept at ")[1].split(" (trainbox logs")[0])
     assert "Traceback" in log.read_text() or "SignalException" in log.read_text()
     gone = subprocess.run(["docker", "ps", "-aq", "--filter", f"name={name}"], capture_output=True, text=True)

@@ -90,6 +90,8 @@ def _dispatch(argv: list[str] | None) -> int:
     except BrokenPipeError:
         return _pipe_closed()
     except OSError as exc:  # a full disk, a read-only cache, TRAINBOX_CACHE naming a file: the path and the fix
+        if os.environ.get("TRAINBOX_DEBUG"):
+            raise
         return _error(describe_os_error(exc), EXIT_USAGE)
     except RecursionError:  # a document nested past what any reader bounds: never a 1000-frame traceback
         return _error(f"`trainbox {args.command}`: an input is nested too deeply to read; check the files it "

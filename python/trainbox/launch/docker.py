@@ -15,6 +15,7 @@ Docker itself is reached only through trainbox.engine's client.
 from __future__ import annotations
 
 import hashlib
+import contextlib
 import os
 import shlex
 import sys
@@ -281,12 +282,18 @@ def execute(plan: RunPlan, node_rank: int = 0) -> int:
         rc = client.attached(*plan.argv_per_node[node_rank][1:], log=log)
     except Interrupted as exc:  # Ctrl-C: the container stopped; its output after the interrupt is in the log only
         rc = exc.returncode
-        lifecycle.save({**lifecycle.load(name), "cancel_requested": lifecycle.now()})  # Ctrl-C is a cancel
+        with contextlib.suppress(OSError):  # Ctrl-C is a cancel (a full cache disk loses only the record's word)
+            lifecycle.save({**lifecycle.load(name), "cancel_requested": lifecycle.now()})
         prune_logs(plan.recipe.name)
         raise KeyboardInterrupt(f"the {plan.recipe.name} job {name} stopped (container exit {exc.returncode}); its "
                                 f"log is kept at {log} (trainbox logs {name})") from None
     finally:  # an interrupted follow still records the end (the container got the same SIGINT)
-        record = lifecycle.finish(name, rc)
+        try:
+            record = lifecycle.finish(name, rc)
+        except OSError as exc:  # a full cache disk: the job's own outcome stands, its record is what is lost
+            record = {"state": "succeeded" if rc == 0 else "failed"}
+            print(f"trainbox run {plan.recipe.name}: job {name}'s record not updated ({describe_os_error(exc)})",
+                  file=sys.stderr)
     # the container is gone (--rm); its output is not (the newest KEEP_LOGS per recipe are kept)
     prune_logs(plan.recipe.name)
     print(f"trainbox run {plan.recipe.name}: job {name} {record['state']}, exit {rc}; log kept at {log} "
