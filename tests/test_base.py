@@ -283,7 +283,7 @@ def test_profile_base_one_policy_for_smoke_and_image_build_profile(monkeypatch):
     (a dry run on a CPU host) auto plans on the substitute, as the build there would; never keeps the own base."""
     import trainbox.base as b
 
-    def no_engine(image, client=None, timeout=8.0, **kw):
+    def no_engine(image, client=None, timeout=8.0, **kw):  # not a wait: base_available's signature
         raise b.TrainboxError("no Docker engine answers")
 
     monkeypatch.setattr(b, "base_available", no_engine)
