@@ -68,3 +68,9 @@ def detect(machine: str | None = None, root: str = "/") -> dict | None:
 
 def describe(info: dict) -> str:
     return f"emulated: {info['machine']} on a {info['kernel']} kernel (qemu-user; {info['how']})"
+
+
+if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
+    from trainbox.runtime.errors import not_a_command
+
+    raise SystemExit(not_a_command(__spec__.name))
