@@ -16,12 +16,13 @@ WHEELHOUSE_ARG = $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE),)
 PYTEST ?= env -u PYTHONDONTWRITEBYTECODE $(PYTHON) -m pytest
 
 .PHONY: slurm-up slurm-down registry
-.PHONY: help docs install ensure-installed engine render render-check lint test test-fast smoke image-cpu image-npu image-cuda demo bench bench-build bench-import
+.PHONY: help docs install ensure-installed engine render render-check lint test test-fast test-loaded hog smoke image-cpu image-npu image-cuda demo bench bench-build bench-import
 
 help:
 	@echo "make demo        build the cpu image, run the doctor and the cpu-ddp training job in it"
 	@echo "make test        all tests (starts a Docker engine when none answers)"
 	@echo "make test-fast   the inner loop: no Docker, no network, no slow tests"
+	@echo "make test-loaded the docker and slow tests with every core kept busy by a CPU hog (LOADED_MARKS= for all)"
 	@echo "make render      re-render Dockerfile.npu, Dockerfile.cuda and build/generated/"
 	@echo "make docs        regenerate docs/reference/commands.md from the parser"
 	@echo "make lint        render --check, strict validation, hadolint, shellcheck, launcher checks"
@@ -71,6 +72,20 @@ TEST_JOBS ?= 4
 FAST_MARKS = not docker and not network and not slow
 test: engine ensure-installed
 	$(PYTEST) -q -ra -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder --durations=25
+
+# No test's verdict may depend on how fast the machine is (tests/hangguard.py): the docker and slow tests run
+# here with every core kept busy by a CPU hog (tests/cpuhog.py: one busy process per core, bounded by HOG_S and
+# killed when pytest ends). LOADED_MARKS= runs the whole suite loaded; LOADED_TESTS names files or node ids.
+# `make hog` is the hog alone, to load a machine while something else runs.
+HOG_S ?= 14400
+LOADED_MARKS ?= docker or slow
+LOADED_TESTS ?=
+test-loaded: engine ensure-installed
+	$(PYTHON) tests/cpuhog.py --seconds $(HOG_S) -- $(PYTEST) -q -ra -n $(TEST_JOBS) --dist loadgroup \
+	  --no-loadscope-reorder --durations=25 $(if $(LOADED_MARKS),-m "$(LOADED_MARKS)") $(LOADED_TESTS)
+
+hog:
+	$(PYTHON) tests/cpuhog.py --seconds $(HOG_S)
 
 # The Slurm tests start the two-node test cluster themselves (and stop it afterwards); these keep one up.
 slurm-up:

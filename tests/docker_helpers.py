@@ -81,7 +81,7 @@ def wheelhouse_dir() -> Path:
     candidates = [os.environ.get("TRAINBOX_TEST_WHEELHOUSE", "")]
     try:
         out = subprocess.run(["python", "-m", "pip", "config", "get", "global.find-links"],
-                             capture_output=True, text=True, timeout=30).stdout
+                             capture_output=True, text=True, timeout=120).stdout
         candidates += out.split()
     except (OSError, subprocess.TimeoutExpired):
         pass

@@ -41,7 +41,7 @@ def free_port() -> int:
 
 def _answers(url: str) -> bool:
     try:
-        urllib.request.urlopen(url, timeout=2)
+        urllib.request.urlopen(url, timeout=2)  # not a wait: per-try, in a poll bounded by wait_s
         return True
     except urllib.error.HTTPError:
         return True
@@ -50,7 +50,7 @@ def _answers(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def local_registry(wait_s: float = 30):
+def local_registry(wait_s: float = 120):
     """Yield "127.0.0.1:PORT" of a registry that lives as long as the block."""
     binary = shutil.which(BINARY)
     if not binary:
@@ -72,7 +72,7 @@ def local_registry(wait_s: float = 30):
         finally:
             proc.terminate()
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

@@ -144,7 +144,7 @@ def test_json_report_schema(make):
     assert rep["schema"] == 1
     assert set(rep) == {"schema", "trainbox_version", "context", "summary", "checks"}
     assert set(rep["context"]) == {"stack", "device", "device_source", "manifest", "python", "root", "quick",
-                                   "platform", "machine"}
+                                   "platform", "machine", "emulated", "child_timeout_s"}
     assert set(rep["summary"]) == {"status", "exit_code", "pass", "warn", "fail", "skip"}
     assert sum(rep["summary"][k] for k in ("pass", "warn", "fail", "skip")) == len(results)
     for c in rep["checks"]:

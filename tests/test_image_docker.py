@@ -173,17 +173,13 @@ def test_npu_template_torch_npu_fails_like_a_host_without_cann(npu_build):
 # -- rebuilds ----------------------------------------------------------------------------------------
 
 def test_rebuild_without_change_answers_from_the_hash_tag(cpu_build):
-    import time
-
+    """Answered from the content-hash tag: no build ran (its time is bench/build.py's "no-change rebuild")."""
     from trainbox.image import build
 
-    t0 = time.monotonic()
     again = build(dh.build_options(stack="cpu", wheelhouse=str(dh.wheelhouse_dir()),
                                    ca_bundle=str(dh.marker_ca_bundle()), report=str(dh._report_path("cpu-again"))))
-    took = time.monotonic() - t0
-    assert again.skipped and again.tag == cpu_build.tag
+    assert again.skipped and again.tag == cpu_build.tag and again.report["steps"] == []
     assert again.report["image_id"] == dh.docker_client().image_id(cpu_build.tag)
-    assert took < 30, f"a no-change rebuild took {took:.1f}s"
 
 
 def _edited_repo(tmp_path: Path, edit: str) -> Path:

@@ -33,8 +33,10 @@ log = os.environ["STUB_LOG"]
 
 def record(kind, **extra):
     rec = {{"name": name, "kind": kind, "argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ), **extra}}
-    with open(os.path.join(log, f"{{time.time_ns()}}-{{os.getpid()}}-{{name}}.json"), "w") as fh:
+    path = os.path.join(log, f"{{time.time_ns()}}-{{os.getpid()}}-{{name}}.json")
+    with open(path + ".part", "w") as fh:  # whole or not at all: a test may read it while the stub runs on
         json.dump(rec, fh)
+    os.replace(path + ".part", path)
 
 if name == "ray" and sys.argv[1:3] == ["job", "list"]:
     sys.exit(1 if os.environ.get("STUB_RAY_START_FAIL") else 0)  # no head, no job API
@@ -43,7 +45,7 @@ if name == "ray" and sys.argv[1:2] == ["start"] and "--block" in sys.argv:
     if os.environ.get("STUB_RAY_START_FAIL"):
         sys.exit(1)
     signal.signal(signal.SIGTERM, lambda *a: (record("terminated"), sys.exit(0)))
-    time.sleep(120)
+    time.sleep(3600)  # until the job script terminates it (a test waits at most its hang guard)
     sys.exit(0)
 if name == "ray" and sys.argv[1:3] == ["job", "submit"]:
     rc = subprocess.call(sys.argv[sys.argv.index("--") + 1:])
@@ -66,7 +68,7 @@ def stubs(tmp_path):
     return bindir, log
 
 
-def run_script(script: str, tmp_path: Path, stubs, env: dict[str, str] | None = None, timeout: int = 60):
+def run_script(script: str, tmp_path: Path, stubs, env: dict[str, str] | None = None, timeout: int = 300):
     bindir, log = stubs
     path = tmp_path / "job.sh"
     path.write_text(script)
@@ -74,7 +76,7 @@ def run_script(script: str, tmp_path: Path, stubs, env: dict[str, str] | None = 
             "TRAINBOX_SKIP_PREFLIGHT": "1", "LANG": "C.UTF-8"}
     proc = subprocess.run(["bash", str(path)], env={**base, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout, cwd=tmp_path)
-    records = [json.loads(p.read_text()) for p in sorted(log.iterdir())]
+    records = [json.loads(p.read_text()) for p in sorted(log.glob("*.json"))]
     return proc, records
 
 
@@ -299,13 +301,13 @@ def test_ray_worker_node_joins_the_head(tmp_path, stubs):
     try:
         import time
 
-        deadline = time.monotonic() + 30
-        while not list(log.iterdir()) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 120  # a hang guard: the (whole) record is the event
+        while not list(log.glob("*.json")) and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
         proc.terminate()
-        proc.communicate(timeout=30)
-    rec = json.loads(sorted(log.iterdir())[0].read_text())
+        proc.communicate(timeout=120)
+    rec = json.loads(sorted(log.glob("*.json"))[0].read_text())
     assert rec["name"] == "ray" and rec["argv"][:3] == ["start", "--address", "10.0.0.1:7000"]
     assert rec["argv"][rec["argv"].index("--node-manager-port") + 1] == "7002"
     assert "--head" not in rec["argv"]

@@ -38,7 +38,7 @@ def _hccl_env(tmp_path, chip: str, master_port: int, **preset) -> dict:
                      "python3 -c 'import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
                      "if k.startswith(\"HCCL_\") and \"PORT\" in k}))'\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HCCL_")} | preset
-    out = subprocess.run(["bash", str(probe)], env=env, capture_output=True, text=True, timeout=30)
+    out = subprocess.run(["bash", str(probe)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 

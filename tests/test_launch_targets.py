@@ -180,7 +180,7 @@ def test_recipe_env_beats_the_image_default_but_not_the_caller(tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith("HCCL_")} | {"TRAINBOX_SKIP_PREFLIGHT": "1"}
         if value is not None:
             env["HCCL_CONNECT_TIMEOUT"] = value
-        out = subprocess.run(["bash", str(probe)], env=env, capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["bash", str(probe)], env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         return out.stdout.split("T=")[1].strip()
 

@@ -94,7 +94,7 @@ def test_push_command_json_names_the_digest_the_registry_serves(registry):
         req = urllib.request.Request(f"http://{registry}/v2/{name}/manifests/{tag}", method="HEAD", headers={
             "Accept": "application/vnd.docker.distribution.manifest.v2+json, "
                       "application/vnd.oci.image.manifest.v1+json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=120) as resp:
             assert resp.headers["Docker-Content-Digest"] == out["digest"]
         assert "pushing " in proc.stderr  # progress goes to stderr under --json
     finally:

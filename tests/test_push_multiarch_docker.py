@@ -63,7 +63,7 @@ def test_push_platforms_publishes_one_manifest_list(registry, two_builds):
         assert listed.images["linux/arm64"]["tag"].endswith(arm_tag.split(":")[1])
         name, tag = listed.tag.split("/", 1)[1].rsplit(":", 1)
         req = urllib.request.Request(f"http://{registry}/v2/{name}/manifests/{tag}", headers={"Accept": LIST_TYPES})
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=120) as resp:
             assert resp.headers["Docker-Content-Digest"] == listed.digest
             doc = json.loads(resp.read())
         got = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in doc["manifests"]}

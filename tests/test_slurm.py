@@ -26,7 +26,7 @@ SLURM_CONF = os.path.join(SLURM_DIR, "slurm.conf")
 
 def _sinfo_nodes(env) -> int:
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%D %T"], env=env, capture_output=True, text=True, timeout=15)
+        out = subprocess.run(["sinfo", "-h", "-o", "%D %T"], env=env, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(int(n) for n, state in (line.split() for line in out.stdout.splitlines())
@@ -172,7 +172,7 @@ def test_scancel_stops_the_containers(slurm_env, cpu_image, tmp_path):
             assert time.monotonic() < deadline, "the job's two containers did not start"
             time.sleep(1)
     finally:
-        subprocess.run(["scancel", job_id], env=slurm_env, timeout=30)
+        subprocess.run(["scancel", job_id], env=slurm_env, timeout=120)
     deadline = time.monotonic() + 90
     try:
         while containers(job_id) or job_id in subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm_env,

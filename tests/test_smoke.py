@@ -615,29 +615,42 @@ def test_ci_definitions_use_real_stacks_options_and_recipes():
 
 
 class _Timed(smoke.Smoke):
-    """run_stack replaced by a timed sleep (and a chosen failure): only the scheduling of run_all is under test."""
+    """run_stack replaced by a stand-in that records when each stack ran (and fails the chosen ones): only the
+    scheduling of run_all is under test. The stacks in `together` each hold their slot until all of them have
+    started: that they ran at once is shown by the event, not by a sleep long enough on a quiet machine; a runner
+    that never runs them together meets the hang guard instead (and the test's assertions fail). The stacks in
+    `until_refused` hold theirs until the runner has refused a stack (a not-run result) after a failure."""
 
-    def __init__(self, opts, fail=()):
+    def __init__(self, opts, fail=(), together=(), until_refused=()):
         super().__init__(opts, say=lambda m: None)
         import threading
 
-        self.fail, self.spans, self.lock = set(fail), {}, threading.Lock()
+        self.fail, self.spans, self.lock = set(fail), {}, threading.Condition()
+        self.together, self.until_refused, self.refused = set(together), set(until_refused), []
         self.running, self.most, self.started = 0, 0, []
 
     def run_stack(self, stack, not_run=None):
         import time
 
+        from hangguard import HANG_S
+
         sr = smoke.StackResult(stack)
         if not_run:
+            with self.lock:
+                self.refused.append(stack)
+                self.lock.notify_all()
             sr.steps = [smoke.StepResult(s, smoke.SKIPPED, not_run) for s in smoke.STEPS]
             return sr
         with self.lock:
             self.running += 1
             self.most = max(self.most, self.running)
             self.started.append(stack)
-        t0 = time.monotonic()
-        time.sleep(0.3)
-        with self.lock:
+            self.lock.notify_all()
+            t0 = time.monotonic()
+            if stack in self.together:
+                self.lock.wait_for(lambda: self.together <= set(self.started), timeout=HANG_S)
+            if stack in self.until_refused:
+                self.lock.wait_for(lambda: self.refused, timeout=HANG_S)
             self.running -= 1
             self.spans[stack] = (t0, time.monotonic())
         sr.steps = [smoke.StepResult("build", smoke.FAIL if stack in self.fail else smoke.PASS)]
@@ -650,7 +663,7 @@ def _overlaps(spans, a, b) -> bool:
 
 def test_jobs_runs_the_first_stack_alone_then_the_rest_at_once_in_order(tmp_path):
     names = ["base-maker", "a", "b", "c", "d"]
-    s = _Timed(smoke.Options(stacks=names, workdir=tmp_path, jobs=2, keep_going=True))
+    s = _Timed(smoke.Options(stacks=names, workdir=tmp_path, jobs=2, keep_going=True), together={"a", "b"})
     report = s.run_all()
     assert [r["stack"] for r in report["stacks"]] == names  # the report keeps the given order
     assert not any(_overlaps(s.spans, "base-maker", n) for n in names[1:])  # it made the base: alone
@@ -658,7 +671,9 @@ def test_jobs_runs_the_first_stack_alone_then_the_rest_at_once_in_order(tmp_path
 
 
 def test_jobs_without_keep_going_reports_the_stacks_not_yet_started_as_not_run(tmp_path):
-    s = _Timed(smoke.Options(stacks=["base-maker", "a", "b", "c", "d", "e"], workdir=tmp_path, jobs=2), fail={"a"})
+    # b runs on until the runner has refused a stack after a's failure: c, d and e are the stacks not yet started
+    s = _Timed(smoke.Options(stacks=["base-maker", "a", "b", "c", "d", "e"], workdir=tmp_path, jobs=2), fail={"a"},
+               together={"a", "b"}, until_refused={"b"})
     report = s.run_all()
     ran = set(s.spans)
     assert {"base-maker", "a", "b"} <= ran and "e" not in ran  # a and b started together; after a failed, none

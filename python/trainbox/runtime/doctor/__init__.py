@@ -32,7 +32,11 @@ within a schema number::
         "root": "/",                          # filesystem root the checks look under
         "quick": false,                       # true: child-process checks were left out
         "platform": "linux/arm64" | null,     # what the image was built for (manifest), null when not recorded
-        "machine": "aarch64"                  # platform.machine() of the process (under qemu too)
+        "machine": "aarch64",                 # platform.machine() of the process (under qemu too)
+        "emulated": {"machine": "aarch64", "kernel": "x86_64", "how": "/proc/sys/kernel/arch"} | null,
+                                              # under qemu-user (trainbox.runtime.emulation), null natively
+        "child_timeout_s": 120.0              # limit on each child (`import torch`): TRAINBOX_DOCTOR_IMPORT_S,
+                                              # else 120, ten times that when emulated
       },
       "summary": {"status": "PASS" | "WARN" | "FAIL",   # worst status (SKIP counts as PASS)
                   "exit_code": 0 | 1,

@@ -10,6 +10,7 @@ import re
 import sys
 
 from ... import __version__
+from .. import emulation as _emulation
 from ..apply_patches import canon_name
 from ..manifest import ManifestError, load_manifest, manifest_path
 from ..npu import TOOLKIT_HOMES
@@ -23,6 +24,34 @@ CPU_ON_PURPOSE = ("to run without an accelerator on purpose, set TRAINBOX_DEVICE
 
 GiB = 1 << 30
 MiB = 1 << 20
+
+# The limit on each child process the doctor starts (`import torch` above all): a hung driver or filesystem must
+# end in a FAIL line, not a doctor that never answers. An input, for what is slow by nature: under qemu-user an
+# aarch64 `import torch` takes minutes (more on a loaded host), so an emulated doctor allows EMULATED_FACTOR times
+# as long, and TRAINBOX_DOCTOR_IMPORT_S sets the limit outright.
+IMPORT_S_VAR = "TRAINBOX_DOCTOR_IMPORT_S"
+IMPORT_S = 120.0
+EMULATED_FACTOR = 10
+
+
+def child_timeout(env: dict, emulated: dict | None) -> tuple[float, str]:
+    """(seconds, where the figure came from); a bad TRAINBOX_DOCTOR_IMPORT_S is a usage error (one line)."""
+    raw = (env.get(IMPORT_S_VAR) or "").strip()
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0 < value < float("inf"):
+            from ..errors import TrainboxError
+
+            raise TrainboxError(f"{IMPORT_S_VAR}={raw!r}: expected a number of seconds above 0 (the limit on "
+                                f"`import torch` and the doctor's other child processes); unset it for the "
+                                f"default {IMPORT_S:.0f} s")
+        return value, IMPORT_S_VAR
+    if emulated:
+        return IMPORT_S * EMULATED_FACTOR, f"{IMPORT_S:.0f} s x {EMULATED_FACTOR}, emulated"
+    return IMPORT_S, "default"
 
 
 class Result:
@@ -58,7 +87,7 @@ class Context:
     def __init__(self, env: dict | None = None, root: str | None = None, manifest: dict | None = None,
                  manifest_file: str | None = None, manifest_error: str | None = None,
                  python: str | None = None, sys_path: list | None = None, quick: bool = False,
-                 timeout: float = 120.0):
+                 timeout: float | None = None, emulated: dict | None | bool = False):
         self.env = dict(os.environ if env is None else env)
         self.root = root or self.env.get("TRAINBOX_DOCTOR_ROOT") or "/"
         self.manifest = manifest
@@ -67,7 +96,14 @@ class Context:
         self.python = python or sys.executable
         self.sys_path = sys_path  # where package metadata is looked up; None: this interpreter's sys.path
         self.quick = quick
-        self.timeout = timeout
+        # None: look (a test passes a dict, or None for native); False (the default): look at this process
+        self.emulated = _emulation.detect(root=self.root) if emulated is False else emulated
+        if timeout is not None:
+            self.timeout, self.timeout_source = float(timeout), "given"
+        elif quick:  # starts no child process: nothing to limit, nothing to complain about
+            self.timeout, self.timeout_source = IMPORT_S, "default"
+        else:
+            self.timeout, self.timeout_source = child_timeout(self.env, self.emulated)
         self.stack_device = (manifest or {}).get("device")
         self.device, self.device_source = self._resolve_device()
         self._dists: dict = {}
@@ -197,6 +233,9 @@ def report(ctx: Context, results: list[Result], strict: bool = False) -> dict:
             # too): an arm64 image says so wherever it runs
             "platform": (ctx.manifest or {}).get("platform"),
             "machine": _platform.machine(),
+            # under user-mode emulation: {"machine", "kernel", "how"} (see trainbox.runtime.emulation), else null
+            "emulated": ctx.emulated,
+            "child_timeout_s": ctx.timeout,
         },
         "summary": summarize(results, strict),
         "checks": [r.to_dict() for r in results],
@@ -208,6 +247,8 @@ def format_text(ctx: Context, results: list[Result], strict: bool = False) -> st
     head = f"trainbox doctor {__version__}: "
     head += f"stack {stack}" if stack else "no stack manifest"
     head += f", device {ctx.device} ({_source(ctx)}), python {sys.version.split()[0]}"
+    if ctx.emulated:
+        head += f"; {_emulation.describe(ctx.emulated)}, child processes allowed {ctx.timeout:.0f} s"
     lines = [head] + _folded_lines(results, ctx.device)
     s = summarize(results, strict)
     lines.append(f"summary: {s['status']} ({s['pass']} pass, {s['warn']} warn, {s['fail']} fail, "

@@ -166,7 +166,7 @@ def _lib_status(ctx: Context, names: list[str], extra_dirs=()) -> dict:
     if ctx.root != "/":
         env["LD_LIBRARY_PATH"] = ":".join(ctx.path(d) for d in _path_entries(ctx.env.get("LD_LIBRARY_PATH")))
     targets = [found[n] or n for n in names]
-    proc = _run_python(ctx, _LIB_PROBE, targets, env=env, timeout=60)
+    proc = _run_python(ctx, _LIB_PROBE, targets, env=env, timeout=ctx.timeout / 2)  # 60 s natively
     if proc is None or proc.returncode != 0:
         why = "timed out" if proc is None else f"exited {proc.returncode}: {proc.stderr.strip()[-300:]}"
         return {n: (found[n], f"probe {why}") for n in names}

@@ -12,6 +12,7 @@ from .core import (
     CPU_ON_PURPOSE,
     DEVICES,
     FAIL,
+    IMPORT_S_VAR,
     PASS,
     SKIP,
     WARN,
@@ -308,9 +309,12 @@ def check_torch_import(ctx: Context) -> Result:
     want = ((ctx.manifest or {}).get("components") or {}).get("torch")
     proc = _run_python(ctx, _TORCH_PROBE)
     if proc is None:
-        return Result(FAIL, f"`import torch` did not finish within {ctx.timeout:.0f} s",
+        slow = "; under emulation" if ctx.emulated else ""
+        return Result(FAIL, f"`import torch` did not finish within {ctx.timeout:g} s ({ctx.timeout_source}"
+                      f"{slow})",
                       "check for a hung device (npu-smi info / nvidia-smi) or a slow network filesystem on "
-                      "sys.path")
+                      f"sys.path; where the machine is merely slow (qemu, a loaded host) raise {IMPORT_S_VAR}",
+                      {"timeout_s": ctx.timeout, "emulated": ctx.emulated})
     if proc.returncode != 0:
         if "No module named 'torch'" in proc.stderr:
             if want:
