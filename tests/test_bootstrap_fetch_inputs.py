@@ -57,7 +57,7 @@ def test_bootstrap_inputs_are_refused_before_anything_runs(no_engine, capsys, ar
     err = capsys.readouterr().err
     assert err.startswith(f"trainbox: error: {option} ") and err.count("\n") == 1, err
     assert "s3cret" not in err
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 60  # a hang guard: minutes of debootstrap would pass it
 
 
 def test_a_bad_mirror_from_the_environment_is_named(no_engine, capsys, monkeypatch):

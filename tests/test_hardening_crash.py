@@ -85,8 +85,8 @@ def test_a_hostile_yaml_document_is_refused_in_one_line_at_once(tmp_path, name):
     path = tmp_path / "x.yaml"
     path.write_text(text)
     t0 = time.monotonic()
-    err = one_line(trainbox("stack", "show", str(path), timeout=30))
-    assert time.monotonic() - t0 < 15, "the refusal must not walk the expansion"
+    err = one_line(trainbox("stack", "show", str(path), timeout=120))
+    assert time.monotonic() - t0 < 60, "the refusal must not walk the expansion (a hang guard: it took minutes)"
     assert err.startswith(f"trainbox: error: {path}") and "malformed YAML: " in err and words in err, err
 
 
@@ -130,7 +130,7 @@ def test_an_alias_bomb_in_each_kind_of_file_is_refused(tmp_path):
     profile.write_text(bomb)
     with pytest.raises(TrainboxError, match=r"profile.yaml: malformed YAML: .*aliases"):
         load_profile(profile)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60  # a hang guard: the old loader took minutes
 
 
 def test_an_alias_bomb_in_a_stack_is_one_line_from_the_command_line(tmp_path):
@@ -170,7 +170,7 @@ def test_a_deep_extends_chain_is_refused_in_one_line_at_once(tmp_path, depth):
         assert f"s{depth}.yaml: extends: a chain of more than 16 files" in err, err
     proc = trainbox("stack", "validate", str(top), timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "a chain of more than 16" in proc.stderr
-    assert time.monotonic() - t0 < 40
+    assert time.monotonic() - t0 < 60  # a hang guard: 80 levels took 124 s, 301 never ended
     assert not (tmp_path / "out").exists()
 
 
@@ -179,7 +179,7 @@ def test_an_extends_chain_within_the_limit_loads_in_linear_time(tmp_path):
     t0 = time.monotonic()
     proc = trainbox("stack", "validate", str(top), timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert time.monotonic() - t0 < 20
+    assert time.monotonic() - t0 < 60  # a hang guard: the cubic load of 15 levels took minutes
     st = load_stack(top)
     assert st.name == "s15" and st.lock_is_fresh() and st.components["torch"].version == "2.13.0+cpu"
 

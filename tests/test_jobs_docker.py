@@ -66,10 +66,8 @@ def test_a_detached_job_is_listed_followed_and_cancelled(env, cpu_image, tmp_pat
         assert tb(env, "cancel", name, "--dry-run").stdout.split() == ["docker", "stop", "--time", "20", name]
         follower = subprocess.Popen([sys.executable, "-m", "trainbox.cli", "logs", name, "-f"], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        t0 = time.monotonic()
         cancel = tb(env, "cancel", name, timeout=120)
         assert cancel.returncode == 0 and f"{name}: cancelled" in cancel.stdout, cancel.stdout + cancel.stderr
-        assert time.monotonic() - t0 < 20 + 15  # stopped within the grace, not killed after it
         out, _ = follower.communicate(timeout=60)  # -f ends with the job
         assert follower.returncode == 0 and "step " in out and "got signal: 15" in out, out[-2000:]
     finally:
@@ -80,11 +78,13 @@ def test_a_detached_job_is_listed_followed_and_cancelled(env, cpu_image, tmp_pat
     status = tb(env, "status", name, "--json")
     job = json.loads(status.stdout)["job"]
     assert status.returncode == 1 and job["state"] == "cancelled" and job["cancel_requested"]
-    deadline = time.monotonic() + 30  # the detached follower records the container's exit status
+    deadline = time.monotonic() + 120  # the detached follower records the container's exit status
     while job.get("exit_code") is None and time.monotonic() < deadline:
         time.sleep(0.5)
         job = json.loads(tb(env, "status", name, "--json").stdout)["job"]
-    assert job["exit_code"] not in (None, 0)  # torchrun ends on SIGTERM with a failure status
+    # torchrun ends on SIGTERM with a failure status; 137 would be docker's SIGKILL after the grace (judged by the
+    # status, not by the clock: a loaded machine is slow, not wrong)
+    assert job["exit_code"] not in (None, 0, 137)
     assert "got signal: 15" in tb(env, "logs", name).stdout  # the log outlives the container
     assert "already cancelled" in tb(env, "cancel", name).stdout
 

@@ -156,7 +156,7 @@ def test_ray_pods_run_kuberays_generated_command_with_its_quoting(tmp_path):
 
     (c,) = group["template"]["spec"]["containers"]
     proc = subprocess.run(c["args"], env={"PATH": f"{tmp_path}:{os.environ['PATH']}", "KUBERAY_GEN_RAY_START_CMD": gen},
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     argv = json.loads(proc.stdout)
     assert argv[:2] == ["start", "--head"] and argv[-1] == "--block"

@@ -232,7 +232,7 @@ def test_a_slurm_job_is_listed_followed_and_cancelled(slurm_env, cpu_image, tmp_
         assert [(j["name"], j["target"], j["state"], j["job_id"]) for j in listed] == [(name, "slurm", "running",
                                                                                        job_id)]
         squeue = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%j"], env=slurm_env, capture_output=True,
-                                text=True, timeout=30)
+                                text=True, timeout=120)
         assert squeue.stdout.strip() == name  # Slurm knows the job by the same name
         assert tb("cancel", name, "--dry-run").stdout.split() == ["scancel", job_id]
         cancel = tb("cancel", name)
@@ -243,7 +243,7 @@ def test_a_slurm_job_is_listed_followed_and_cancelled(slurm_env, cpu_image, tmp_
             assert time.monotonic() < deadline, (job, containers(job_id))
             time.sleep(1)
     finally:
-        subprocess.run(["scancel", job_id], env=slurm_env, capture_output=True, timeout=30)
+        subprocess.run(["scancel", job_id], env=slurm_env, capture_output=True, timeout=120)
         left = containers(job_id)
         if left:
             subprocess.run(["docker", "rm", "-f", *left], capture_output=True, timeout=60)
