@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "base",
     "image",
     "launch",
+    "trial",
     "doctor",
     "smoke",
 ]
