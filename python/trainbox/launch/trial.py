@@ -128,6 +128,8 @@ def plan_trial(name: str, *, image: str | None = None, devices: str | None = Non
     (rdir / "monitor").mkdir(parents=True, exist_ok=True)
     rfile = overlaid_recipe(name, ov, rdir / "recipe", {k: refs(str(v), made, str(rdir)) for k, v in ov.args.items()})
     values = {k: refs(str(v), made, str(rdir)) for k, v in ov.set.items()}
+    if ov.code:
+        values[recipe.code.input] = str(rdir / "code")  # the overlay's edited copy of the image's tree
     values.update(sets or {})
     job = resolve(str(rfile), sets=values, devices=devices if mode == "device" else None,
                   check_paths=False)
@@ -200,6 +202,25 @@ def site_dir(client, image: str) -> str:
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(site[0])
     return site[0]
+
+
+def copy_code(plan: TrialPlan, client, say) -> list[str]:
+    """The image's tree of the workload, copied into the run's directory, with the overlay's edits."""
+    from .trialplan import edit_code
+
+    if not plan.overlay.code:
+        return []
+    src, dest = plan.job.recipe.code.image_path, plan.run_dir / "code"
+    dest.mkdir(parents=True, exist_ok=True)
+    proc = _in_image(client, plan.image, "cp", "-a", f"{src}/.", str(dest),
+                     mounts=[mount_arg(str(plan.run_dir), str(plan.run_dir), False)])
+    if proc.returncode != 0:
+        raise TrainboxError(f"trial {plan.recipe}: copying {src} out of {plan.image} failed: "
+                            f"{proc.stderr.decode(errors='replace').strip()[-300:]}")
+    edits = edit_code(dest, plan.overlay.code, lambda v: refs(v, plan.made, str(plan.run_dir)))
+    for e in edits:
+        say(f"trial code edit: {e}")
+    return edits
 
 
 def make_artifacts(plan: TrialPlan, client, say) -> bool:
@@ -295,6 +316,7 @@ def run_trial(plan: TrialPlan, say, verbose: bool = False) -> dict:
                             "with --image")
     t0 = time.monotonic()
     made_now = make_artifacts(plan, client, say)
+    edits = copy_code(plan, client, say)
     plan.argv = docker_argv(plan, site_dir(client, plan.image), client.docker)
     for d in plan.job.create:
         os.makedirs(d, exist_ok=True)
@@ -313,7 +335,7 @@ def run_trial(plan: TrialPlan, say, verbose: bool = False) -> dict:
             "mode": plan.mode, "ranks": plan.overlay.ranks, "want_steps": plan.overlay.steps,
             "overlay": plan.overlay.model_dump(), "recipe_file": str(plan.recipe_file),
             "run_dir": str(plan.run_dir), "log": str(plan.run_dir / "job.log"), "artifacts": str(plan.artifacts),
-            "artifacts_made_now": made_now, "job_wall_s": round(wall, 1),
+            "artifacts_made_now": made_now, "code_edits": edits, "job_wall_s": round(wall, 1),
             "wall_s": round(time.monotonic() - t0, 1), "peak_mem_mb": peak_mb(mon["steps"]), **res,
             "ok": res["result"] == "passed", "argv": plan.argv}
 

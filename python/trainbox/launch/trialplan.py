@@ -15,6 +15,9 @@ as the recipe renders it. The overlay, in the recipe:
       set: {TARGET_MODEL_PATH: "@model", NUM_EPOCHS: "1", OUTPUT_DIR: "@run/out"}  # inputs / env keys
       args: {--draft-config-path: "@files.draft_config", --max-length: "256"}   # options already in the command
       env: {SPECFORGE_DATA_NUM_PROC: "1"}     # extra environment of the container
+      code:                          # for a workload whose sizes are constants in its script: exact text
+        cookbook/x.py: {"MODEL_ID = 'ms://Qwen/Qwen3.5-4B'": "MODEL_ID = '@model'"}   # replacements, each found
+                                     # exactly once, in a copy of the image's tree (the recipe's `code:` input)
       verify:                        # after a pass, in the image: e.g. the checkpoint loads again
         - {name: checkpoint loads, python: "..."}
 
@@ -58,6 +61,7 @@ class Overlay(BaseModel):
     args: dict[str, str | int] = Field(default_factory=dict)
     env: dict[str, str | int] = Field(default_factory=dict)
     verify: list[Verify] = Field(default_factory=list)
+    code: dict[str, dict[str, str]] = Field(default_factory=dict)
 
     @field_validator("artifacts")
     @classmethod
@@ -91,6 +95,8 @@ def overlay_of(recipe: Recipe) -> Overlay:
         from ..documents import format_validation
 
         raise RecipeError(format_validation(Path(str(where)), exc).replace(": ", ": trial.", 1)) from None
+    if ov.code and not recipe.code:
+        raise RecipeError(f"{where}: trial.code: the recipe has no `code:` input (the tree whose copy it edits)")
     world_fixed = recipe.scaling.world_size == "fixed"
     if world_fixed and ov.ranks * recipe.nodes != recipe.world_size:
         raise RecipeError(f"{where}: trial.ranks: {ov.ranks}, but the workload fixes its world size at "
@@ -149,6 +155,26 @@ def refs(value: str, made: dict[str, str], run_dir: str) -> str:
     return REF.sub(one, str(value))
 
 
+def edit_code(tree: Path, code: dict[str, dict[str, str]], resolve) -> list[str]:
+    """Apply the overlay's exact text replacements to a copy of the workload's tree; each must be found exactly
+    once (a drifted script fails here, naming the file and text). Returns what changed, one line each."""
+    done = []
+    for rel, pairs in code.items():
+        path = (tree / rel).resolve()
+        if tree.resolve() not in path.parents or not path.is_file():
+            raise TrainboxError(f"trial.code: {rel}: no such file in the workload's tree ({tree})")
+        text = path.read_text()
+        for old, new in pairs.items():
+            count = text.count(old)
+            if count != 1:
+                raise TrainboxError(f"trial.code: {rel}: {old!r} found {count} times (expected exactly once): the "
+                                    "script changed; update the recipe's trial overlay")
+            text = text.replace(old, resolve(new))
+            done.append(f"{rel}: {old} -> {resolve(new)}")
+        path.write_text(text)
+    return done
+
+
 def artifact_key(spec: dict) -> str:
     """Content hash of what the artifacts are made from: the spec and the maker's own source."""
     from ..runtime import trialkit
@@ -169,5 +195,5 @@ def expand_tree(value, values: dict[str, str]):
     return expand(value, values) if isinstance(value, str) else value
 
 
-__all__ = ["Overlay", "Verify", "artifact_key", "expand_tree", "overlaid_recipe", "overlay_of", "refs",
+__all__ = ["Overlay", "Verify", "artifact_key", "edit_code", "expand_tree", "overlaid_recipe", "overlay_of", "refs",
            "replace_args"]

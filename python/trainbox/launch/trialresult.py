@@ -27,6 +27,8 @@ MEANINGS: list[tuple[str, str]] = [
     (r"No module named '([A-Za-z0-9_.]+)'", "the image lacks the Python module {0}: add its distribution to the stack"),
     (r"Torch not compiled with CUDA|Found no NVIDIA driver|CUDA driver|no CUDA GPUs|cuda.*is not available",
      "the code asks for a CUDA device here, with no CPU path"),
+    (r"device_id cuda|cuda:\d.*(accelerator|compil)|backend nccl|NCCL",
+     "the code binds a CUDA device / NCCL here: it has no CPU (Gloo) path at this point"),
     (r"npu|NPU|Ascend", "the code asks for an Ascend NPU here, with no CPU path"),
     (r"[Gg]loo.*(not supported|does not support|unsupported)|not supported by.*[Gg]loo|ProcessGroupGloo",
      "the Gloo backend lacks a collective this code uses (NCCL/HCCL only)"),
@@ -51,7 +53,8 @@ def meaning(exc_type: str, message: str) -> str:
 
 
 def _short(path: str) -> str:
-    """A frame's file without the image's install prefix (site-packages/, /opt/src/)."""
+    """A frame's file without the image's install prefix (site-packages/, /opt/src/, a trial's copy of the tree)."""
+    path = re.sub(r"^.*/trial/runs/[^/]+/code/", "", path)
     for marker in ("/site-packages/", "/dist-packages/", "/opt/src/"):
         if marker in path:
             return path.split(marker, 1)[1]

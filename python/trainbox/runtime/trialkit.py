@@ -11,8 +11,8 @@ overlay) names what to make:
   model      the recipe's architecture (`arch`: a transformers model_type such as qwen3, qwen3_5, qwen3_moe) from
              its default config scaled down by `config` (the text config's keys for multimodal ones), random
              weights, saved with save_pretrained (safetensors) into OUT/model
-  data       synthetic conversations in the recipe's format (`format`: sharegpt-jsonl, SpecForge's
-             {"id", "conversations": [{"role", "content"}]} lines), `samples` of them, into OUT/data/train.jsonl
+  data       synthetic conversations in the recipe's format (`format`: FORMATS), `samples` of them, into
+             OUT/data/train.jsonl; `drop_fields` leaves fields out (a test that breaks the data on purpose)
   files      JSON files derived from one in the image (`from`: a path), keys replaced by `set` (a dotted key
              reaches into a mapping; `@tokenizer.ATTR` is the made tokenizer's id, `@tokenizer.len` its size);
              e.g. SpecForge's draft config at the tiny target's sizes
@@ -61,17 +61,27 @@ def conversations(samples: int, words: int, seed: int = 0) -> list[dict]:
     return out
 
 
+def _query_response(row: dict) -> dict:
+    turns = row["conversations"]
+    return {"query": turns[0]["content"], "response": turns[1]["content"]}
+
+
+# data formats: sharegpt-jsonl (SpecForge: {"id", "conversations": [{"role", "content"}]}), query-response-jsonl
+# (ModelScope's self-cognition layout that Twinkle's SelfCognitionProcessor reads: {"query", "response"})
+FORMATS = {"sharegpt-jsonl": lambda row: row, "query-response-jsonl": _query_response}
+
+
 def make_data(spec: dict, out: str) -> str:
     fmt = spec.get("format", "sharegpt-jsonl")
-    if fmt != "sharegpt-jsonl":
-        raise ValueError(f"data.format: {fmt!r}: known formats: sharegpt-jsonl")
+    if fmt not in FORMATS:
+        raise ValueError(f"data.format: {fmt!r}: known formats: {', '.join(FORMATS)}")
     d = os.path.join(out, "data")
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, "train.jsonl")
     drop = set(spec.get("drop_fields") or [])
     with open(path, "w", encoding="utf-8") as fh:
         for row in conversations(int(spec.get("samples", 16)), int(spec.get("words", 64))):
-            fh.write(json.dumps({k: v for k, v in row.items() if k not in drop}) + "\n")
+            fh.write(json.dumps({k: v for k, v in FORMATS[fmt](row).items() if k not in drop}) + "\n")
     return path
 
 
