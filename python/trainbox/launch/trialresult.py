@@ -25,6 +25,8 @@ MEANINGS: list[tuple[str, str]] = [
     (r"No module named '(transformer_engine|flash_attn|apex)",
      "a CUDA-only extension the code imports without a CPU fallback"),
     (r"No module named '([A-Za-z0-9_.]+)'", "the image lacks the Python module {0}: add its distribution to the stack"),
+    (r"requires the (\w+) library but it was not found",
+     "the image lacks {0}, which transformers requires for what this line registers or builds"),
     (r"Torch not compiled with CUDA|Found no NVIDIA driver|CUDA driver|no CUDA GPUs|cuda.*is not available",
      "the code asks for a CUDA device here, with no CPU path"),
     (r"device_id cuda|cuda:\d.*(accelerator|compil)|backend nccl|NCCL",
@@ -39,7 +41,8 @@ MEANINGS: list[tuple[str, str]] = [
 ]
 
 # Files that are not where a workload stops, only where it is told so (the frame named is their caller).
-_INTERNAL = re.compile(r"(/lib/python3\.\d+/(?!site-packages)|/site-packages/torch/|<frozen |<string>)")
+_INTERNAL = re.compile(r"(/lib/python3\.\d+/(?!site-packages)|/site-packages/torch/|<frozen |<string>"
+                       r"|/site-packages/transformers/utils/import_utils\.py)")
 
 
 def meaning(exc_type: str, message: str) -> str:
@@ -98,18 +101,18 @@ _TB_LAST = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warni
 def traceback_in(output: str) -> dict | None:
     """The last Python traceback printed in the job's output, as an error record (fallback for a process that
     died before the monitor's excepthook ran, or where the monitor was not loaded)."""
-    lines = output.splitlines()
+    # torchrun's --tee / per-rank prefixes ([default0]:, [rank0]:) off first
+    lines = [re.sub(r"^\[(?:default|rank)?\d+\]:", "", ln) for ln in output.splitlines()]
     starts = [i for i, ln in enumerate(lines) if ln.lstrip().startswith("Traceback (most recent call last)")]
     if not starts:
         return None
     frames, exc = [], None
     for ln in lines[starts[-1] + 1:]:
-        m = _TB_FRAME.match(ln.split("] ", 1)[-1] if ln.startswith("[") else ln)
+        m = _TB_FRAME.match(ln)
         if m:
             frames.append({"file": m.group(1), "line": int(m.group(2)), "function": m.group(3)})
             continue
-        body = re.sub(r"^\[(default)?\d+\]:", "", ln).strip()
-        m = _TB_LAST.match(body)
+        m = _TB_LAST.match(ln.strip())
         if m and frames:
             exc = {"type": m.group(1).rsplit(".", 1)[-1], "message": m.group(2)}
             break
@@ -126,7 +129,9 @@ def _rank_key(rec: dict) -> tuple:
 def stopped_line(err: dict) -> tuple[str, dict]:
     frame, raised = frame_of(err.get("frames") or [])
     where = f"{_short(frame['file'])}:{frame['line']}" if frame else "(no frame)"
-    msg = " ".join(str(err.get("message", "")).split())[:300]
+    msg = " ".join(str(err.get("message", "")).split())
+    if len(msg) > 200:  # the first sentence carries it; the log has the rest
+        msg = msg[:200].rsplit(". ", 1)[0] + " ..."
     what = meaning(err.get("type", ""), msg)
     inside = ""
     if raised and frame and raised is not frame:
