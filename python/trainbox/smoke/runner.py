@@ -16,6 +16,7 @@ from .. import __version__
 from ..runtime.errors import TrainboxError
 from .checks import CheckSteps
 from .imagesteps import ImageSteps
+from .trialstep import TrialStep
 from .model import (
     FAIL,
     NOT_CHECKED,
@@ -36,7 +37,7 @@ from .report import format_matrix, junit_xml
 Runner = Callable[..., Proc]
 
 
-class Smoke(CheckSteps, ImageSteps):
+class Smoke(CheckSteps, ImageSteps, TrialStep):
     def __init__(self, opts: Options, run: Runner = run_process, say: Callable[[str], None] | None = None):
         self.opts = opts
         self.run = run
@@ -86,7 +87,7 @@ class Smoke(CheckSteps, ImageSteps):
                 if failed:
                     add(StepResult(name, SKIPPED, f"not built: {', '.join(failed)} failed (fix that first)"))
                     continue
-            if name in ("doctor", "args") and prior["build"].status != PASS:
+            if name in ("doctor", "args", "trial") and prior["build"].status != PASS:
                 why = "--skip build" if "build" in self.opts.skip else "no image (build " + prior["build"].status + ")"
                 add(StepResult(name, SKIPPED, why))
                 continue
@@ -147,7 +148,8 @@ class Smoke(CheckSteps, ImageSteps):
                         "substitute_base": self.opts.substitute_base, "wheelhouse": self.opts.wheelhouse,
                         "profile": self.opts.profile, "skip": self.opts.skip, "workdir": str(self.opts.workdir),
                         "build_cache": str(self.opts.build_cache) if self.opts.build_cache else None,
-                        "expect_fail": self.opts.expect_fail, "accept_not_checked": self.opts.accept_not_checked},
+                        "expect_fail": self.opts.expect_fail, "accept_not_checked": self.opts.accept_not_checked,
+                        "trial": self.opts.trial},
             "summary": {"pass": sum(s.status == PASS for s in all_steps),
                         "fail": sum(s.status == FAIL for s in all_steps),
                         "skipped": sum(s.status == SKIPPED for s in all_steps),
