@@ -301,8 +301,10 @@ def verify(plan: TrialPlan, client) -> list[dict]:
     return rows
 
 
-def peak_mb(steps_by_rank: dict) -> float | None:
-    peaks = [s.get("cgroup_peak_mb") for rows in steps_by_rank.values() for s in rows if s.get("cgroup_peak_mb")]
+def peak_mb(mon: dict) -> float | None:
+    """The job container's memory high-water mark, as the monitor last read it (steps, exits, exceptions)."""
+    recs = [s for rows in mon["steps"].values() for s in rows] + mon["errors"] + mon.get("exits", [])
+    peaks = [r.get("cgroup_peak_mb") for r in recs if r.get("cgroup_peak_mb")]
     return round(max(peaks), 1) if peaks else None
 
 
@@ -336,7 +338,7 @@ def run_trial(plan: TrialPlan, say, verbose: bool = False) -> dict:
             "overlay": plan.overlay.model_dump(), "recipe_file": str(plan.recipe_file),
             "run_dir": str(plan.run_dir), "log": str(plan.run_dir / "job.log"), "artifacts": str(plan.artifacts),
             "artifacts_made_now": made_now, "code_edits": edits, "job_wall_s": round(wall, 1),
-            "wall_s": round(time.monotonic() - t0, 1), "peak_mem_mb": peak_mb(mon["steps"]), **res,
+            "wall_s": round(time.monotonic() - t0, 1), "peak_mem_mb": peak_mb(mon), **res,
             "ok": res["result"] == "passed", "argv": plan.argv}
 
 

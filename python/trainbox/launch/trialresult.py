@@ -76,6 +76,7 @@ def read_monitor(d: Path) -> dict:
     steps: dict[str, list[dict]] = {}
     errors: list[dict] = []
     stopped: list[dict] = []
+    exits: list[dict] = []
     for p in sorted(d.glob("steps-*.jsonl")):
         rank = p.name[len("steps-"):-len(".jsonl")]
         rows = []
@@ -85,13 +86,13 @@ def read_monitor(d: Path) -> dict:
             except ValueError:
                 continue
         steps[rank] = rows
-    for kind, sink in (("error", errors), ("stopped", stopped)):
+    for kind, sink in (("error", errors), ("stopped", stopped), ("exit", exits)):
         for p in sorted(d.glob(f"{kind}-*.json")):
             try:
                 sink.append(json.loads(p.read_text()))
             except ValueError:
                 continue
-    return {"steps": steps, "errors": errors, "stopped": stopped}
+    return {"steps": steps, "errors": errors, "stopped": stopped, "exits": exits}
 
 
 _TB_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')

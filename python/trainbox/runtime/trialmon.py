@@ -10,6 +10,7 @@ What it records, in TRAINBOX_TRIAL_DIR (one file per process, JSON lines / JSON)
                       the loss is the mean of the scalars `.backward()` was called on since the previous step
                       (gradient accumulation gives several), null where the framework never calls it on a scalar.
   error-<rank>.json   the exception a process died of: type, message, the frames (file, line, function)
+  exit-<rank>.json    the container's peak memory when the process ended normally (cgroup high-water mark)
   stopped-<rank>.json the monitor ended the process after TRAINBOX_TRIAL_STOP_AFTER steps (the workload has no
                       step limit of its own): a pass, not a failure
 Rank 0 (or a process without a rank) also prints `[trainbox trial] step N loss X time Ys` to stderr.
@@ -167,7 +168,7 @@ def _record_exception(exc_type, exc, tb) -> None:
         return
     rec = {"rank": _rank(), "type": exc_type.__name__, "module": exc_type.__module__,
            "message": str(exc)[:2000], "frames": frames(tb), "argv": sys.argv[:8],
-           "after_steps": _state["step"]}
+           "after_steps": _state["step"], "cgroup_peak_mb": _cgroup_peak_mb()}
     cause = exc.__cause__ or exc.__context__
     if cause is not None:
         rec["cause"] = {"type": type(cause).__name__, "message": str(cause)[:1000],
@@ -187,6 +188,11 @@ def install() -> bool:
         previous(exc_type, exc, tb)
 
     sys.excepthook = excepthook
+    import atexit
+
+    # the container's memory high-water mark when a process ends, steps or not (the trial's peak memory)
+    atexit.register(lambda: _write(f"exit-{_rank()}.json", json.dumps({"rank": _rank(), "steps": _state["step"],
+                                                                      "cgroup_peak_mb": _cgroup_peak_mb()}) + "\n"))
     if "torch" in sys.modules:
         _patch_torch(sys.modules["torch"])
     else:
