@@ -240,3 +240,12 @@ def test_trialkit_writes_each_data_format_and_can_drop_a_field(tmp_path):
     assert set(json.loads(Path(path).read_text().splitlines()[0])) == {"id"}
     with pytest.raises(ValueError, match="known formats"):
         trialkit.make_data({"format": "parquet"}, str(tmp_path / "d"))
+
+
+def test_launch_check_validates_a_trial_overlay(tmp_path, capsys):
+    from trainbox.cli import main
+
+    bad = _recipe(tmp_path, "t-check", BASE + "trial: {why: x, args: {--nope: '1'}}\n")
+    assert main(["launch", "check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "trial: " in err and "trial.args: --nope is not an option of the recipe's command" in err

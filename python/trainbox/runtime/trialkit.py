@@ -67,8 +67,10 @@ def _query_response(row: dict) -> dict:
 
 
 # data formats: sharegpt-jsonl (SpecForge: {"id", "conversations": [{"role", "content"}]}), query-response-jsonl
-# (ModelScope's self-cognition layout that Twinkle's SelfCognitionProcessor reads: {"query", "response"})
-FORMATS = {"sharegpt-jsonl": lambda row: row, "query-response-jsonl": _query_response}
+# (ModelScope's self-cognition layout that Twinkle's SelfCognitionProcessor reads: {"query", "response"}),
+# messages-jsonl (ms-swift's standard: {"messages": [{"role", "content"}]})
+FORMATS = {"sharegpt-jsonl": lambda row: row, "query-response-jsonl": _query_response,
+           "messages-jsonl": lambda row: {"messages": row["conversations"]}}
 
 
 def make_data(spec: dict, out: str) -> str:
