@@ -249,3 +249,17 @@ def test_launch_check_validates_a_trial_overlay(tmp_path, capsys):
     assert main(["launch", "check", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "trial: " in err and "trial.args: --nope is not an option of the recipe's command" in err
+
+
+def test_old_runs_of_a_recipe_are_pruned(tmp_path):
+    from trainbox.launch.trial import prune_runs, trial_root
+
+    runs = trial_root() / "runs"
+    for i in range(4):
+        d = runs / f"cpu-ddp-2026010{i}T000000-1"
+        d.mkdir(parents=True)
+        os.utime(d, (i, i))
+    (runs / "cpu-ddp-broken-20260101T000000-1").mkdir()
+    prune_runs("cpu-ddp", keep=2)
+    assert sorted(p.name for p in runs.iterdir()) == ["cpu-ddp-20260102T000000-1", "cpu-ddp-20260103T000000-1",
+                                                      "cpu-ddp-broken-20260101T000000-1"]

@@ -308,6 +308,20 @@ def peak_mb(mon: dict) -> float | None:
     return round(max(peaks), 1) if peaks else None
 
 
+#: trial run directories kept per recipe (each holds the job's log, the monitor's records, the job's output)
+KEEP_RUNS = 10
+
+
+def prune_runs(recipe: str, keep: int = KEEP_RUNS) -> None:
+    import re
+
+    mine = re.compile(re.escape(recipe) + r"-\d{8}T\d{6}-\d+")
+    runs = sorted((p for p in (trial_root() / "runs").glob(f"{recipe}-*") if p.is_dir() and mine.fullmatch(p.name)),
+                  key=lambda p: p.stat().st_mtime)
+    for old in runs[:-keep] if keep > 0 else runs:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def run_trial(plan: TrialPlan, say, verbose: bool = False) -> dict:
     from ..engine import find_client
 
@@ -325,6 +339,7 @@ def run_trial(plan: TrialPlan, say, verbose: bool = False) -> dict:
     say(f"trial {plan.recipe}: {plan.image} in {plan.mode} mode, {plan.overlay.ranks} rank(s), "
         f"recipe {plan.recipe_file}")
     rc, output, timed_out, wall = run_job(plan, client.docker, say, verbose)
+    prune_runs(plan.recipe)
     mon = read_monitor(plan.run_dir / "monitor")
     res = judge(mon, rc, plan.overlay.steps, output, timed_out)
     if res["result"] == "passed" and plan.overlay.verify:
