@@ -228,6 +228,9 @@ def test_a_traceback_in_the_output_is_the_fallback():
     assert err["type"] == "ModuleNotFoundError" and err["frames"][-1]["line"] == 7
     assert meaning(err["type"], err["message"]).startswith("the image lacks the Python module ray")
     assert meaning("ModuleNotFoundError", "No module named 'torch_npu'").startswith("Ascend's device-only stack")
+    assert meaning("ModuleNotFoundError", "import of transformer_engine halted; None in sys.modules") == (
+        "CPU mode hides transformer_engine (it needs CANN or a GPU driver to load): this code imports it without a "
+        "CPU fallback")
 
 
 def test_trialkit_writes_each_data_format_and_can_drop_a_field(tmp_path):

@@ -20,6 +20,8 @@ from pathlib import Path
 
 # Exceptions whose message says what the trial cannot get past here, and what that means. First match wins.
 MEANINGS: list[tuple[str, str]] = [
+    (r"import of ([\w.]+) halted; None in sys.modules",
+     "CPU mode hides {0} (it needs CANN or a GPU driver to load): this code imports it without a CPU fallback"),
     (r"No module named '(torch_npu|acl|tbe|te)\b",
      "Ascend's device-only stack (torch_npu needs CANN and an NPU): hidden in CPU mode, so this path needs the card"),
     (r"No module named '(transformer_engine|flash_attn|apex)",
