@@ -204,3 +204,8 @@ _START = time.monotonic()
 
 if __name__ == "trainbox_trial_monitor":  # loaded by path from the .pth line
     install()
+
+if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
+    from trainbox.runtime.errors import not_a_command
+
+    raise SystemExit(not_a_command(__spec__.name))
