@@ -32,6 +32,7 @@ OFFLINE_JSON = {
     "launch show": (["launch", "show", "cpu-ddp"], 0),
     "jobs": (["jobs"], 0),
     "run": (["run", "cpu-ddp", "--dry-run", "--image", "trainbox/cpu:any"], 0),
+    "trial": (["trial", "cpu-ddp", "--dry-run", "--image", "trainbox/cpu:any"], 0),
     "doctor": (["doctor", "--quick"], None),  # 1 when a check fails on this host
     "image build": (["image", "build", "cpu", "--dry-run"], None),  # 1 when no index or wheelhouse has torch
     "fetch": (["fetch", "cpu", "--sources-only", "--offline"], 0),  # cpu has no git or archive source  # a dry run needs no engine and no index

@@ -18,7 +18,8 @@ from trainbox.paths import REPO_ROOT
 PKG = REPO_ROOT / "python" / "trainbox"
 RUNTIME = PKG / "runtime"
 # What a workload's environment brings and runtime code may import lazily, inside a function.
-LAZY_OK = {"torch", "torch_npu", "ray", "mindspeed", "megatron", "numpy", "triton"}
+# transformers and tokenizers: trainbox.runtime.trialkit makes a trial's tiny model and tokenizer with the image's own.
+LAZY_OK = {"torch", "torch_npu", "ray", "mindspeed", "megatron", "numpy", "triton", "transformers", "tokenizers"}
 HOST_MODULES = sorted(p.stem for p in PKG.glob("*.py") if p.stem not in ("__init__", "cli"))
 
 

@@ -131,7 +131,7 @@ def test_keep_going_runs_the_stacks_after_a_broken_one(keep_going):
     st = steps(report, "cpu")
     assert {k: v["status"] for k, v in st.items()} == {
         "validate": "pass", "lock": "skipped", "render": "pass", "hadolint": "pass", "patches": "skipped",
-        "build": "skipped", "doctor": "skipped", "recipes": "pass", "args": "skipped"}
+        "build": "skipped", "doctor": "skipped", "recipes": "pass", "args": "skipped", "trial": "skipped"}
     assert st["patches"]["reason"] == "no component of this stack carries patches"
     rows = st["recipes"]["details"]["recipes"]
     assert rows == [{"name": "cpu-ddp", "render": "pass", "shellcheck": "pass", "dry_run": "pass", "message": None}]
@@ -180,7 +180,7 @@ def test_json_report_follows_the_documented_schema(keep_going):
     assert report["schema"] == 1 and report["steps"] == list(smoke.STEPS)
     assert set(report["options"]) == {"stacks", "keep_going", "substitute_base", "wheelhouse", "profile", "skip",
                                       "build_cache", "workdir", "expect_fail", "expect_fail_as", "accept_not_checked",
-                                      "jobs"}
+                                      "jobs", "trial"}
     assert report["options"]["skip"] == ["lock", "build"] and report["options"]["keep_going"] is True
     assert set(report["summary"]) == {"pass", "fail", "skipped", "failed", "xfail", "xpass", "not_checked"}
     n = sum(len(s["steps"]) for s in report["stacks"])
@@ -301,6 +301,54 @@ def test_args_step_judges_each_recipe_against_the_profile(tmp_path):
     del outcome["stale-gap"], outcome["unaccepted"], outcome["broken"]
     res = smoke.Smoke(opts, run=run, say=lambda m: None).step_args(stack_result(image="trainbox/s:1"))
     assert res.status == smoke.PASS and "XFAIL known-gap" in res.reason and "NOT CHECKED mounted" in res.reason
+
+
+def test_trial_step_judges_each_trial_against_the_profile(tmp_path):
+    """`pass` must pass; {stop, why} must stop with that text in its final line; a stop elsewhere fails, and so
+    does a pass where a stop is expected (stale). The child CLI is a stand-in here (the real trial:
+    tests/test_trial_docker.py)."""
+    lines = {"runs": ("passed", "passed 2 steps (loss 1 -> 0.5, finite)"),
+             "blocked": ("stopped", "stopped at sglang/srt/configs/utils.py:18: ImportError: needs torchvision"),
+             "moved": ("stopped", "stopped at specforge/data/preprocessing.py:381: ValueError: no conversations"),
+             "fixed": ("passed", "passed 2 steps (loss 1 -> 0.9, finite)"), "other": ("passed", "x")}
+
+    def run(argv, timeout, log=None, stream=False):
+        if argv[-3:] == ["launch", "list", "--json"]:
+            return smoke.Proc(argv, 0, json.dumps({"recipes": [{"name": n, "stack": "s"} for n in lines]}), "", 0.1)
+        name = argv[argv.index("trial") + 1]
+        assert argv[argv.index("--image") + 1] == "trainbox/s:1" and argv[-1] == "--json"
+        result, line = lines[name]
+        return smoke.Proc(argv, 0 if result == "passed" else 1, json.dumps({"result": result, "line": line,
+                                                                            "steps": [{}, {}]}), "", 0.1)
+
+    why = "the runner has no CPU torchvision"
+    opts = options(tmp_path, trial={"runs": {"expect": "pass"},
+                                    "blocked": {"expect": "stop", "at": "sglang/srt/configs/utils.py:18", "why": why},
+                                    "moved": {"expect": "stop", "at": "sglang/srt/configs/utils.py:18", "why": why},
+                                    "fixed": {"expect": "stop", "at": "sglang/", "why": why}})
+    res = smoke.Smoke(opts, run=run, say=lambda m: None).step_trial(stack_result(image="trainbox/s:1"))
+    got = {r["name"]: r["ok"] for r in res.details["recipes"]}
+    assert got == {"runs": True, "blocked": True, "moved": False, "fixed": False}  # "other": not in the profile
+    assert res.status == smoke.FAIL
+    assert "moved: stopped at specforge/data/preprocessing.py:381" in res.reason
+    assert "fixed: passed 2 steps" in res.reason and "it passes now" in res.reason
+    assert "runs:" not in res.reason and "blocked:" not in res.reason
+    none = smoke.Smoke(options(tmp_path), run=run, say=lambda m: None).step_trial(stack_result(image="trainbox/s:1"))
+    assert none.status == smoke.SKIPPED and "names no trial" in none.reason
+
+
+def test_profile_trial_entries_name_recipes_and_what_they_must_do(tmp_path):
+    prof = tmp_path / "p.yaml"
+    prof.write_text("trial: {cpu-ddp: pass, specforge-domino-qwen35-4b-npu: {stop: 'sglang/', why: no torchvision}}\n")
+    assert smoke.load_profile(prof)["trial"] == {
+        "cpu-ddp": {"expect": "pass"},
+        "specforge-domino-qwen35-4b-npu": {"expect": "stop", "at": "sglang/", "why": "no torchvision"}}
+    prof.write_text("trial: {cpu-ddp: {stop: x}}\n")
+    with pytest.raises(TrainboxError, match=r"trial.cpu-ddp: expected `pass`, or \{stop"):
+        smoke.load_profile(prof)
+    prof.write_text("trial: {no-such: pass}\n")
+    with pytest.raises(TrainboxError, match="trial: no-such: no such recipe"):
+        smoke.load_profile(prof)
 
 
 def test_profile_expect_fail_names_real_recipes_with_a_reason(tmp_path):
@@ -515,7 +563,7 @@ def test_cpu_stack_end_to_end(tmp_path):
     assert rc == 0, stderr[-4000:]
     assert {k: v["status"] for k, v in st.items()} == {
         "validate": "pass", "lock": "skipped", "render": "skipped", "hadolint": "pass", "patches": "skipped",
-        "build": "pass", "doctor": "pass", "recipes": "pass", "args": "pass"}
+        "build": "pass", "doctor": "pass", "recipes": "pass", "args": "pass", "trial": "skipped"}
     # cpu-ddp's command parsed by its own argparse parser in the image just built
     assert [r["name"] for r in st["args"]["details"]["recipes"]] == ["cpu-ddp"]
     assert "cpu-ddp: " in st["args"]["reason"] and "modules of the entry's import closure resolve, the arguments " \

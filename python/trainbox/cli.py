@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "image",
     "launch",
     "jobs",
+    "trial",
     "doctor",
     "smoke",
 ]

@@ -269,6 +269,8 @@ class Recipe(_Strict):
     command: list[str | list[str]]
     torchrun: Torchrun = Field(default_factory=Torchrun)
     ray: Ray = Field(default_factory=Ray)
+    # `trainbox trial`'s overlay (trainbox.launch.trialplan validates it: only `trial` reads it)
+    trial: dict | None = None
     source_file: Path | None = None
 
     @field_validator("inputs", "env")

@@ -226,6 +226,7 @@ def cmd_check(args) -> int:
             problems += check_script(script, shellcheck)
         for target in args.targets or []:
             problems += _check_target(name, target, args, shellcheck)
+        problems += _check_trial(name)
         row = {"recipe": name, "ok": not problems, "problems": problems}
         if args.args and not problems:
             row["args"] = _check_args(name, args)
@@ -247,6 +248,21 @@ def cmd_check(args) -> int:
         emit_json({"ok": not failed, "shellcheck": bool(shellcheck), "recipes": results,
                    "not_checked": [r["recipe"] for r in results if r["status"] == "not checked"]})
     return EXIT_PROBLEMS if failed else 0
+
+
+def _check_trial(name: str) -> list[str]:
+    """The recipe's `trial:` overlay, when it has one, validates against the recipe (`trainbox trial` runs it)."""
+    from ..launch.trialplan import overlay_of
+    from ..recipe import load_recipe
+    from ..runtime.errors import TrainboxError
+
+    try:
+        recipe = load_recipe(name)
+        if recipe.trial is not None:
+            overlay_of(recipe)
+    except TrainboxError as exc:
+        return [f"trial: {exc}"]
+    return []
 
 
 def _check_args(name: str, args) -> dict:

@@ -20,6 +20,10 @@ a step whose command is missing or broken fails instead of passing. Steps, in or
             it expects: a missing module or a pattern of the summary, and why) makes that failure an XFAIL, any
             other failure a FAIL and a pass an XPASS (a failure); `not checked` fails unless accept_not_checked
             names the recipe
+  trial     the recipes on the stack the profile names under `trial:`, in the built image: `trainbox trial RECIPE
+            --json` (the recipe's own job shrunk by its overlay, CPU mode, its first optimizer steps). `pass`: the
+            trial must pass; {stop: TEXT, why: LINE}: it must stop with TEXT in its final line (where the framework
+            stops on a CPU runner); passing there, or stopping elsewhere, fails the step
 
 Step status: "pass", "fail", or "skipped" with the reason (a skipped step never counts as a pass: a stack is
 ok only when no step failed, and steps that depend on a failed one are skipped, naming it).
@@ -34,12 +38,13 @@ a schema number::
       "exit_code": 0 | 1,
       "started_at": "2026-01-01T00:00:00+00:00",
       "duration_s": 123.4,
-      "steps": ["validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes", "args"],
+      "steps": ["validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes", "args", "trial"],
       "options": {"stacks": [...], "keep_going": bool, "jobs": int, "substitute_base": "auto" | "never" | IMAGE,
                   "wheelhouse": str | null, "profile": str | null, "skip": [...], "workdir": str,
                   "build_cache": str | null, "expect_fail": {RECIPE: why},
                   "expect_fail_as": {RECIPE: {"missing": MODULE | null, "match": PATTERN | null}},
-                  "accept_not_checked": [RECIPE]},
+                  "accept_not_checked": [RECIPE],
+                  "trial": {RECIPE: {"expect": "pass" | "stop", "at": TEXT, "why": LINE}}},
       "summary": {"pass": 10, "fail": 1, "skipped": 5,
                   "failed": ["npu-910b/patches"],            # STACK/STEP of every failed step
                   "xfail": [RECIPE], "xpass": [RECIPE],      # args step: failures the profile expects / that passed
@@ -73,8 +78,10 @@ Step details: any step may carry "note", a caveat of a pass (e.g. an index that 
 "unexpected": [finding], "warnings": [finding]} where a finding is {"id", "status", "message", "why"} ("why":
 the reason it is expected); recipes {"recipes": [{"name", "render", "shellcheck", "dry_run", "message"}]}; args {"recipes": [{"name", "result" ("pass" | "fail" | "xfail" | "xpass" |
 "not checked"), "ok", "status" (launch check's: "ok" | "fail" | "not checked"), "summary", "why", "stubs",
-"missing"}]}. A recipe's `not checked` fails the step unless the profile's accept_not_checked names it; a recipe in
-the profile's expect_fail that passes (XPASS), or fails otherwise than the failure it names, fails it too.
+"missing"}]}; trial {"recipes": [{"name", "result" ("passed" | "stopped" | "error"), "ok", "line" (trial's final
+line), "why", "expect", "steps", "wall_s", "peak_mem_mb", "log"}]}. A recipe's `not checked` fails the step unless
+the profile's accept_not_checked names it; a recipe in the profile's expect_fail that passes (XPASS), or fails
+otherwise than the failure it names, fails it too.
 """
 
 from __future__ import annotations

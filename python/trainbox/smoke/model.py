@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..paths import REPO_ROOT
 
-STEPS = ("validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes", "args")
+STEPS = ("validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes", "args", "trial")
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 # a recipe's result in the args step: besides PASS and FAIL, a failure the profile expects (XFAIL), an expected
 # failure that passed (XPASS: a failure, so the list cannot go stale), and a recipe that could not be checked
@@ -37,7 +37,8 @@ _PLACEHOLDER = {"path": "/trainbox-smoke/{name}", "int": "1", "port": "29500", "
                 "string": "smoke"}
 
 DEFAULT_TIMEOUTS = {"validate": 300, "lock": 600, "render": 300, "hadolint": 120, "patches": 1800,
-                    "build": 5400, "doctor": 600, "recipes": 300, "args": 600, "bootstrap": 1800}
+                    "build": 5400, "doctor": 600, "recipes": 300, "args": 600, "bootstrap": 1800,
+                    "trial": 1800}
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -114,6 +115,8 @@ class Options:
     # (a pattern of the step's summary line)}; a failure that is not that one stays a failure (expected_failure)
     expect_fail: dict[str, dict] = field(default_factory=dict)
     accept_not_checked: list[str] = field(default_factory=list)  # recipes whose `not checked` is accepted
+    # recipe -> {"expect": "pass"} or {"expect": "stop", "at": text its final line must hold, "why": ...}
+    trial: dict[str, dict] = field(default_factory=dict)
 
     def sets_for(self, stack: str) -> dict[str, str]:
         return {**self.sets.get("*", {}), **self.sets.get(stack, {})}

@@ -53,6 +53,8 @@ def load_profile(path: str | Path) -> dict:
         expect_fail: dict[str, ExpectedFailure] = Field(default_factory=dict)
         # recipes whose `not checked` (declared in the recipe's check.why) this runner accepts
         accept_not_checked: list[str] = Field(default_factory=list)
+        # the trial step: recipe -> pass, or {stop: text of where its trial must stop, why: one line}
+        trial: dict[str, str | dict[str, str]] = Field(default_factory=dict)
 
     from ..documents import format_validation, read_yaml
 
@@ -78,13 +80,14 @@ def load_profile(path: str | Path) -> dict:
     except ValidationError as exc:
         raise TrainboxError(format_validation(p, exc, unknown="profile keys: description, stacks, keep_going, "
                                               "jobs, substitute_base, wheelhouse, skip, set, expect_fail, "
-                                              "accept_not_checked")) from None
+                                              "accept_not_checked, trial")) from None
     for stack, sets in prof.set.items():
         for k in sets:
             if "." not in k:
                 raise TrainboxError(f"--profile {p}: set.{stack}.{k}: expected COMPONENT.FIELD, e.g. torch.version")
     _check_recipe_names(p, prof.expect_fail, prof.accept_not_checked)
     out = prof.model_dump()
+    out["trial"] = _trial_entries(p, prof.trial)
     if out.get("wheelhouse") and not os.path.isabs(out["wheelhouse"]):
         out["wheelhouse"] = str((REPO_ROOT / out["wheelhouse"]).resolve())
     return out
@@ -120,6 +123,24 @@ def _check_recipe_names(p: Path, expect_fail: dict, accept: list[str]) -> None:
                                     f"({exc})") from None
         if name in accept:
             raise TrainboxError(f"--profile {p}: {name} is in both expect_fail and accept_not_checked: choose one")
+
+
+def _trial_entries(p: Path, entries: dict) -> dict[str, dict]:
+    """trial: RECIPE: pass | {stop: TEXT, why: LINE}: recipes with an overlay, each with what its trial must do."""
+    from ..recipe import list_recipes
+
+    known, out = set(list_recipes()), {}
+    for name, want in entries.items():
+        if name not in known:
+            raise TrainboxError(f"--profile {p}: trial: {name}: no such recipe (`trainbox trial --list`)")
+        if want == "pass":
+            out[name] = {"expect": "pass"}
+        elif isinstance(want, dict) and set(want) == {"stop", "why"} and all(str(v).strip() for v in want.values()):
+            out[name] = {"expect": "stop", "at": str(want["stop"]), "why": " ".join(str(want["why"]).split())}
+        else:
+            raise TrainboxError(f"--profile {p}: trial.{name}: expected `pass`, or {{stop: TEXT its final line "
+                                "holds, why: one line}}")
+    return out
 
 
 def build_options(stacks: list[str] | None, sets: list[str] | None, profile: str | None, wheelhouse: str | None,
@@ -166,6 +187,7 @@ def build_options(stacks: list[str] | None, sets: list[str] | None, profile: str
                    pull_timeout=pull_timeout if pull_timeout is not None else 20.0, verbose=verbose,
                    build_cache=Path(build_cache).resolve() if build_cache else None, timeouts=timeouts,
                    expect_fail=dict(prof.get("expect_fail") or {}),
-                   accept_not_checked=list(prof.get("accept_not_checked") or []))
+                   accept_not_checked=list(prof.get("accept_not_checked") or []),
+                   trial=dict(prof.get("trial") or {}))
 
 

@@ -17,6 +17,7 @@ from ..runtime.errors import TrainboxError
 from ..runtime.redact import redact_data
 from .checks import CheckSteps
 from .imagesteps import ImageSteps
+from .trialstep import TrialStep
 from .model import (
     FAIL,
     NOT_CHECKED,
@@ -37,7 +38,7 @@ from .report import format_matrix, junit_xml
 Runner = Callable[..., Proc]
 
 
-class Smoke(CheckSteps, ImageSteps):
+class Smoke(CheckSteps, ImageSteps, TrialStep):
     def __init__(self, opts: Options, run: Runner = run_process, say: Callable[[str], None] | None = None):
         self.opts = opts
         self.run = run
@@ -87,7 +88,7 @@ class Smoke(CheckSteps, ImageSteps):
                 if failed:
                     add(StepResult(name, SKIPPED, f"not built: {', '.join(failed)} failed (fix that first)"))
                     continue
-            if name in ("doctor", "args") and prior["build"].status != PASS:
+            if name in ("doctor", "args", "trial") and prior["build"].status != PASS:
                 why = "--skip build" if "build" in self.opts.skip else "no image (build " + prior["build"].status + ")"
                 add(StepResult(name, SKIPPED, why))
                 continue
@@ -151,7 +152,7 @@ class Smoke(CheckSteps, ImageSteps):
                         "expect_fail": {k: v["why"] for k, v in self.opts.expect_fail.items()},
                         "expect_fail_as": {k: {"missing": v.get("missing"), "match": v.get("match")}
                                            for k, v in self.opts.expect_fail.items()},
-                        "accept_not_checked": self.opts.accept_not_checked},
+                        "accept_not_checked": self.opts.accept_not_checked, "trial": self.opts.trial},
             "summary": {"pass": sum(s.status == PASS for s in all_steps),
                         "fail": sum(s.status == FAIL for s in all_steps),
                         "skipped": sum(s.status == SKIPPED for s in all_steps),
