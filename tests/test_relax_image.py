@@ -1,0 +1,127 @@
+"""Relax (93e989e) in the relax image on the substitute base, CPU mode (issue 35): its training entry imports, its
+three NPU recipes parse with Relax's own parser (`trainbox launch check --args`, torch_npu the one stand-in), and an
+image without TransferQueue's fork or sglang_router fails that check naming the module. The fastapi pin is the one
+whose app Ray Serve 2.55.1 can pickle: Relax's session service applies `@serve.ingress(app)` when it is imported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+from docker_helpers import TEST_LABEL, docker_client
+from test_cpu_mode_docker import _image, python_in
+from test_relax_imports import RELAX_REPOS
+from trainbox.paths import REPO_ROOT
+from upstream_helpers import find_shared_upstream
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow,
+              pytest.mark.skipif(find_shared_upstream() is None, reason="../shared/upstream is missing")]
+
+RECIPES = ["relax-qwen3-4b-4npu-colocate", "relax-qwen35-9b-4npu-colocate", "relax-qwen35-9b-8npu-async"]
+CPU = {"TRAINBOX_DEVICE": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def relax_img(tmp_path_factory):
+    yield from _image("relax", RELAX_REPOS, tmp_path_factory)
+
+
+ENTRY = r"""
+import importlib.metadata as md, json, os
+import relax, relax.entrypoints.train                      # the entry, as `python3 -m relax.entrypoints.train` loads it
+import relax.agentic.session.service                       # @serve.ingress(app) runs here (Ray Serve pickles the app)
+from transfer_queue import StreamingTokenBudgetSampler     # the fork's (relax/core/controller.py); PyPI's lacks it
+import megatron.bridge, megatron.core, megatron.training   # the bridge beside the Megatron-LM tree's packages
+from sglang_router.launch_router import RouterArgs
+from sglang.srt.server_args import ServerArgs
+print(json.dumps({"relax": os.path.dirname(relax.__file__), "bridge": list(megatron.bridge.__path__),
+                  "core": os.path.dirname(megatron.core.__file__), "fastapi": md.version("fastapi"),
+                  "sglang": md.version("sglang"), "router": md.version("sglang-router"),
+                  "transferqueue": md.version("transferqueue"), "ray": md.version("ray")}))
+"""
+
+
+def test_relax_s_entry_imports_in_the_image(relax_img):
+    proc = python_in(relax_img, ENTRY, env=CPU, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["relax"] == "/opt/src/relax/relax"  # the baked tree (a mounted CODE_DIR goes first on PYTHONPATH)
+    assert got["core"].startswith("/opt/src/megatron-lm/") and got["bridge"]
+    assert got["fastapi"] == "0.139.1" and got["ray"] == "2.55.1" and got["sglang"] == "0.5.10"
+
+
+# fastapi 0.139.2 added a threading.Lock to fastapi.routing._IncludedRouter (its effective-routes cache); a lock
+# cannot be pickled, so Ray Serve's ingress refuses the app. The same app with such a lock put back fails here: the
+# pin is what makes Relax's import pass, not luck.
+INGRESS = r"""
+import sys, threading
+from fastapi import FastAPI
+from ray import serve
+app = FastAPI()
+@app.get("/x")
+def x():
+    return {}
+if sys.argv[1] == "lock":
+    app.router._trainbox_probe_lock = threading.Lock()
+try:
+    serve.ingress(app)(type("D", (), {}))
+except Exception as exc:
+    print("FAIL", str(exc).splitlines()[0])
+else:
+    print("OK")
+"""
+
+
+def test_the_fastapi_pin_is_one_ray_serve_can_pickle(relax_img):
+    ok = python_in(relax_img, INGRESS, "plain", env=CPU, timeout=300)
+    assert ok.returncode == 0 and ok.stdout.strip().splitlines()[-1] == "OK", ok.stdout + ok.stderr[-2000:]
+    bad = python_in(relax_img, INGRESS, "lock", env=CPU, timeout=300)
+    assert bad.stdout.strip().splitlines()[-1].startswith("FAIL Failed to serialize the ASGI app"), \
+        bad.stdout + bad.stderr[-2000:]
+
+
+def launch_check(recipe: str, image: str) -> tuple[int, str, dict | None]:
+    proc = subprocess.run([sys.executable, "-m", "trainbox.cli", "launch", "check", recipe, "--args", "--image", image,
+                           "--json"], capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
+    return proc.returncode, proc.stderr, (json.loads(proc.stdout)["recipes"][0] if proc.stdout.strip() else None)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_relax_recipes_parse_with_relax_s_own_parser(relax_img, recipe):
+    rc, err, row = launch_check(recipe, relax_img)
+    assert rc == 0, err[-4000:]
+    args = row["args"]["args"]
+    assert args["ok"] and args["stubbed"] in ([], ["torch_npu"]), args
+    assert args["parser"] and args["namespace"]["megatron_to_hf_mode"] == "'bridge'", args["parser"]
+
+
+def _image_without(tag: str, paths: list[str]) -> str:
+    """`tag` with `paths` removed (as if the stack no longer held them), committed as a throwaway image."""
+    docker = docker_client().docker
+    name = f"trainbox-test-{uuid.uuid4().hex[:10]}"
+    new = f"trainbox-test/relax-without:{uuid.uuid4().hex[:12]}"
+    script = "set -e; sp=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'); " \
+        + "; ".join(f"rm -rf \"$sp\"/{p}" for p in paths)
+    subprocess.run([docker, "run", "--name", name, "--label", TEST_LABEL, "--network", "none", "--entrypoint", "bash",
+                    tag, "-c", script], check=True, capture_output=True, timeout=300)
+    try:
+        subprocess.run([docker, "commit", name, new], check=True, capture_output=True, timeout=300)
+    finally:
+        subprocess.run([docker, "rm", "-f", name], capture_output=True)
+    return new
+
+
+@pytest.mark.parametrize("module,paths", [
+    ("transfer_queue", ["transfer_queue", "[Tt]ransfer[Qq]ueue-*.dist-info"]),
+    ("sglang_router", ["sglang_router", "sglang_router-*.dist-info"]),
+])
+def test_without_the_fork_or_the_router_the_check_fails_naming_it(relax_img, module, paths):
+    without = _image_without(relax_img, paths)
+    try:
+        rc, err, _ = launch_check(RECIPES[0], without)
+    finally:
+        subprocess.run([docker_client().docker, "rmi", "-f", without], capture_output=True)
+    assert rc == 1 and module in err, err[-3000:]
