@@ -36,9 +36,15 @@ import importlib.metadata as md, json, os
 import relax
 import relax.agentic.session.service                       # @serve.ingress(app) runs here (Ray Serve pickles the app)
 from transfer_queue import StreamingTokenBudgetSampler     # the fork's (relax/core/controller.py); PyPI's lacks it
-import megatron.bridge, megatron.core, megatron.training   # the bridge beside the Megatron-LM tree's packages
+import importlib.util, megatron.core, megatron.training
+# the bridge beside the Megatron-LM tree's packages (one namespace package); loading it imports
+# transformer_engine.pytorch, which on Ascend is MindSpeed's adaptor's (it needs torch_npu, so CANN): found, not run
+bridge = importlib.util.find_spec("megatron.bridge")
+patched = "Unions of containers" in open(os.path.join(bridge.submodule_search_locations[0], "models", "conversion",
+                                                      "utils.py")).read()   # Relax's megatron-bridge.patch
 from sglang_router.launch_router import RouterArgs
-print(json.dumps({"relax": os.path.dirname(relax.__file__), "bridge": list(megatron.bridge.__path__),
+print(json.dumps({"relax": os.path.dirname(relax.__file__), "bridge": list(bridge.submodule_search_locations),
+                  "patched": patched,
                   "core": os.path.dirname(megatron.core.__file__), "fastapi": md.version("fastapi"),
                   "sglang": md.version("sglang"), "router": md.version("sglang-router"),
                   "transferqueue": md.version("transferqueue"), "ray": md.version("ray")}))
@@ -50,7 +56,7 @@ def test_relax_s_pieces_import_in_the_image(relax_img):
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["relax"] == "/opt/src/relax/relax"  # the baked tree (a mounted CODE_DIR goes first on PYTHONPATH)
-    assert got["core"].startswith("/opt/src/megatron-lm/") and got["bridge"]
+    assert got["core"].startswith("/opt/src/megatron-lm/") and got["bridge"] and got["patched"]
     assert got["fastapi"] == "0.139.1" and got["ray"] == "2.55.1" and got["sglang"] == "0.5.10"
 
 
@@ -96,10 +102,10 @@ def test_relax_s_entry_closure_lacks_only_torchvision(relax_img, recipe):
     recipes are expect_fail in ci/smoke-offline.yaml for that, and this turns red when it changes either way."""
     rc, err, row = launch_check(recipe, relax_img)
     assert rc == 1 and row is not None, err[-3000:]
-    assert [m["module"] for m in row["imports"]["missing"]] == ["torchvision"], row["imports"]["missing"]
-    assert row["imports"]["missing"][0]["chain"][:4] == ["relax.entrypoints.train", "relax.utils.arguments",
+    assert [m["module"] for m in row["args"]["imports"]["missing"]] == ["torchvision"], row["args"]["imports"]["missing"]
+    assert row["args"]["imports"]["missing"][0]["chain"][:4] == ["relax.entrypoints.train", "relax.utils.arguments",
                                                          "relax.backends.sglang.arguments", "sglang.srt.server_args"]
-    assert row["stubs"] == ["torch_npu"]
+    assert row["args"]["stubs"] == ["torch_npu"]
 
 
 def _image_without(tag: str, paths: list[str]) -> str:
@@ -111,8 +117,13 @@ def _image_without(tag: str, paths: list[str]) -> str:
         + "; ".join(f"rm -rf \"$sp\"/{p}" for p in paths)
     subprocess.run([docker, "run", "--name", name, "--label", TEST_LABEL, "--network", "none", "--entrypoint", "bash",
                     tag, "-c", script], check=True, capture_output=True, timeout=300)
+    # the run replaced the entrypoint (bash): the commit puts the image's own back
+    conf = json.loads(subprocess.run([docker, "inspect", "--format", "{{json .Config}}", tag], check=True,
+                                     capture_output=True, text=True, timeout=60).stdout)
+    changes = ["--change", f"ENTRYPOINT {json.dumps(conf.get('Entrypoint') or [])}",
+               "--change", f"CMD {json.dumps(conf.get('Cmd') or [])}"]
     try:
-        subprocess.run([docker, "commit", name, new], check=True, capture_output=True, timeout=300)
+        subprocess.run([docker, "commit", *changes, name, new], check=True, capture_output=True, timeout=300)
     finally:
         subprocess.run([docker, "rm", "-f", name], capture_output=True)
     return new
@@ -129,4 +140,4 @@ def test_without_the_fork_or_the_router_the_check_fails_naming_it(relax_img, mod
     finally:
         subprocess.run([docker_client().docker, "rmi", "-f", without], capture_output=True)
     assert rc == 1 and row is not None, err[-3000:]
-    assert module in [m["module"] for m in row["imports"]["missing"]], row["imports"]["missing"]
+    assert module in [m["module"] for m in row["args"]["imports"]["missing"]], row["args"]["imports"]["missing"]

@@ -23,7 +23,11 @@ SEED = yaml.safe_load((Path(__file__).parent / "data" / "relax-pr52-seed.yaml").
 # test (the list is then stale: move the module out of it)
 # the relax image's git sources (../shared/upstream): Relax, its TransferQueue fork, MindSpeed and Megatron-LM
 RELAX_REPOS = ("Relax", "TransferQueue", "MindSpeed", "Megatron-LM")
-PENDING: dict[str, str] = {}  # sglang (0.5.10 for NPU) and sglang_router (0.3.2) are in the stack since issue 35
+PENDING: dict[str, str] = {}
+# missing on this runner only, with why; one that resolves fails the test (drop it here and from the smoke's
+# expect_fail)
+RUNNER_GAPS = {"torchvision": "sglang 0.5.10's sglang.srt.utils.common imports it; no CPU torchvision here "
+                              "(PyPI's x86_64 build is CUDA's: it fails beside a CPU torch)"}  # sglang (0.5.10 for NPU) and sglang_router (0.3.2) are in the stack since issue 35
 
 
 def external_imports(tree: Path) -> tuple[dict[str, dict], int]:
@@ -110,7 +114,9 @@ def test_relax_s_entry_imports_resolve_in_the_relax_image(tmp_path_factory):
         missing = json.loads(proc.stdout.strip().splitlines()[-1])
         pending = {m: why for m, why in missing.items() if m.split(".")[0] in PENDING}
         assert set(pending) == set(PENDING), f"resolve now, drop them from PENDING: {set(PENDING) - set(pending)}"
-        rest = {m: why for m, why in missing.items() if m not in pending}
+        gaps = {m for m in missing if m.split(".")[0] in RUNNER_GAPS}
+        assert gaps == set(RUNNER_GAPS), f"resolves now, drop it from RUNNER_GAPS: {set(RUNNER_GAPS) - gaps}"
+        rest = {m: why for m, why in missing.items() if m not in pending and m not in gaps}
         assert not rest, "missing in the relax image:\n  " + "\n  ".join(f"{m}: {w}" for m, w in rest.items())
     finally:
         next(images, None)
