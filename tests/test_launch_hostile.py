@@ -193,8 +193,9 @@ def test_missing_inputs_are_all_named_and_nothing_runs(tmp_path, stubs):
     recipe = load_recipe("relax-qwen3-4b-4npu-colocate")
     proc, records = run_script(render_script(recipe, load_stack_info(recipe.stack)), tmp_path, stubs)
     assert proc.returncode == 2
-    for name in ("CODE_DIR", "MODEL_DIR", "REF_LOAD", "DATA_PATH", "CKPT_DIR"):
+    for name in ("MODEL_DIR", "REF_LOAD", "DATA_PATH", "CKPT_DIR"):
         assert f"  {name} (path, mounted " in proc.stderr
+    assert "CODE_DIR" not in proc.stderr  # Relax is in the image: CODE_DIR defaults to its tree
     assert "--set NAME=VALUE" in proc.stderr
     assert records == []
 

@@ -109,34 +109,65 @@ def test_plan_takes_python_dash_m_and_a_console_script_needs_an_entry(tmp_path):
         plan(resolve(str(wrong), require_inputs=False, host_paths=False))
 
 
-def test_a_mounted_workload_plans_from_its_entry_alone_and_says_why_nothing_ran():
-    """Relax is a mounted checkout (check: args none, imports none): the plan needs only the entry (the command's
-    ${MODEL_ARGS[@]} comes from a script in that checkout), and the result names the reason instead of passing."""
+MOUNTED_WHY = "the workload's source is not in the image (a mounted checkout)"
+
+
+def _mounted(tmp_path: Path) -> Path:
+    """A Relax recipe as if Relax were not in the image: a mounted checkout, neither check possible."""
+    return recipe_file(tmp_path, "relax-mounted", {"extends": "relax-qwen3-4b-4npu-colocate", "code": None,
+                                                   "check": {"args": "none", "imports": "none", "why": MOUNTED_WHY}})
+
+
+def test_a_mounted_workload_plans_from_its_entry_alone_and_says_why_nothing_ran(tmp_path):
+    """A workload that is a mounted checkout (check: args none, imports none): the plan needs only the entry (the
+    command's ${MODEL_ARGS[@]} comes from a script in that checkout), and the result names the reason instead of
+    passing."""
     from trainbox.launch.recipecheck import run_with_code, summary
 
-    check = plan(resolve("relax-qwen3-4b-4npu-colocate", require_inputs=False, host_paths=False))
-    assert check.entry == ["--module", "relax.entrypoints.train"] and check.args == []
+    check = plan(resolve(str(_mounted(tmp_path)), require_inputs=False, host_paths=False))
+    assert check.entry == ["--module", "relax.entrypoints.train"] and check.args == [] and check.sources == []
     assert not check.parse and not check.imports
     out = run_with_code(check, "/nonexistent/relax")  # nothing to run: no container, no engine asked
     assert out["imports"]["skipped"] and out["args"]["skipped"]
     assert out["status"] == "not checked" and out["ok"] is False
-    assert summary(out) == ("relax-qwen3-4b-4npu-colocate: not checked: Relax's source is not in the image (a mounted "
-                            "CODE_DIR checkout of 93e989e; no mirror of Relax here)")
+    assert summary(out) == f"relax-mounted: not checked: {MOUNTED_WHY}"
+
+
+def test_a_source_script_s_array_is_filled_in_where_the_command_names_it(tmp_path):
+    """Relax's recipes take MODEL_ARGS from a script in Relax's tree (`source:`): the args check sources it inside
+    the image, as the job script does, and puts the array's words where ${MODEL_ARGS[@]} stands."""
+    from trainbox.launch.recipecheck import ARRAY_WORD
+
+    check = plan(resolve("relax-qwen3-4b-4npu-colocate", require_inputs=False, host_paths=False))
+    assert check.sources == [(f"{TREE_ROOT}/relax/scripts/models/qwen3-4B.sh", False)]
+    assert ARRAY_WORD.format("MODEL_ARGS") in check.args and check.args[0] == "--resource"
+    argv = check.argv(imports=False)
+    assert argv[:2] == ["bash", "-c"] and check.argv(imports=True)[0] == "python3"
+    script = tmp_path / "m.sh"
+    script.write_text('echo sourced; MODEL_ARGS=(--num-layers 36 --rotary-base "1 000")\n')
+    inner = argv[argv.index("--") + 1:]
+    echo = [sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))"]
+    proc = subprocess.run([*argv[:4], f"?{tmp_path}/absent.sh", str(script), "--", *echo, *inner[inner.index("--") + 1:]],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "sourced\n", proc.stderr
+    words = json.loads(proc.stdout)
+    at = check.args.index(ARRAY_WORD.format("MODEL_ARGS"))
+    assert words[at:at + 4] == ["--num-layers", "36", "--rotary-base", "1 000"] and words[:at] == check.args[:at]
 
 
 @pytest.mark.slow
-def test_not_checked_is_never_printed_as_ok():
+def test_not_checked_is_never_printed_as_ok(tmp_path):
     """The CLI line and --json of a recipe that could not be checked say `not checked` with the reason; the exit
     status stays 0 (nothing failed), and the smoke decides whether that is accepted."""
-    name = "relax-qwen3-4b-4npu-colocate"
-    p = cli("launch", "check", name, "--args")
+    name, path = "relax-mounted", str(_mounted(tmp_path))
+    p = cli("launch", "check", path, "--args")
     assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith(f"not checked  {name}: Relax's source is not in the image"), p.stdout
+    assert p.stdout.startswith(f"not checked  {name}: {MOUNTED_WHY}"), p.stdout
     assert not any(line.startswith("ok") for line in (p.stdout + p.stderr).splitlines())
-    p = cli("launch", "check", name, "--args", "--json")
+    p = cli("launch", "check", path, "--args", "--json")
     out = json.loads(p.stdout)
     assert out["recipes"][0]["status"] == "not checked" and out["recipes"][0]["ok"] is False
-    assert out["not_checked"] == [name] and "ok " not in p.stderr
+    assert out["not_checked"] == [path] and "ok " not in p.stderr  # as the recipe was named
 
 
 # -- runs against the pinned SpecForge checkout, mounted read-only into trainbox's Debian base --------------------

@@ -1,7 +1,7 @@
 """The Relax NPU recipes against the seed's launchers (Relax PR #52; tests/data/relax-pr52-seed.yaml holds every flag
-and variable of its three scripts, with the commit they were read at). Relax's parser lives in a mounted checkout the
-image does not hold, so the recipes cannot be run through it here: instead every flag of the seed must be in the
-recipe with the seed's values, and every difference is one of the few listed below, each with its reason."""
+and variable of its three scripts, with the commit they were read at): every flag of the seed must be in the recipe
+with the seed's values, and every difference is one of the few listed below, each with its reason. Relax's own parser
+takes the recipes in the relax image (`launch check --args`, tests/test_relax_image.py and the smoke)."""
 
 from __future__ import annotations
 
@@ -30,11 +30,10 @@ ENV_LEFT_OUT = {
     "ASCEND_RT_VISIBLE_DEVICES": "the launcher sets it from --devices",
     "HCCL_HOST_SOCKET_PORT_RANGE": "the launcher derives it per job from MASTER_PORT",
     "HCCL_NPU_SOCKET_PORT_RANGE": "the launcher derives it per job from MASTER_PORT",
-    "TMS_HOOK_MODE": "preload needs sgl-kernel-npu 23519771 (PR #463), which the stack's rc4 predates",
 }
 # variables a recipe adds, with why
 ENV_ADDED = {
-    "PYTHONPATH": "the mounted Relax checkout",
+    "PYTHONPATH": "CODE_DIR: the image's Relax (93e989e) or a mounted checkout",
     "HCCL_CONNECT_TIMEOUT": "ours: the first collective of a Ray job waits for every actor's model load",
     "MINDSPEED_BRIDGE_GDN_USE_TORCH_CONV": "Qwen3.5's GDN conv through torch (Relax main's NPU launcher, 9abc67f)",
 }
@@ -169,21 +168,23 @@ PRELOAD_SGL_KERNEL_NPU = {"23519771d347a0422885d34b807076d56e122104", "607b00025
                           "87df718a2f15161d3120e4e1dfd19b30afca7cbf"}
 
 
-def _tms_preload_problem(name: str, env: dict, stack_name: str, kernel_commit: str | None) -> str | None:
-    """Why a recipe may not ask for torch-memory-saver's preload hook mode (TMS_HOOK_MODE=preload), or None."""
-    if str(env.get("TMS_HOOK_MODE", "")) != "preload" or kernel_commit is None:
+def _tms_preload_problem(name: str, env: dict, stack_name: str, kernel: tuple | None) -> str | None:
+    """Why a recipe may not ask for torch-memory-saver's preload hook mode (TMS_HOOK_MODE=preload), or None.
+    `kernel`: the stack's sgl-kernel-npu as (commit, patch series), None off NPU."""
+    if str(env.get("TMS_HOOK_MODE", "")) != "preload" or kernel is None:
         return None  # no preload asked, or not torch_memory_saver's NPU build (CUDA's upstream one has preload)
-    if kernel_commit in PRELOAD_SGL_KERNEL_NPU:
+    commit, series = kernel
+    if commit in PRELOAD_SGL_KERNEL_NPU or PRELOAD_BACKPORT in backports(series):
         return None
-    return (f"{name} sets TMS_HOOK_MODE=preload, but stack {stack_name} pins sgl-kernel-npu {kernel_commit[:12]} "
-            "(not known to carry 23519771, the NPU preload hook mode)")
+    return (f"{name} sets TMS_HOOK_MODE=preload, but stack {stack_name} pins sgl-kernel-npu {commit[:12]} "
+            "(not known to carry 23519771, the NPU preload hook mode), and its patch series does not backport it")
 
 
-def _kernel_commit(recipe) -> str | None:
+def _kernel(recipe) -> tuple | None:
     from trainbox.stack import load_stack
 
     kernel = load_stack(recipe.stack).components.get("sgl-kernel-npu")
-    return kernel.commit if kernel is not None else None
+    return (kernel.commit, kernel.patches) if kernel is not None else None
 
 
 @pytest.mark.parametrize("name", sorted(list_recipes()))
@@ -192,24 +193,59 @@ def test_no_recipe_sets_tms_preload_on_an_sgl_kernel_npu_without_it(name):
     unsupported with torch_npu and TMS_HOOK_MODE is not even read. A recipe may ask for it only on a stack whose
     sgl-kernel-npu has it."""
     recipe = load_recipe(name)
-    problem = _tms_preload_problem(name, recipe.env, recipe.stack, _kernel_commit(recipe))
+    problem = _tms_preload_problem(name, recipe.env, recipe.stack, _kernel(recipe))
     assert problem is None, problem
 
 
 def test_the_tms_preload_check_refuses_preload_on_each_pinned_sgl_kernel_npu_without_it():
-    """The check above can fail (issue 37: while no recipe sets preload, it returned before its assert): each recipe
-    on a stack with sgl-kernel-npu, given TMS_HOOK_MODE=preload, is refused on its stack's pin (none of them carries
-    23519771 yet) and taken on a commit that does; off NPU (no sgl-kernel-npu) preload is fine."""
-    on_npu = [r for r in map(load_recipe, sorted(list_recipes())) if _kernel_commit(r)]
+    """The check above can fail (issue 37: while no recipe set preload, it returned before its assert): each recipe
+    on a stack with sgl-kernel-npu, given TMS_HOOK_MODE=preload, is taken where its stack's kernel carries 23519771
+    (a commit that has it, or a series that backports it, as relax's rc3 does) and refused on the same kernel
+    without that backport; off NPU (no sgl-kernel-npu) preload is fine."""
+    on_npu = [r for r in map(load_recipe, sorted(list_recipes())) if _kernel(r)]
     assert len(on_npu) >= 4, [r.name for r in on_npu]  # the relax and specforge NPU recipes
     for recipe in on_npu:
         env = {**recipe.env, "TMS_HOOK_MODE": "preload"}
-        commit = _kernel_commit(recipe)
-        if commit in PRELOAD_SGL_KERNEL_NPU:  # a stack moved to a commit that has it: then preload is allowed
-            assert _tms_preload_problem(recipe.name, env, recipe.stack, commit) is None
-        else:
-            assert "not known to carry 23519771" in _tms_preload_problem(recipe.name, env, recipe.stack, commit)
+        commit, series = _kernel(recipe)
+        if commit in PRELOAD_SGL_KERNEL_NPU or PRELOAD_BACKPORT in backports(series):
+            assert _tms_preload_problem(recipe.name, env, recipe.stack, (commit, series)) is None
+        assert "not known to carry 23519771" in _tms_preload_problem(recipe.name, env, recipe.stack, (commit, None)) \
+            if commit not in PRELOAD_SGL_KERNEL_NPU else True
         for good in PRELOAD_SGL_KERNEL_NPU:
-            assert _tms_preload_problem(recipe.name, env, recipe.stack, good) is None
+            assert _tms_preload_problem(recipe.name, env, recipe.stack, (good, None)) is None
     cuda = load_recipe("relax-qwen35-9b-8gpu-async")
-    assert _tms_preload_problem(cuda.name, {"TMS_HOOK_MODE": "preload"}, cuda.stack, _kernel_commit(cuda)) is None
+    assert _tms_preload_problem(cuda.name, {"TMS_HOOK_MODE": "preload"}, cuda.stack, _kernel(cuda)) is None
+
+
+# the Upstream-Status a series entry taken from 23519771 carries (Relax's image cherry-picks it onto rc3)
+PRELOAD_BACKPORT = "Backport https://github.com/sgl-project/sgl-kernel-npu/commit/23519771d347a0422885d34b807076d56e122104"
+
+
+def backports(series: str | None) -> set[str]:
+    from trainbox.paths import REPO_ROOT
+    from trainbox.runtime.apply_patches import load_series
+
+    return {p.upstream_status for p in load_series(REPO_ROOT / "patches" / series)} if series else set()
+
+
+def test_the_relax_stack_backports_23519771_whole_and_then_relax_s_patch():
+    """The relax stack's sgl-kernel-npu is Relax's: rc3, every file of 23519771 (against its parent, in the mirror),
+    then Relax's torch-memory-saver.patch last."""
+    import subprocess
+
+    from trainbox.paths import REPO_ROOT
+    from trainbox.runtime.apply_patches import load_series
+    from trainbox.stack import load_stack
+    from upstream_helpers import find_shared_upstream
+
+    kernel = load_stack("relax").components["sgl-kernel-npu"]
+    assert kernel.commit == "06d738f01d3bc6b9f638f01f2a293cec83ccd91c" and kernel.ref == "2026.04.15.rc3"
+    series = load_series(REPO_ROOT / "patches" / kernel.patches)
+    taken = [p for p in series if p.upstream_status == PRELOAD_BACKPORT]
+    assert series[-1].subject.endswith("from torch-memory-saver.patch") and "93e989e" in series[-1].message
+    upstream = find_shared_upstream()
+    if upstream is None:
+        pytest.skip("../shared/upstream is missing")
+    files = subprocess.run(["git", f"--git-dir={upstream / 'sgl-kernel-npu.git'}", "show", "--format=", "--name-only",
+                            "23519771d347a0422885d34b807076d56e122104"], capture_output=True, text=True, check=True)
+    assert sorted(f for p in taken for f in p.touched()) == sorted(files.stdout.split())

@@ -38,9 +38,9 @@ def test_recipe_facts_from_the_seeds():
     for name in ("relax-qwen3-4b-4npu-colocate", "relax-qwen35-9b-4npu-colocate"):
         r = load_recipe(name)
         assert r.devices_per_node == 4 and "--colocate" in " ".join(map(str, r.command))
-        # torch-memory-saver's torch hook mode: preload needs an sgl-kernel-npu the stack does not pin (issue 21)
-        assert any("torch_memory_saver_hook_mode_torch" in p.python for p in r.preflight)
-        assert "TMS_HOOK_MODE" not in r.env
+        # torch-memory-saver's preload hook mode, as the seed sets it (sgl-kernel-npu rc3 + 23519771 builds it)
+        assert any("torch_memory_saver_hook_mode_preload" in p.python for p in r.preflight)
+        assert r.env["TMS_HOOK_MODE"] == "preload"
     spec = load_recipe("specforge-domino-qwen35-4b-npu")
     assert spec.stack == "specforge"
     assert spec.launcher == "torchrun" and "--attention-backend ${ATTENTION_BACKEND}" in " ".join(map(str, spec.command))
@@ -68,7 +68,9 @@ def test_relax_npu_recipes_match_relax_s_launchers(name):
                  "--accumulate-allreduce-grads-in-fp32", "--megatron-to-hf-mode bridge"):
         assert flag in joined, flag
     assert "--accumulate-allreduce-fusion-in-fp32" not in joined  # no such flag in Megatron or Relax
-    assert r.stack == "relax" and "TMS_HOOK_MODE" not in r.env
+    assert r.stack == "relax" and r.code is not None and r.code.component == "relax"  # Relax is in the image
+    # the seed's colocated scripts set TMS_HOOK_MODE=preload (the relax stack's sgl-kernel-npu has 23519771)
+    assert r.env.get("TMS_HOOK_MODE") == ("preload" if "colocate" in name else None)
     if "colocate" in name:  # torch-memory-saver does not work with expandable segments; the async seed sets them
         assert "PYTORCH_NPU_ALLOC_CONF" not in r.env
     if r.devices_per_node == 4:
@@ -83,9 +85,25 @@ def test_relax_gpu_twins_carry_no_npu_flags():
         r = load_recipe(name)
         joined = " ".join(w if isinstance(w, str) else " ".join(w) for w in r.command)
         assert joined.startswith("python3 -m relax.entrypoints.train")
-        assert "--sglang-device" not in joined and "ascend" not in joined and r.stack == "cuda"
+        assert "--sglang-device" not in joined and "ascend" not in joined and r.stack == "relax-cuda"
         assert "--accumulate-allreduce-grads-in-fp32" in joined
         assert not any(k.startswith(("HCCL_", "PYTORCH_NPU", "ASCEND_", "MINDSPEED_")) for k in r.env)
+
+
+def test_relax_gpu_twins_hold_relax_s_requirements():
+    """The GPU twins' stack holds what the NPU stack does of Relax's own needs (issue 35 item 7): Relax's tree, the
+    TransferQueue fork, and Relax's requirements at 93e989e (gpustat aside, named in both stacks)."""
+    from trainbox.stack import load_stack
+
+    npu, gpu = load_stack("relax").components, load_stack("relax-cuda").components
+    for key in ("relax", "transferqueue"):
+        assert (gpu[key].git, gpu[key].commit) == (npu[key].git, npu[key].commit), key
+    needs = {"omegaconf", "tensordict", "pyvers", "wandb", "sglang-router", "imageio", "ray", "fastapi", "pyarrow",
+             "transformers", "huggingface-hub", "clearml", "math-verify", "mathruler", "av", "blessed", "debugpy"}
+    assert {k for k in needs if k in gpu and gpu[k].install is not False} == needs
+    for k in needs - {"omegaconf"}:  # omegaconf: 2.4.0 on CUDA, a wheel-only lock without hydra-core (its header)
+        assert gpu[k].version == npu[k].version, k
+    assert load_recipe("relax-qwen3-4b-4gpu-colocate").code.component == "relax"
 
 
 MULTI_NODE = ({"MASTER_ADDR": "node0.example"}, 2)
@@ -277,7 +295,9 @@ def test_gpu_recipes_extend_their_npu_counterparts():
     assert swift.layout()["TP"] == 2 and "USE_MCORE_GDN" not in swift.env
     assert swift.stack == "swift-cuda" and "MEGATRON_LM_PATH" not in swift.inputs  # the stack bakes the tree's path
     relax = load_recipe("relax-qwen3-4b-4gpu-colocate")
-    assert [p.name for p in relax.preflight] == [p.name for p in load_recipe("relax-qwen3-4b-4npu-colocate").preflight]
+    # torch-memory-saver as on NPU; MindSpeed-Bridge is Ascend's only
+    assert [p.name for p in relax.preflight] == ["torch-memory-saver"]
+    assert "mindspeed-bridge" in [p.name for p in load_recipe("relax-qwen3-4b-4npu-colocate").preflight]
     assert not any(k.startswith(("HCCL_", "PYTORCH_NPU")) for k in relax.env)
 
 

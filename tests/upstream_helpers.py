@@ -25,6 +25,8 @@ UPSTREAM_URLS = {
     "twinkle": "https://github.com/modelscope/twinkle.git",
     "ms-swift": "https://github.com/modelscope/ms-swift.git",
     "sgl-kernel-npu": "https://github.com/sgl-project/sgl-kernel-npu.git",
+    "Relax": "https://github.com/redai-infra/Relax.git",
+    "TransferQueue": "https://github.com/redai-infra/TransferQueue.git",
 }
 MINDSPEED = (UPSTREAM_URLS["MindSpeed"], "MindSpeed.git", "d0d5809d4323eb908f89e87958de254465eb57b4")
 MEGATRON = (UPSTREAM_URLS["Megatron-LM"], "Megatron-LM.git", "309ffca6a40553362d44fd17efc56b772fa1aa44")

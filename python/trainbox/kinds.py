@@ -271,8 +271,9 @@ class UrlKind(Kind):
         return c.install == "build" and c.build_requires is not None
 
     def install_args(self, c: Any) -> list[str]:
-        if c.install == "build":  # the staged archive is the tree: unpacked, built by its commands
-            return ["--mode", "build", "--url", c.url, "--sha256", c.sha256[0], *_build_args(c)]
+        if c.install == "build":  # the staged archive is the tree: unpacked, patched, built by its commands
+            patches = ["--patches", f"/tmp/trainbox/patches/{c.patches}"] if c.patches else []
+            return ["--mode", "build", "--url", c.url, "--sha256", c.sha256[0], *_build_args(c), *patches]
         return ["--mode", "archive", "--sha256", c.sha256[0]] if self.is_archive(c) else []
 
     def manifest_entry(self, c: Any, stack: Any) -> dict:

@@ -40,8 +40,19 @@ class ArgsCheck:
     strict: bool = False  # leftovers of parse_known_args fail (recipe check.strict)
     why: str | None = None
     imports: bool = True  # False: the entry is not in the image (recipe check.imports: none)
+    # the recipe's `source:` scripts whose arrays the arguments take (`${NAME[@]}`), in order: (path, optional)
+    sources: list[tuple[str, bool]] = field(default_factory=list)
 
     def argv(self, imports: bool, stub_missing: bool = False) -> list[str]:
+        out = self._argv(imports, stub_missing)
+        if imports or not self.sources:
+            return out
+        # the arrays live in scripts inside the image (or the mounted checkout): bash there sources them, as the
+        # launcher's job script does, and puts each array's words where the command names it
+        return ["bash", "-c", _WITH_ARRAYS, "argcheck", *[("?" if opt else "") + p for p, opt in self.sources],
+                "--", *out]
+
+    def _argv(self, imports: bool, stub_missing: bool = False) -> list[str]:
         out = ["python3", "-m", "trainbox.runtime.argcheck", "--json"] + (["--stub-missing"] if stub_missing else [])
         for mod in self.stubs:
             out += ["--stub", mod]
@@ -49,6 +60,18 @@ class ArgsCheck:
             out += ["--path", self.workdir]
         out += ["--imports"] if imports else ["--strict"] if self.strict else []
         return out + self.entry + ["--", *([] if imports else self.args)]
+
+
+#: a command word that stands for a `source` script's array (expand()); only a whole word can
+ARRAY_WORD = "@trainbox-array:{}@"
+# bash -c: source each script ("?PATH": only when present) with strict mode off, its output kept off stdout (the
+# check's JSON), then run the command with each array marker replaced by that array's words. The names are the
+# recipe's validated `arrays:` identifiers.
+_WITH_ARRAYS = (
+    'while [ "$1" != -- ]; do f=${1#\\?}; if [ "$f" != "$1" ] && [ ! -e "$f" ]; then shift; continue; fi; '
+    'set +eu; . "$f" 1>&2 || exit 2; shift; done; shift; out=(); '
+    'for a in "$@"; do case "$a" in @trainbox-array:*@) n=${a#@trainbox-array:}; n=${n%@}; '
+    'eval "out+=(\\"\\${$n[@]}\\")";; *) out+=("$a");; esac; done; exec "${out[@]}"')
 
 
 def _values(job: Job, code_dir: str | None) -> dict[str, str]:
@@ -67,12 +90,19 @@ def _values(job: Job, code_dir: str | None) -> dict[str, str]:
     return values
 
 
-def expand(word: str, values: dict[str, str]) -> str:
+def expand(word: str, values: dict[str, str], arrays: frozenset[str] = frozenset()) -> str:
+    """`word` with ${NAME} filled in; a whole word ${NAME[@]} naming one of `arrays` (a `source` script's) becomes
+    its marker, which the check's bash replaces by the array's words in the image."""
+    m = REF_RE.fullmatch(word)
+    if m and m.group(2) == "[@]" and m.group(1) in arrays:
+        return ARRAY_WORD.format(m.group(1))
+
     def one(m: re.Match) -> str:
         if m.group(0) == "$$":
             return "$"
         if m.group(2) == "[@]":
-            raise TrainboxError(f"{word!r}: the args check cannot expand an array a `source` script defines")
+            raise TrainboxError(f"{word!r}: the args check expands an array a `source` script defines only as a "
+                                "word of its own")
         return values.get(m.group(1), "")
 
     return REF_RE.sub(one, word)
@@ -116,12 +146,16 @@ def plan(job: Job, code_dir: str | None = None) -> ArgsCheck:
                             "workload's checkout)")
     values = _values(job, code_dir)
     items = recipe.command if recipe.check.args == "parse" else recipe.command[:1]  # no arguments: the entry only
-    words = [expand(w, values) for item in items for w in parse_words(item)]
+    arrays = frozenset(a for s in recipe.source for a in s.arrays)
+    words = [expand(w, values, arrays) for item in items for w in parse_words(item)]
+    used = {w for w in words if w.startswith("@trainbox-array:")}
+    sources = [(expand(s.path, values), s.optional) for s in recipe.source
+               if any(ARRAY_WORD.format(a) in used for a in s.arrays)]
     workdir = expand(recipe.workdir, values) if recipe.workdir else None
     entry, args = _entry(recipe, words, workdir)
     env = {k: values[k] for k in recipe.env}
     return ArgsCheck(recipe.name, entry, args, workdir, env, list(recipe.check.stub), recipe.check.args == "parse",
-                     recipe.check.strict, recipe.check.why, recipe.check.imports == "entry")
+                     recipe.check.strict, recipe.check.why, recipe.check.imports == "entry", sources)
 
 
 def _result(proc_out: str, proc_err: str, rc: int, what: str) -> dict:
