@@ -246,3 +246,11 @@ def parse_devices(spec: str | None) -> list[int]:
                 raise ValueError(f"--devices {spec!r}: card {card} is given twice")
             out.append(card)
     return sorted(out)
+
+
+def check_indexes(v: dict[str, str]) -> dict[str, str]:
+    """A stack's or a lock's `indexes:` (name -> URL): the same grammar in both files."""
+    for name, url in v.items():
+        check_name(name, "index name")
+        check_url(url, ("https", "http", "file"), f"indexes.{name}")
+    return v

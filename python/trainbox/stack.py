@@ -112,10 +112,7 @@ class Stack(_Strict):
     @field_validator("indexes")
     @classmethod
     def _indexes(cls, v: dict[str, str]) -> dict[str, str]:
-        for name, url in v.items():
-            grammar.check_name(name, "index name")
-            grammar.check_url(url, ("https", "http", "file"), f"indexes.{name}")
-        return v
+        return grammar.check_indexes(v)
 
     @field_validator("components")
     @classmethod
