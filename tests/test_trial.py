@@ -266,3 +266,21 @@ def test_old_runs_of_a_recipe_are_pruned(tmp_path):
     prune_runs("cpu-ddp", keep=2)
     assert sorted(p.name for p in runs.iterdir()) == ["cpu-ddp-20260102T000000-1", "cpu-ddp-20260103T000000-1",
                                                       "cpu-ddp-broken-20260101T000000-1"]
+
+
+def test_a_cpu_trial_takes_a_port_slot_that_is_free(tmp_path, monkeypatch):
+    """CPU mode has no card to derive the port slot from: two trials at once (the smoke runs two stacks at a time)
+    took MASTER_PORT 16400 both, and the second failed to listen. A trial takes the first free slot of `trainbox
+    run`'s range from one derived from its process; here that slot's port is held, so it must move on."""
+    import socket
+
+    from trainbox.ports import RUN_BASES, RUN_SLOTS, STRIDE
+
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
+    held = RUN_BASES["MASTER_PORT"] + STRIDE * (os.getpid() % RUN_SLOTS)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", held))
+        sock.listen(1)
+        port = int(plan_trial("cpu-ddp").job.sets["MASTER_PORT"])
+    assert port != held and (port - RUN_BASES["MASTER_PORT"]) % STRIDE == 0
+    assert plan_trial("cpu-ddp", sets={"MASTER_PORT": "16555"}).job.sets["MASTER_PORT"] == "16555"  # the caller's

@@ -131,6 +131,8 @@ def plan_trial(name: str, *, image: str | None = None, devices: str | None = Non
     if ov.code:
         values[recipe.code.input] = str(rdir / "code")  # the overlay's edited copy of the image's tree
     values.update(sets or {})
+    if mode == "cpu":
+        values.update(_free_ports(recipe, values))
     job = resolve(str(rfile), sets=values, devices=devices if mode == "device" else None,
                   check_paths=False)
     script = render_script(job.recipe, job.stack, job.sets)
@@ -138,6 +140,31 @@ def plan_trial(name: str, *, image: str | None = None, devices: str | None = Non
     plan = TrialPlan(recipe.name, ov, img, note, mode, spec, adir, made, rdir, rfile, job, script_path)
     plan.container = f"trainbox-trial-{recipe.name}-{os.getpid()}"[:120]
     return plan
+
+
+def _free_ports(recipe, values: dict[str, str]) -> dict[str, str]:
+    """CPU mode has no card to give the job its port slot (job.py: the first card's), so two trials on one host
+    (the smoke runs two stacks at once) took the same MASTER_PORT and the second failed to listen: each port input
+    the caller did not set takes the first slot of `trainbox run`'s range that is free here now, starting from one
+    derived from this process, so two trials starting together also probe different slots first."""
+    import socket
+
+    from ..ports import RUN_BASES, RUN_SLOTS, STRIDE
+
+    inputs = all_inputs(recipe)
+    names = [n for n in RUN_BASES if n in inputs and n not in values]
+    start = os.getpid() % RUN_SLOTS
+    for k in range(RUN_SLOTS):
+        slot = (start + k) % RUN_SLOTS
+        ports = {n: RUN_BASES[n] + STRIDE * slot for n in names}
+        try:
+            for port in ports.values():
+                with socket.socket() as sock:
+                    sock.bind(("", port))  # free now (a bind, not a connect: nothing is sent anywhere)
+        except OSError:
+            continue
+        return {n: str(v) for n, v in ports.items()}
+    return {}  # every slot busy: the recipe's defaults, and torchrun says which port it could not take
 
 
 def _cpu_job(job: Job) -> Job:
