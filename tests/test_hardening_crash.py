@@ -636,7 +636,7 @@ def test_ctrl_c_during_a_real_run_stops_the_container(tmp_path):
     out = "".join(lines) + rest
     assert proc.returncode == 130, out[-3000:]
     assert "Traceback" not in out and out.strip().splitlines()[-1].startswith(
-        "trainbox: interrupted: the cpu-ddp job cpu-ddp-"), out[-3000:]
+        "trainbox: interrupted: the cpu-ddp job "), out[-3000:]  # the job's name: --name's, here
     log = Path(out.strip().splitlines()[-1].split("kept at ")[1].split(" (trainbox logs")[0])
     assert "Traceback" in log.read_text() or "SignalException" in log.read_text()
     gone = subprocess.run(["docker", "ps", "-aq", "--filter", f"name={name}"], capture_output=True, text=True)
