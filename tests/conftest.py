@@ -147,9 +147,11 @@ class LowDiskCut(UserWarning):
     """The low-disk guard cut the engine's images or build cache before a docker test."""
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def cpu_image() -> str:
-    """The cpu stack's image, built through `trainbox image build` (content-hash tag: free when unchanged)."""
+    """The cpu stack's image, built through `trainbox image build` (content-hash tag: free when unchanged). Asked
+    for each test, not once a session: the engine queue's push tests untag it for a while, and a test after one
+    must find it, not a name from before (build_cpu_image makes it again when it is gone)."""
     from docker_helpers import build_cpu_image
 
     return build_cpu_image()

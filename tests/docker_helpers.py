@@ -210,7 +210,9 @@ def cold_base() -> str:
 
 
 def build_cpu_image() -> str:
-    """The cpu stack's image tag (trainbox/cpu:<content hash>), built once per session."""
+    """The cpu stack's image tag (trainbox/cpu:<content hash>), built once per session, and again (from the build
+    cache) when a test before this one left it without that name: the push tests remove every name of the image to
+    pull it back by digest, and a failure between the two leaves it gone."""
     return build_cpu_outcome().tag
 
 
@@ -219,10 +221,18 @@ def build_npu_template_image() -> str:
     return build_npu_template_outcome().tag
 
 
-@functools.cache
 def build_cpu_outcome():
     """The cpu stack's image as `make image-cpu` builds it, with secrets to look for later (a marker
     CA in the bundle, credentials in the index URL). Returns trainbox.image.BuildOutcome (.tag, .report)."""
+    out = _cpu_outcome()
+    if not docker_client().image_exists(out.tag):  # a test before this one took its name (see build_cpu_image)
+        _cpu_outcome.cache_clear()
+        out = _cpu_outcome()
+    return out
+
+
+@functools.cache
+def _cpu_outcome():
     from trainbox.image import build
 
     docker_client()
