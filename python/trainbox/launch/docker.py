@@ -284,7 +284,6 @@ def execute(plan: RunPlan, node_rank: int = 0) -> int:
         rc = exc.returncode
         with contextlib.suppress(OSError):  # Ctrl-C is a cancel (a full cache disk loses only the record's word)
             lifecycle.save({**lifecycle.load(name), "cancel_requested": lifecycle.now()})
-        prune_logs(plan.recipe.name)
         raise KeyboardInterrupt(f"the {plan.recipe.name} job {name} stopped (container exit {exc.returncode}); its "
                                 f"log is kept at {log} (trainbox logs {name})") from None
     finally:  # an interrupted follow still records the end (the container got the same SIGINT)
@@ -294,8 +293,8 @@ def execute(plan: RunPlan, node_rank: int = 0) -> int:
             record = {"state": "succeeded" if rc == 0 else "failed"}
             print(f"trainbox run {plan.recipe.name}: job {name}'s record not updated ({describe_os_error(exc)})",
                   file=sys.stderr)
-    # the container is gone (--rm); its output is not (the newest KEEP_LOGS per recipe are kept)
-    prune_logs(plan.recipe.name)
+        # the container is gone (--rm), interrupted or not; its output is not (the newest KEEP_LOGS per recipe)
+        prune_logs(plan.recipe.name)
     print(f"trainbox run {plan.recipe.name}: job {name} {record['state']}, exit {rc}; log kept at {log} "
           f"(trainbox logs {name})", file=sys.stderr)
     return rc
