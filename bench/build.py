@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def _edited_copy(root: Path, edit: str) -> Path:
-    from trainbox import image
+    from trainbox.build import image
 
     image.copy_inputs(root)
     target = root / edit
@@ -46,7 +46,7 @@ def _edited_copy(root: Path, edit: str) -> Path:
 
 
 def _timed_build(opts, repo_root: Path | None = None):
-    from trainbox import image
+    from trainbox.build import image
 
     opts.source_root = repo_root
     t0 = time.monotonic()
@@ -57,8 +57,8 @@ def _timed_build(opts, repo_root: Path | None = None):
 def limit_requirements(stack_name: str, sets: dict[str, str] | None = None, plan=None) -> list[bytes]:
     """requirements.txt and deps.txt for the limit. With `plan` (an image.plan), the very files the build installs:
     pins moved by `sets` are hashed there as the build hashes them (a moved pin has no hash in the stack's lock)."""
-    from trainbox import render
-    from trainbox.stack import load_stack
+    from trainbox.build import render
+    from trainbox.spec.stack import load_stack
 
     if plan is None:
         rendered = render.render_stack(load_stack(stack_name, sets=sets))
@@ -74,8 +74,8 @@ def plain_pip_install(stack_name: str, wheelhouse: str | None, sets: dict[str, s
     pip into a fresh venv, no cache, from the indexes that answer (as the build does) plus the wheelhouse."""
     import subprocess
 
-    from trainbox import image
-    from trainbox.stack import load_stack
+    from trainbox.build import image
+    from trainbox.spec.stack import load_stack
 
     stack = load_stack(stack_name, sets=sets)
     texts = limit_requirements(stack_name, sets, plan)
@@ -93,7 +93,7 @@ def plain_pip_install(stack_name: str, wheelhouse: str | None, sets: dict[str, s
             cmd += ["--extra-index-url", u]
         if wheelhouse:
             cmd += ["--find-links", wheelhouse]
-        from trainbox.index import ca_bundle
+        from trainbox.supply.index import ca_bundle
 
         cert = ca_bundle()
         if cert:
@@ -114,7 +114,7 @@ def workload_inputs(profile: str, stack_name: str) -> tuple[dict[str, str], str]
     `set:` entry for it and the stack's own base.substitute (with those pins applied)."""
     from trainbox.runtime.errors import TrainboxError
     from trainbox.smoke.profile import load_profile
-    from trainbox.stack import load_stack
+    from trainbox.spec.stack import load_stack
 
     sets = dict(load_profile(profile).get("set", {}).get(stack_name) or {})
     if not sets:
@@ -132,7 +132,7 @@ def verdict(took: float, limit: float, goal: float) -> str:
 
 def bench_workload(args, client, created: list[str]) -> dict:
     """The workload stack's cold build on its substitute base against its own plain pip install, same run."""
-    from trainbox import image
+    from trainbox.build import image
 
     sets, base = workload_inputs(args.profile, args.workload)
     opts = image.BuildOptions(stack=args.workload, base=base, sets=sets, wheelhouse=args.wheelhouse,
@@ -178,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the figures here (default: build/reports/bench-build.json)")
     args = ap.parse_args(argv)
 
-    from trainbox import image
+    from trainbox.build import image
     from imagescan import scan_image
-    from trainbox.engine import find_client
+    from trainbox.build.engine import find_client
     from trainbox.paths import REPO_ROOT
 
     client = find_client()

@@ -11,8 +11,9 @@ import zipfile
 
 import pytest
 
-from trainbox import buildplan, inventory, platforms, rules
-from trainbox.stack import load_stack
+from trainbox.build import inventory, plan as buildplan
+from trainbox.spec import platforms, rules
+from trainbox.spec.stack import load_stack
 
 
 def test_tags_and_base_names_per_platform():
@@ -105,7 +106,7 @@ def test_a_cross_build_compiles_the_venv_natively(tmp_path, monkeypatch, stack_n
 
 
 def test_native_twin_is_trainboxs_own_base_for_this_machine(monkeypatch):
-    from trainbox import base
+    from trainbox.build import base
 
     class Engine:
         def __init__(self, *have):
@@ -168,7 +169,7 @@ def _wheel(dirpath, name, version, requires=()):
 def test_lock_evaluates_markers_for_the_target_machine(tmp_path):
     """pip's --platform picks wheel tags only; its markers see the host. torch declares its CUDA wheels
     `; platform_machine == "x86_64"`: resolving aarch64 on an x86_64 host must not want them."""
-    from trainbox.lock import _pip_for
+    from trainbox.supply.lock import _pip_for
 
     _wheel(tmp_path, "fake_torch", "1.0", ['fake-nvidia==1.0 ; platform_machine == "x86_64"',
                                           'fake-arm==1.0 ; platform_machine == "aarch64"'])
@@ -194,7 +195,7 @@ def test_lock_evaluates_markers_for_the_target_machine(tmp_path):
 
 def test_image_build_without_emulation_stops_in_one_line(monkeypatch):
     """No qemu for arm64 here: the build says so, and how to get it, before it looks for an engine."""
-    from trainbox import image
+    from trainbox.build import image
     from trainbox.runtime.errors import TrainboxError
 
     monkeypatch.setattr(image, "emulation_problem", lambda plat: "no qemu-aarch64 emulator is registered in X")

@@ -10,7 +10,7 @@ import pytest
 
 from trainbox.runtime.errors import TrainboxError
 from trainbox.smoke.profile import load_profile
-from trainbox.stack import load_stack
+from trainbox.spec.stack import load_stack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import build as bench  # noqa: E402
@@ -45,7 +45,7 @@ def test_the_workload_limit_installs_the_pins_the_build_gets():
     2.13.0+cpu, which no lock holds) hashed from the wheelhouse as the build hashes them, not the stack's NPU pins."""
     from docker_helpers import wheelhouse_dir
 
-    from trainbox import image
+    from trainbox.build import image
 
     sets, base = bench.workload_inputs(PROFILE, "npu-910b")
     opts = image.BuildOptions(stack="npu-910b", base=base, sets=sets, wheelhouse=str(wheelhouse_dir()), dry_run=True)

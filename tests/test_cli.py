@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from trainbox import cli_reference
-from trainbox import lock as lockmod
+from trainbox.supply import lock as lockmod
 from trainbox.cli import main
 from trainbox.paths import REPO_ROOT
 
@@ -82,7 +82,7 @@ def test_group_help_and_top_level(capsys):
 def test_json_outputs_parse_and_carry_a_schema(path, capsys, monkeypatch, tmp_path):
     from tests.test_cli_stack import offline_lock
 
-    from trainbox import buildplan
+    from trainbox.build import plan as buildplan
 
     monkeypatch.setattr(lockmod, "lock_stack", offline_lock)  # `stack lock` asks no index here
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")  # where a dry run stages its context

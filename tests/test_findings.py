@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainbox import buildplan, image, lock as lockmod
+from trainbox.build import plan as buildplan, image
+from trainbox.supply import lock as lockmod
 from trainbox.cli import main
 from trainbox.paths import REPO_ROOT, STACKS_DIR
-from trainbox.stack import load_stack
+from trainbox.spec.stack import load_stack
 from upstream_helpers import MEGATRON, git_env, make_mirrors
 
 OWN_TORCH_NPU = ("npu-910b-megatron", "twinkle", "twinkle-a3", "swift")
@@ -110,7 +111,7 @@ def test_one_exit_status_per_kind_of_problem_from_every_command(stacks, capsys, 
     verify, the dry run and the build, with --json or not; a stack file that does not load exits 2 (invalid
     input) from each of them. validate and lock said 1 and the build 2 for the same finding; validate said 1 and
     the rest 2 for the same schema error."""
-    from trainbox.findings import EXIT_FINDINGS
+    from trainbox.spec.findings import EXIT_FINDINGS
 
     monkeypatch.setattr(lockmod, "lock_stack", lambda *a, **k: pytest.fail("a refused stack was locked"))
     monkeypatch.setattr(image, "find_client", lambda: pytest.fail("a refused build asked for the engine"))
@@ -255,8 +256,8 @@ def test_the_dry_run_hashes_a_moved_pin_as_the_build_does(tmp_path, monkeypatch)
 
 
 def test_plan_lists_patch_series_with_hashes(tmp_path):
-    from trainbox.buildplan import source_plan
-    from trainbox.render import render_stack
+    from trainbox.build.plan import source_plan
+    from trainbox.build.render import render_stack
 
     st = load_stack("twinkle")
     fetch = source_plan(render_stack(st).manifest)

@@ -1,4 +1,4 @@
-"""trainbox.image without an engine: input checks (each one clear message, non-zero exit, fast),
+"""trainbox.build.image without an engine: input checks (each one clear message, non-zero exit, fast),
 the content hash, the staged context and the wheelhouse rules."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import buildplan, buildrun, engine, image
+from trainbox.build import engine, image, plan as buildplan, run as buildrun
 from trainbox.cli import main
 from trainbox.paths import REPO_ROOT
 from trainbox.runtime.errors import TrainboxError
-from trainbox.kinds import Pin
+from trainbox.supply.pins import Pin
 
 DATA = Path(__file__).parent / "data"
 
@@ -153,7 +153,7 @@ def test_no_engine(capsys, no_engine, monkeypatch):
 def answering_engine(monkeypatch):
     """A stand-in client whose engine answers and holds only the bootstrapped base; registries are
     unreachable (as on these machines)."""
-    from trainbox import base
+    from trainbox.build import base
 
     class Stub(engine.Client):
         def __init__(self):
@@ -180,7 +180,7 @@ def test_unreachable_index_without_wheelhouse(capsys, answering_engine, monkeypa
     # the index serving the CPU torch does not answer (as on these machines, or forced here)
     monkeypatch.setattr(image, "_url_answers",
                         lambda url, timeout, cafile=None: (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
-    from trainbox import pipconfig
+    from trainbox.supply import pipconfig
 
     monkeypatch.setattr(pipconfig, "pip_config", pipconfig.PipConfig)  # and pip names no wheel directory
     rc, err = _cli(capsys, "image", "build", "cpu", "--platform", "linux/amd64")
@@ -191,7 +191,7 @@ def test_unreachable_index_without_wheelhouse(capsys, answering_engine, monkeypa
 # -- pieces ----------------------------------------------------------------------------------------
 
 def test_parse_sets():
-    from trainbox.stack import parse_sets
+    from trainbox.spec.stack import parse_sets
 
     assert parse_sets(["torch.version=2.1", "numpy.install=false"]) == \
         {"torch.version": "2.1", "numpy.install": "false"}
@@ -210,7 +210,7 @@ def test_check_wheelhouse_serves_pinned(tmp_path):
 
 
 def test_sha256_memo_notices_changes(tmp_path, monkeypatch):
-    from trainbox import dists
+    from trainbox.spec import dists
 
     monkeypatch.setattr(dists, "CACHE_DIR", tmp_path / "cache")
     f = tmp_path / "a.whl"
@@ -234,7 +234,7 @@ def _ctx(tmp_path, files: dict[str, bytes], mode: int = 0o644) -> Path:
 
 
 def test_content_hash_covers_every_input(tmp_path):
-    from trainbox.buildplan import tree_files
+    from trainbox.build.plan import tree_files
 
     def ch(ctx, wheels, extra):
         return image.content_hash(tree_files(ctx), wheels, extra)
@@ -300,7 +300,7 @@ def test_content_hash_covers_what_the_build_uses_and_nothing_else(tmp_path):
 
 
 def test_dockerfile_order():
-    from trainbox.engine import Step
+    from trainbox.build.engine import Step
 
     df = "FROM a AS system\nRUN x\nFROM system AS builder\nRUN y\nFROM system AS final\nCOPY z /z\n"
     steps = [Step(3, "[final 1/1] COPY z /z", "final", 1, 1), Step(2, "[builder 1/1] RUN y", "builder", 1, 1),
@@ -374,7 +374,7 @@ def test_dry_run_offline_without_an_engine(capsys, monkeypatch, tmp_path, engine
     monkeypatch.setattr(engine, "_CLIENT", None)
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (False, "stand-in: offline"))
-    from trainbox import pipconfig
+    from trainbox.supply import pipconfig
 
     monkeypatch.setattr(pipconfig, "pip_config", pipconfig.PipConfig)  # a host whose pip has no wheel directory
     rc, err = _cli(capsys, "image", "build", "cpu", "--dry-run", "--json", "--platform", "linux/amd64")
@@ -396,7 +396,7 @@ def test_plan_is_pure(monkeypatch, tmp_path):
     import subprocess
     import urllib.request
 
-    from trainbox.stack import load_stack
+    from trainbox.spec.stack import load_stack
 
     def refuse(*a, **k):
         raise AssertionError("make_plan must not run processes or reach the network")
@@ -430,7 +430,7 @@ def test_profile_gives_pins_wheelhouse_and_the_substitute_base(no_engine, tmp_pa
     stack's own base cannot be probed, so the plan is on its base.substitute); the command line wins."""
     from trainbox.commands.image import _apply_profile
     from trainbox.cli import build_parser
-    from trainbox.stack import parse_sets
+    from trainbox.spec.stack import parse_sets
 
     prof = tmp_path / "p.yaml"
     prof.write_text(f"set:\n  npu-910b: {{torch.version: 2.13.0+cpu, torch-npu.version: '2.13.0'}}\n"
@@ -452,7 +452,7 @@ def test_profile_gives_pins_wheelhouse_and_the_substitute_base(no_engine, tmp_pa
 def test_a_given_base_is_a_substitute_in_the_label_the_manifest_and_the_plan(tmp_path, monkeypatch):
     """`--base local/debian:bookworm` on an NPU stack: `image ls` and `run` read the label, `doctor` the manifest;
     both say substitute (the label used to be set only when the build fell back by itself)."""
-    from trainbox.stack import load_stack
+    from trainbox.spec.stack import load_stack
 
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     stack = load_stack("npu-910b", base="local/debian:bookworm")
@@ -472,7 +472,7 @@ def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheel
     that does not answer dropped): each on a new stack, so the stack loading returned is read, never written."""
     import copy
 
-    from trainbox import lock as lockmod
+    from trainbox.supply import lock as lockmod
 
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.setattr(lockmod, "CACHE_DIR", tmp_path / "cache")  # no override lock remembered: resolved afresh
@@ -499,8 +499,8 @@ def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheel
 
 
 def test_dry_run_names_what_a_wheelhouse_lacks(tmp_path):
-    from trainbox import wheelhouse
-    from trainbox.stack import load_stack
+    from trainbox.supply import wheelhouse
+    from trainbox.spec.stack import load_stack
 
     stack = load_stack("cpu")
     torch_sha = stack.components["torch"].pin_for("linux/amd64").sha256[0]

@@ -8,8 +8,9 @@ import hashlib
 
 import pytest
 
-from trainbox import image, pipconfig, sources
-from trainbox.kinds import Pin
+from trainbox.build import image
+from trainbox.supply import pipconfig, sources
+from trainbox.supply.pins import Pin
 from trainbox.runtime.errors import TrainboxError
 
 

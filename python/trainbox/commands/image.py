@@ -144,9 +144,9 @@ def _build(args: argparse.Namespace) -> int:
     import contextlib
     import json
 
-    from trainbox import image
-    from trainbox.findings import FindingsRefused
-    from trainbox.stack import parse_sets
+    from trainbox.build import image
+    from trainbox.spec.findings import FindingsRefused
+    from trainbox.spec.stack import parse_sets
 
     if args.profile:
         _apply_profile(args)
@@ -182,9 +182,9 @@ def _build(args: argparse.Namespace) -> int:
 def _apply_profile(args: argparse.Namespace) -> None:
     """`--profile FILE`: the profile's pins for the stack (under the command line's --set), its wheelhouse, and
     its base choice (substitute_base: auto, never or an image) decided as `trainbox smoke` decides it."""
-    from trainbox.base import profile_base
+    from trainbox.build.base import profile_base
     from trainbox.smoke.profile import load_profile
-    from trainbox.stack import load_stack
+    from trainbox.spec.stack import load_stack
 
     prof = load_profile(args.profile)
     stack = load_stack(args.stack)
@@ -206,10 +206,11 @@ def _wheelhouse(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from trainbox import image, wheelhouse
-    from trainbox.fetch import check_platform
+    from trainbox.build import image
+    from trainbox.supply import wheelhouse
+    from trainbox.supply.fetch import check_platform
     from trainbox.runtime.errors import TrainboxError
-    from trainbox.stack import load_stack, parse_sets
+    from trainbox.spec.stack import load_stack, parse_sets
 
     check_platform(args.platform)  # a platform no stack targets: one line, before anything is downloaded
     stack = load_stack(args.stack, sets=parse_sets(args.sets) or None)
@@ -229,7 +230,7 @@ def _wheelhouse(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from trainbox.inventory import built_images, human_age, human_size
+    from trainbox.build.inventory import built_images, human_age, human_size
 
     images = built_images(args.stacks or None)
     if args.json:
@@ -244,7 +245,7 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
-    from trainbox.push import push
+    from trainbox.build.push import push
 
     if not args.registry:
         args._cmd_parser.error("--registry REG is required (or set TRAINBOX_REGISTRY)")
@@ -260,8 +261,8 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def _push_platforms(args: argparse.Namespace, say) -> int:
-    from trainbox.platforms import PLATFORM_ARCH
-    from trainbox.push import push_platforms
+    from trainbox.spec.platforms import PLATFORM_ARCH
+    from trainbox.build.push import push_platforms
 
     plats = [p.strip() for p in args.platform.split(",") if p.strip()]
     bad = [p for p in plats if p not in PLATFORM_ARCH]
@@ -278,8 +279,8 @@ def _push_platforms(args: argparse.Namespace, say) -> int:
 
 
 def _sbom(args: argparse.Namespace) -> int:
-    from trainbox import sbom
-    from trainbox.engine import find_client
+    from trainbox.build import sbom
+    from trainbox.build.engine import find_client
 
     client = find_client()
     client.require_engine()
@@ -296,7 +297,7 @@ def _sbom(args: argparse.Namespace) -> int:
 
 
 def _prune(args: argparse.Namespace) -> int:
-    from trainbox.inventory import built_images, prune, prune_plan
+    from trainbox.build.inventory import built_images, prune, prune_plan
 
     if args.keep < 1:
         args._cmd_parser.error(f"--keep {args.keep}: keep at least 1 image per stack")
