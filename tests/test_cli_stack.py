@@ -31,7 +31,7 @@ def edit(path: Path, fn) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-def offline_lock(stack, wheelhouse=None, resolve_deps=True):
+def offline_lock(stack, wheelhouse=None, resolve_deps=True, **_):
     """Stand-in for the index (PyPI is not asked in these tests): a lock of the stack's pins as they are now."""
     rep = lockmod.LockReport()
     rep.lock = {"stack": stack.name, "python": stack.python, "pins_digest": stack.pins_digest(),
@@ -251,3 +251,67 @@ def test_lock_says_each_step_as_it_starts(stacks, capsys, monkeypatch):
     steps = [ln for ln in err.splitlines() if ln.startswith("  [")]
     assert any("cpu linux/amd64: the pins' hashes" in s for s in steps), err
     assert steps[-1].endswith("cpu: done") and lockmod.PROGRESS is None
+
+
+def test_pip_resolver_says_how_far_it_is_and_keeps_its_last_lines(monkeypatch):
+    """Issue 38 item 5: `stack lock cuda --check` was minutes of silence inside pip's resolver. The resolver's
+    output is read as it comes: a line every PIP_HEARTBEAT_S with the distributions collected so far, and pip's
+    last lines when it fails. A stand-in for pip (a script printing pip's lines), as pip would need an index."""
+    import sys
+
+    script = ("import sys, time\n"
+              "for n in ('torch==2.9.1', 'numpy', 'sympy'):\n"
+              "    print('Collecting', n, flush=True); time.sleep(0.3)\n"
+              "print('  Downloading torch-2.9.1-cp312-cp312-manylinux_2_28_x86_64.whl (899.7 MB)', flush=True)\n"
+              "time.sleep(0.3)\n"
+              "print('ERROR: ResolutionImpossible: numpy', file=sys.stderr); sys.exit(1)\n")
+    monkeypatch.setattr(lockmod, "PIP_HEARTBEAT_S", 0.2)
+    said = []
+    rc, tail = lockmod._run_pip([sys.executable, "-c", script], {}, "cuda linux/amd64: pip's resolver", said.append)
+    assert rc == 1 and tail[-1] == "ERROR: ResolutionImpossible: numpy", tail
+    assert any(s.startswith("cuda linux/amd64: pip's resolver: 2 distributions so far (numpy)") for s in said), said
+    assert "3 distributions so far (downloading torch-2.9.1" in said[-1], said
+    # no result in PIP_TIMEOUT_S: pip is stopped and the last line says so
+    monkeypatch.setattr(lockmod, "PIP_TIMEOUT_S", 0.5)
+    rc, tail = lockmod._run_pip([sys.executable, "-c", "print('Collecting x', flush=True); import time; "
+                                 "time.sleep(30)"], {}, "x", None)
+    assert rc != 0 and tail == ["Collecting x", "(stopped: no result after 0.5 s)"], (rc, tail)
+
+
+def test_lock_runs_the_stacks_side_by_side_sharing_the_index_answers(stacks, capsys, monkeypatch):
+    """A parent and its dependants are locked two at a time where pip reads metadata only (each lock is mostly
+    pip waiting on the index), reported in the plan's order, and each project's index page is asked once per
+    run, not once per stack. The index stand-in: project_files answers an empty page (no release of any pin)."""
+    import threading
+
+    asked, running, most = [], set(), [0]
+    lock = threading.Lock()
+
+    def empty(index, url, project, *a, **k):
+        with lock:
+            asked.append((url, project))
+        return []
+
+    real = lockmod.lock_stack
+
+    def counted(stack, *a, **k):
+        import time
+
+        with lock:
+            running.add(stack.name)
+            most[0] = max(most[0], len(running))
+        time.sleep(0.3)  # long enough for a second lock to start beside it
+        try:
+            return real(stack, *a, **k)
+        finally:
+            with lock:
+                running.discard(stack.name)
+
+    monkeypatch.setattr(lockmod, "project_files", empty)
+    monkeypatch.setattr(lockmod, "lock_stack", counted)
+    monkeypatch.setattr(lockmod, "metadata_only", lambda: True)
+    main(["stack", "lock", str(stacks / "npu-910b.yaml"), "--no-deps", "--check", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert [s["stack"] for s in doc["stacks"]] == ["npu-910b", "npu-a3"]
+    assert most[0] == 2, "the two locks ran one after the other"
+    assert asked and len(asked) == len(set(asked)), sorted(asked)  # npu-a3 asked nothing npu-910b had asked

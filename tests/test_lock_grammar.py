@@ -268,7 +268,7 @@ def test_stack_lock_command_rewrites_a_lock_outside_the_grammar(stacks, capsys, 
 
     real = lockmod.lock_stack
 
-    def offline(stack, wheelhouse=None, resolve_deps=True):  # a stand-in for the index: the stack's own hashes
+    def offline(stack, wheelhouse=None, resolve_deps=True, **_):  # a stand-in for the index: the stack's own hashes
         monkeypatch.setattr(lockmod._Files, "get", lambda *a: (_ for _ in ()).throw(
             lockmod.IndexUnreachable("pypi", "x", "stand-in")))
         rep = real(stack, wheelhouse, resolve_deps=False)

@@ -247,7 +247,7 @@ def cmd_lock(args) -> int:
 
     from ..spec.findings import LOCK_RULES, Review, exit_status
     from ..supply import lock as lockmod
-    from ..supply.lock import lock_plan, lock_stack, write_lock
+    from ..supply.lock import lock_plan, lock_stacks, write_lock
     from ..spec.stack import list_stacks
 
     if args.all and args.stacks:
@@ -258,44 +258,52 @@ def cmd_lock(args) -> int:
     out = sys.stderr if args.json else sys.stdout
     results, failed, refused = [], False, False
     review, shown = Review(skip=LOCK_RULES), set()  # the lock's own state is what locking repairs
-    for stack, why in plan:
-        bad = [r for r in review.stack(stack) if r.level == "error"]
-        if bad:  # a pin the rules refuse is not locked (nor written into a lock), each finding said once
-            for r in bad:
-                if r.where not in shown:
-                    shown.add(r.where)
-                    print(r.line(), file=sys.stderr)
-            where = sorted({r.inherited_from for r in bad if r.inherited_from})
-            print(f"{stack.name}: not locked: {len(bad)} error finding{'s' if len(bad) != 1 else ''}"
-                  + (f" (inherited from {', '.join(where)})" if where else ""), file=sys.stderr)
-            refused = True
-            results.append({"stack": stack.name, "changes": [], "problems": [r.line() for r in bad],
-                            "unreachable": [], "incomplete": [], "written": None,
-                            "findings": [r.as_dict() for r in bad]})
-            continue
-        print(f"locking {stack.name}{why} for Python {stack.python} on {', '.join(stack.platforms)} ...",
-              file=sys.stderr)
-        lockmod.PROGRESS = lambda m: print(m, file=sys.stderr, flush=True)  # each step as it starts, timed
-        try:
-            rep = lock_stack(stack, Path(args.wheelhouse) if args.wheelhouse else None,
-                             resolve_deps=not args.no_deps)
-        finally:
-            lockmod.PROGRESS = None
-        for kind in ("unreachable", "problems", "incomplete"):
-            for line in getattr(rep, kind):
-                print(f"{stack.name}: {kind.rstrip('s') if kind == 'problems' else kind}: {line}", file=sys.stderr)
-        for line in rep.changes:
-            print(f"{stack.name}: changed: {line}", file=out)
-        if not rep.changes:
-            print(f"{stack.name}: no change", file=out)
-        written = None
-        if not rep.problems and not args.check:
-            written = str(write_lock(stack, rep.lock))
-            print(f"{stack.name}: wrote {written}", file=out)
-        failed |= bool(rep.problems) or (args.check and bool(rep.changes))
-        results.append({"stack": stack.name, "changes": rep.changes, "problems": rep.problems,
-                        "unreachable": rep.unreachable, "incomplete": rep.incomplete, "written": written,
-                        "findings": []})
+    bads = {stack.name: [r for r in review.stack(stack) if r.level == "error"] for stack, _ in plan}
+    whys = dict((stack.name, why) for stack, why in plan)
+
+    def starting(stack) -> None:
+        print(f"locking {stack.name}{whys[stack.name]} for Python {stack.python} on {', '.join(stack.platforms)} ...",
+              file=sys.stderr, flush=True)
+
+    # the stacks' locks run side by side (each is mostly pip waiting on the index); said in the plan's order
+    lockmod.PROGRESS = lambda m: print(m, file=sys.stderr, flush=True)  # each step as it starts, timed
+    locks = lock_stacks([st for st, _ in plan if not bads[st.name]], Path(args.wheelhouse) if args.wheelhouse
+                        else None, resolve_deps=not args.no_deps, start=starting)
+    try:
+        for stack, why in plan:
+            bad = bads[stack.name]
+            if bad:  # a pin the rules refuse is not locked (nor written into a lock), each finding said once
+                for r in bad:
+                    if r.where not in shown:
+                        shown.add(r.where)
+                        print(r.line(), file=sys.stderr)
+                where = sorted({r.inherited_from for r in bad if r.inherited_from})
+                print(f"{stack.name}: not locked: {len(bad)} error finding{'s' if len(bad) != 1 else ''}"
+                      + (f" (inherited from {', '.join(where)})" if where else ""), file=sys.stderr)
+                refused = True
+                results.append({"stack": stack.name, "changes": [], "problems": [r.line() for r in bad],
+                                "unreachable": [], "incomplete": [], "written": None,
+                                "findings": [r.as_dict() for r in bad]})
+                continue
+            rep = next(locks).result()
+            for kind in ("unreachable", "problems", "incomplete"):
+                for line in getattr(rep, kind):
+                    print(f"{stack.name}: {kind.rstrip('s') if kind == 'problems' else kind}: {line}", file=sys.stderr)
+            for line in rep.changes:
+                print(f"{stack.name}: changed: {line}", file=out)
+            if not rep.changes:
+                print(f"{stack.name}: no change", file=out)
+            written = None
+            if not rep.problems and not args.check:
+                written = str(write_lock(stack, rep.lock))
+                print(f"{stack.name}: wrote {written}", file=out)
+            failed |= bool(rep.problems) or (args.check and bool(rep.changes))
+            results.append({"stack": stack.name, "changes": rep.changes, "problems": rep.problems,
+                            "unreachable": rep.unreachable, "incomplete": rep.incomplete, "written": written,
+                            "findings": []})
+    finally:
+        locks.close()  # a stack that failed: the locks not started are not started
+        lockmod.PROGRESS = None
     for name, parent in named:
         print(f"{name} extends {parent}: its lock may now be stale; run `trainbox stack lock {name}` "
               "(or lock without --no-dependants)", file=sys.stderr)

@@ -8,7 +8,9 @@ be reached is reported by name and its earlier lock entries are kept.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -16,10 +18,12 @@ import platform as _platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import yaml
 
@@ -47,17 +51,54 @@ class LockReport:
     lock: dict = field(default_factory=dict)
 
 
+class IndexAnswers:
+    """The index pages had in one run, by (index URL, project), shared by the stacks of one `stack lock` (a stack
+    and the stacks that extend it ask for mostly the same projects) and safe across its threads: a page asked for
+    by two locks at once is fetched once, the second waits for it."""
+
+    def __init__(self) -> None:
+        self.pages: dict[tuple[str, str], list[dict]] = {}
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def get(self, index: str, url: str, project: str) -> list[dict]:
+        key = (url, canon(project))
+        with self._guard:
+            one = self._locks.setdefault(key, threading.Lock())
+        with one:
+            if key not in self.pages:  # an unreachable index raises: not kept, the next stack asks again
+                self.pages[key] = project_files(index, url, project)
+            return self.pages[key]
+
+
 class _Files:
     """One index query per project per run."""
 
-    def __init__(self, stack: Stack):
-        self.stack, self.cache = stack, {}
+    def __init__(self, stack: Stack, answers: IndexAnswers | None = None):
+        self.stack, self.answers = stack, answers or IndexAnswers()
 
     def get(self, index: str, project: str) -> list[dict]:
-        key = (index, canon(project))
-        if key not in self.cache:
-            self.cache[key] = project_files(index, self.stack.indexes[index], project)
-        return self.cache[key]
+        return self.answers.get(index, self.stack.indexes[index], project)
+
+
+#: the first pip whose `install --dry-run --report` reads the resolved distributions' metadata only, instead of
+#: downloading every wheel of the closure (pypa/pip#13482): ~4.5 GB per CUDA stack, 2-3 minutes each here
+METADATA_ONLY_PIP = (25, 3)
+
+
+@functools.lru_cache(maxsize=1)
+def resolver_pip() -> tuple[int, ...]:
+    """The version of the pip that `_pip_report` runs (this interpreter's)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return tuple(int(p) for p in version("pip").split(".")[:2] if p.isdigit())
+    except PackageNotFoundError:
+        return ()
+
+
+def metadata_only() -> bool:
+    return resolver_pip() >= METADATA_ONLY_PIP
 
 
 def _pip_for(machine: str) -> list[str]:
@@ -70,7 +111,8 @@ def _pip_for(machine: str) -> list[str]:
             "sys.argv[0] = 'pip'; runpy.run_module('pip', run_name='__main__', alter_sys=True)", machine]
 
 
-def _pip_resolve(stack: Stack, platform: str, wheelhouse: Path | None, skip: set[str]) -> dict[str, dict]:
+def _pip_resolve(stack: Stack, platform: str, wheelhouse: Path | None, skip: set[str],
+                 say: Callable[[str], None] | None = None) -> dict[str, dict]:
     """The closure pip would install for the stack's pypi pins on one platform: {name: {version, sha256}}."""
     reqs = []
     for c in stack.installed_components.values():
@@ -82,24 +124,26 @@ def _pip_resolve(stack: Stack, platform: str, wheelhouse: Path | None, skip: set
         reqs.append(f"{c.dist_name}{extras}=={pin.version}")
     # an index already found unreachable would only cost pip's retries
     indexes = [u for n, u in stack.indexes.items() if n not in skip] or ["https://pypi.org/simple"]
-    return _pip_report(stack, platform, reqs, indexes, wheelhouse, "dependencies")
+    return _pip_report(stack, platform, reqs, indexes, wheelhouse, "dependencies", say)
 
 
-def _pip_build_resolve(stack: Stack, platform: str, wheelhouse: Path | None) -> dict[str, dict]:
+def _pip_build_resolve(stack: Stack, platform: str, wheelhouse: Path | None,
+                       say: Callable[[str], None] | None = None) -> dict[str, dict]:
     """The PEP 518 build requirements' closure on one platform, from the stack's pypi index: {name: {version,
     sha256}} (the builder installs exactly these, --require-hashes, into the wheel builds' environment)."""
     return _pip_report(stack, platform, stack.build_requirements(), [stack.indexes["pypi"]], wheelhouse,
-                       "build requirements")
+                       "build requirements", say)
 
 
 def _pip_report(stack: Stack, platform: str, reqs: list[str], indexes: list[str], wheelhouse: Path | None,
-                what: str) -> dict[str, dict]:
-    """pip's resolver (`install --dry-run --report`) for the stack's Python on one platform."""
+                what: str, say: Callable[[str], None] | None = None) -> dict[str, dict]:
+    """pip's resolver (`install --dry-run --report`) for the stack's Python on one platform; `say` gets a line
+    every PIP_HEARTBEAT_S while it runs (how many distributions pip has collected, what it is fetching)."""
     machine = PLATFORM_MACHINE[platform]
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = [
-            *_pip_for(machine), "install", "--dry-run", "--target", str(Path(tmp) / "t"), "--quiet",
+            *_pip_for(machine), "install", "--dry-run", "--target", str(Path(tmp) / "t"), "--progress-bar", "off",
             "--report", str(report), "--only-binary=:all:", "--python-version", stack.python,
             "--implementation", "cp", "--abi", f"cp{stack.python.replace('.', '')}",
             # pip takes --platform tags literally: list every glibc the bases may have (2.17 .. 2.39)
@@ -107,15 +151,18 @@ def _pip_report(stack: Stack, platform: str, reqs: list[str], indexes: list[str]
             "--platform", f"manylinux2014_{machine}", "--platform", f"linux_{machine}",
             "--index-url", indexes[0],
         ]
+        if metadata_only():
+            # an index that publishes no PEP 658 metadata (a mirror): pip reads each wheel's METADATA with HTTP
+            # range requests instead of downloading the wheel (the same file, so the same closure)
+            cmd.append("--use-feature=fast-deps")
         for extra in indexes[1:]:
             cmd += ["--extra-index-url", extra]
         if wheelhouse:
             cmd += ["--find-links", str(wheelhouse)]
         env = dict(os.environ, PIP_CONSTRAINT="", PIP_DISABLE_PIP_VERSION_CHECK="1")
-        proc = subprocess.run(cmd + reqs, capture_output=True, text=True, env=env, timeout=900)
-        if proc.returncode != 0:
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
-            raise TrainboxError(f"pip could not resolve the {platform} {what} of {stack.name}:\n{tail}")
+        rc, tail = _run_pip(cmd + reqs, env, f"{stack.name} {platform}: pip's resolver", say)
+        if rc != 0:
+            raise TrainboxError(f"pip could not resolve the {platform} {what} of {stack.name}:\n" + "\n".join(tail))
         data = json.loads(report.read_text())
     out = {}
     for item in data.get("install", []):
@@ -129,14 +176,58 @@ def _pip_report(stack: Stack, platform: str, reqs: list[str], indexes: list[str]
     return out
 
 
+PIP_HEARTBEAT_S = 15.0
+PIP_TIMEOUT_S = 900
+
+
+def _run_pip(cmd: list[str], env: dict, what: str, say: Callable[[str], None] | None) -> tuple[int, list[str]]:
+    """Run pip, reading its output as it comes: (exit status, its last lines). Every PIP_HEARTBEAT_S `say` gets
+    how far it is (a resolution of a CUDA stack is minutes of silence otherwise)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    timed_out = threading.Event()
+
+    def stop() -> None:
+        timed_out.set()
+        proc.kill()
+
+    timer = threading.Timer(PIP_TIMEOUT_S, stop)
+    timer.start()
+    tail: collections.deque[str] = collections.deque(maxlen=6)
+    collected, now, last = 0, "", time.monotonic()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            if not line.strip():
+                continue
+            tail.append(line)
+            if line.startswith("Collecting "):
+                collected += 1
+                now = line.split()[1]
+            elif line.lstrip().startswith("Downloading "):
+                now = "downloading " + " ".join(line.split()[1:])  # an old pip fetching a whole wheel
+            if say is not None and time.monotonic() - last >= PIP_HEARTBEAT_S:
+                last = time.monotonic()
+                say(f"{what}: {collected} distribution{'s' if collected != 1 else ''} so far ({now})")
+        rc = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if timed_out.is_set():
+        tail.append(f"(stopped: no result after {PIP_TIMEOUT_S} s)")
+    return rc, list(tail)
+
+
 def _lock_deps(stack: Stack, plat: str, old_plat: dict, resolve_deps: bool, wheelhouse: Path | None,
-               unreachable: list, rep: LockReport) -> dict | None:
+               unreachable: list, rep: LockReport, say: Callable[[str], None] | None = None) -> dict | None:
     """The `deps` entry of one platform: the resolved closure, or the old one when it is kept or cannot be
     resolved from here; None when there is none."""
     entry: dict = {}
     if resolve_deps:
         try:
-            deps = _pip_resolve(stack, plat, wheelhouse, {u.index_name for u in unreachable})
+            deps = _pip_resolve(stack, plat, wheelhouse, {u.index_name for u in unreachable}, say)
         except TrainboxError as exc:
             if unreachable:
                 # not a broken pin: the resolver could not see a pinned artifact's metadata from here
@@ -165,7 +256,7 @@ def _lock_deps(stack: Stack, plat: str, old_plat: dict, resolve_deps: bool, whee
 
 
 def _lock_build_deps(stack: Stack, plat: str, old_plat: dict, resolve: bool, wheelhouse: Path | None,
-                     rep: LockReport) -> dict | None:
+                     rep: LockReport, say: Callable[[str], None] | None = None) -> dict | None:
     """The `build_deps` entry of one platform: resolved when asked or when the lock has none for the stack's
     build requirements now, else kept; None when the stack builds no wheel in isolation."""
     if not stack.build_requirements():
@@ -175,7 +266,7 @@ def _lock_build_deps(stack: Stack, plat: str, old_plat: dict, resolve: bool, whe
     if old and same and not resolve:
         return old
     try:
-        new = _pip_build_resolve(stack, plat, wheelhouse)
+        new = _pip_build_resolve(stack, plat, wheelhouse, say)
     except TrainboxError as exc:
         rep.problems.append(str(exc))
         return old
@@ -199,8 +290,14 @@ def _progress(msg: str, t0: float) -> None:
         PROGRESS(f"  [{time.monotonic() - t0:5.1f}s] {msg}")
 
 
-def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool = True) -> LockReport:
+def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool = True,
+               index_answers: IndexAnswers | None = None) -> LockReport:
+    """The stack's new lock and what changed. `index_answers`: the index pages already had in this run."""
     t0 = time.monotonic()
+
+    def say(msg: str) -> None:
+        _progress(msg, t0)
+
     rep = LockReport()
     old = stack.lock or {}
     problem = stack.resolution.lock_problem or (broken_seal(old) if old else None)
@@ -212,7 +309,7 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
         if not resolve_deps:
             rep.incomplete.append("the old lock's dependency closure was not kept (see above) and --no-deps "
                                   "resolves none: run `trainbox stack lock` without --no-deps")
-    files = _Files(stack)
+    files = _Files(stack, index_answers)
     unreachable: list[IndexUnreachable] = []
     # the indexes are recorded so that `stack validate` can tell a lock made against other index URLs
     new: dict = {"stack": stack.name, "python": stack.python, "pins_digest": stack.pins_digest(), "platforms": {},
@@ -261,12 +358,12 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
         entry: dict = {"components": comps}
         if resolve_deps:
             _progress(f"{stack.name} {plat}: the dependency closure (pip's resolver; the longest step)", t0)
-        deps = _lock_deps(stack, plat, old_plat, resolve_deps, wheelhouse, unreachable, rep)
+        deps = _lock_deps(stack, plat, old_plat, resolve_deps, wheelhouse, unreachable, rep, say)
         if deps is not None:
             entry["deps"] = deps
         if stack.build_requirements():
             _progress(f"{stack.name} {plat}: the build requirements of the wheels built from source", t0)
-        build = _lock_build_deps(stack, plat, old_plat, resolve_deps, wheelhouse, rep)
+        build = _lock_build_deps(stack, plat, old_plat, resolve_deps, wheelhouse, rep, say)
         if build is not None:
             entry["build_deps"] = build
         new["platforms"][plat] = entry
@@ -275,6 +372,33 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
     rep.lock = seal(new)
     _progress(f"{stack.name}: done", t0)
     return rep
+
+
+def lock_stacks(stacks: list[Stack], wheelhouse: Path | None = None, resolve_deps: bool = True,
+                jobs: int | None = None, start: Callable[[Stack], None] | None = None) -> Iterator[Future]:
+    """`lock_stack` of each stack, `jobs` at a time (default: 2 where pip reads metadata only, else 1: an older
+    pip downloads the whole closure, GBs per CUDA stack, into a temporary directory), sharing the index answers.
+    Yields each stack's future in the given order (its report, or its exception); `start` is called as a stack's
+    lock starts. The locks are independent: a stack's lock reads its pins, not its parent's lock."""
+    if jobs is None:
+        jobs = 2 if (metadata_only() or not resolve_deps) else 1
+    answers = IndexAnswers()
+
+    def one(st: Stack) -> LockReport:
+        if start is not None:
+            start(st)
+        return lock_stack(st, wheelhouse, resolve_deps=resolve_deps, index_answers=answers)
+
+    if resolve_deps and not metadata_only():
+        _progress(f"pip {'.'.join(map(str, resolver_pip())) or '(none)'} downloads every wheel of a closure to "
+                  "resolve it; pip >= 25.3 reads their metadata only (minutes less per stack): "
+                  f"{sys.executable} -m pip install 'pip>=25.3'", time.monotonic())
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="lock")
+    try:
+        futures = [pool.submit(one, st) for st in stacks]
+        yield from futures
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def lock_overrides(stack: Stack, plat: str, wheels: list[WheelFile], wheelhouse: str | None,
