@@ -294,9 +294,7 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
                index_answers: IndexAnswers | None = None) -> LockReport:
     """The stack's new lock and what changed. `index_answers`: the index pages already had in this run."""
     t0 = time.monotonic()
-
-    def say(msg: str) -> None:
-        _progress(msg, t0)
+    say = functools.partial(_progress, t0=t0)  # pip's resolver's lines, timed as the steps are
 
     rep = LockReport()
     old = stack.lock or {}
