@@ -158,10 +158,11 @@ def _stack_chain(tmp_path: Path, depth: int) -> Path:
     return d / f"s{depth}.yaml"
 
 
-@pytest.mark.parametrize("depth", [17, 80, 301, 3000])
+@pytest.mark.parametrize("depth", [17, 3000])
 def test_a_deep_extends_chain_is_refused_in_one_line_at_once(tmp_path, depth):
     """80 levels took 124 s (each level loaded its whole chain again, and the rules every ancestor: cubic), 301
-    past 90 s, 3000 a RecursionError."""
+    past 90 s, 3000 a RecursionError. One past the limit and 3000 bracket them: any chain over 16 files is refused
+    at its 17th, so 80 and 301 ran the same path as 17 (16 CLI runs of the inner loop's CPU, dropped)."""
     top = _stack_chain(tmp_path, depth)
     t0 = time.monotonic()
     for args in (["render", str(top), "-o", str(tmp_path / "out")], ["stack", "show", str(top)],
