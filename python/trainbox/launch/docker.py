@@ -26,7 +26,7 @@ from ..paths import CACHE_DIR
 from ..runtime import npu
 from ..runtime.errors import TrainboxError, describe_os_error
 from .job import Job, resolve
-from .script import render_script
+from .script import job_script
 
 JOB_SCRIPT_IN_IMAGE = "/opt/trainbox/job.sh"
 # docker run pieces (see DESIGN.md, "Domain facts"); the doctor checks for exactly these, so both come from one list
@@ -205,7 +205,7 @@ def plan_run(recipe_name: str, *, sets: dict[str, str] | None = None, image: str
         from .lifecycle import new_name
 
         name = new_name(job.name, name)
-    script = render_script(job.recipe, job.stack, job.sets)
+    script = job_script(job)
     script_path = write_job_script(job.name, script)
     exe = docker or os.environ.get("TRAINBOX_DOCKER") or "docker"
     base = run_args(job, shm_size=shm_size, labels=labels, name=name)

@@ -617,7 +617,7 @@ def _check_scaling(name: str, scaling, own: tuple, given: tuple) -> None:
 
 def check_references(recipe: Recipe, path: Path) -> None:
     """Every ${NAME} must name something the script defines by the time it is used."""
-    inputs = set(all_inputs(recipe))
+    inputs = set(builtin_inputs(recipe)) | set(recipe.inputs)  # names only: the job merges the specs once
     layout = set(recipe.layout())
     arrays = {a for s in recipe.source for a in s.arrays}
 

@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .recipe import all_inputs, list_recipes, load_recipe
+from .recipe import Input, list_recipes, load_recipe
 from ..runtime.errors import TrainboxError
 from .docker import JOB_SCRIPT_IN_IMAGE, jobs_dir, mount_arg, run_args, write_job_script
 from .job import Job, StackInfo, resolve
-from .script import render_script
+from .script import job_script
 from .trialplan import Overlay, artifact_key, expand_tree, overlaid_recipe, overlay_of, refs
 from .trialresult import judge, read_monitor
 
@@ -93,7 +93,7 @@ def _made_paths(spec: dict, d: Path) -> dict[str, str]:
 
 def _values(job: Job) -> dict[str, str]:
     values = {**job.stack.env, **job.env}
-    for name, spec in all_inputs(job.recipe).items():
+    for name, spec in job.inputs.items():
         value = job.sets.get(name, spec.default)
         if value is not None:
             values[name] = str(value)
@@ -113,9 +113,11 @@ def plan_trial(name: str, *, image: str | None = None, devices: str | None = Non
     """Everything the trial will do, nothing done yet but the run's directory and recipe file."""
     from .images import choose_image
 
-    recipe = load_recipe(name)
-    ov = overlay_of(recipe)
+    # two jobs, each resolved once: the recipe as written (its image, its values for the artifacts) and the
+    # overlaid recipe the trial runs
     base = resolve(name, require_inputs=False, host_paths=False)
+    recipe = base.recipe
+    ov = overlay_of(recipe)
     mode = "cpu" if (cpu or (cpu is None and devices is None and not _host_has_cards(base.device))) else "device"
     if base.device == "cpu":
         mode = "cpu"
@@ -132,17 +134,17 @@ def plan_trial(name: str, *, image: str | None = None, devices: str | None = Non
         values[recipe.code.input] = str(rdir / "code")  # the overlay's edited copy of the image's tree
     values.update(sets or {})
     if mode == "cpu":
-        values.update(_free_ports(recipe, values))
+        values.update(_free_ports(base.inputs, values))
     job = resolve(str(rfile), sets=values, devices=devices if mode == "device" else None,
                   check_paths=False)
-    script = render_script(job.recipe, job.stack, job.sets)
+    script = job_script(job)
     script_path = write_job_script(f"{recipe.name}-trial", script)
     plan = TrialPlan(recipe.name, ov, img, note, mode, spec, adir, made, rdir, rfile, job, script_path)
     plan.container = f"trainbox-trial-{recipe.name}-{os.getpid()}"[:120]
     return plan
 
 
-def _free_ports(recipe, values: dict[str, str]) -> dict[str, str]:
+def _free_ports(inputs: dict[str, Input], values: dict[str, str]) -> dict[str, str]:
     """CPU mode has no card to give the job its port slot (job.py: the first card's), so two trials on one host
     (the smoke runs two stacks at once) took the same MASTER_PORT and the second failed to listen: each port input
     the caller did not set takes the first slot of `trainbox run`'s range that is free here now, starting from one
@@ -151,7 +153,6 @@ def _free_ports(recipe, values: dict[str, str]) -> dict[str, str]:
 
     from .ports import RUN_BASES, RUN_SLOTS, STRIDE
 
-    inputs = all_inputs(recipe)
     names = [n for n in RUN_BASES if n in inputs and n not in values]
     start = os.getpid() % RUN_SLOTS
     for k in range(RUN_SLOTS):
