@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import trainbox.paths
 from trainbox.build import engine, image, plan as buildplan, run as buildrun
 from trainbox.cli import main
 from trainbox.paths import REPO_ROOT
@@ -335,7 +336,7 @@ def test_dry_run_prints_plan_and_a_command_that_runs_as_is(capsys, monkeypatch, 
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("TRAINBOX_DOCKER", str(fake))
     monkeypatch.setattr(engine, "_CLIENT", None)
-    monkeypatch.setattr(image, "REPORTS_DIR", tmp_path / "reports")
+    monkeypatch.setattr(trainbox.paths, "REPORTS_DIR", tmp_path / "reports")
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
     rc = main(["image", "build", "cpu", "--base", "local/debian:bookworm", "--dry-run",

@@ -24,13 +24,13 @@ LIST_TYPES = ("application/vnd.docker.distribution.manifest.list.v2+json, "
 @pytest.fixture
 def two_builds(tmp_path, monkeypatch):
     """trainbox/STACK:HASH (linux/amd64) and trainbox/STACK:HASH-arm64 (linux/arm64), each with its build report."""
-    import trainbox.build.image
+    import trainbox.paths
 
     client = dh.docker_client()
     stack = f"pushtest-{uuid.uuid4().hex[:8]}"
     reports = tmp_path / "reports"
     reports.mkdir()
-    monkeypatch.setattr(trainbox.build.image, "REPORTS_DIR", reports)
+    monkeypatch.setattr(trainbox.paths, "REPORTS_DIR", reports)
     made, paths = [], {}
     for plat, suffix in (("linux/amd64", ""), ("linux/arm64", "-arm64")):
         ctx = tmp_path / plat.replace("/", "-")

@@ -32,13 +32,12 @@ from ..spec.dists import canon, dist_key, norm_version
 from .engine import Client, EngineError, find_client
 from ..supply.index import ca_bundle, ssl_context
 from ..supply.lock import lock_overrides
-from ..paths import REPO_ROOT
+from .. import paths
 from ..spec.platforms import EMULATE_HINT, emulation_problem, host_platform, tag_suffix
 from ..runtime.errors import TrainboxError
 from ..supply.pins import Pin
 from ..supply.wheelhouse import WheelFile, check_wheelhouse, pins_for, read_wheelhouse  # noqa: F401 - re-exported
 
-REPORTS_DIR = REPO_ROOT / "build" / "reports"
 DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
@@ -371,7 +370,7 @@ def build(opts: BuildOptions, say: Callable[[str], None] = _say) -> BuildOutcome
     if opts.dry_run:
         return _dry_run(p, opts, say)
     # one report per stack and platform: an arm64 build does not overwrite the amd64 one that `image push` reads
-    report_path = Path(opts.report) if opts.report else REPORTS_DIR / f"{p.stack.name}{tag_suffix(p.platform)}.json"
+    report_path = Path(opts.report) if opts.report else paths.REPORTS_DIR / f"{p.stack.name}{tag_suffix(p.platform)}.json"
     return buildrun.run(p, client, report_path, force=opts.force, verbose=opts.verbose,
                         pip_index_url=opts.pip_index_url, say=say)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..paths import CACHE_DIR, REPO_ROOT
+from ..paths import CACHE_DIR, GENERATED_DIR, REPO_ROOT
 from ..spec.platforms import tag_suffix
 from .sbom import source_date_epoch
 from ..supply.wheelhouse import WheelFile, fetch_plan, wheelhouse_notes
@@ -232,7 +232,7 @@ def make_plan(stack, base: BuildBase, inp: PlanInputs, client=None) -> BuildPlan
     """The plan for building `stack` on `base` (pure: reads the checkout, asks no engine and no index).
     `client`: the engine client that will run it (None: a BuildKit-capable `docker build` is assumed)."""
     rendered = render_for(stack, base, inp.native_base)
-    dockerfile_rel = f"build/generated/{stack.name}/Dockerfile"
+    dockerfile_rel = f"{GENERATED_DIR}/{stack.name}/Dockerfile"
     files: dict[str, Path | bytes] = dict(input_files(inp.source_root))
     files.update(rendered.context_files)
     files[f"{rendered.generated_dir}/stack.json"] = (json.dumps(

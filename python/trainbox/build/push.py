@@ -76,10 +76,10 @@ def sdk():
 
 def report_path(stack: str, platform: str | None = None) -> Path:
     """The build report `image build` writes for the stack on `platform` (None: the plain one, linux/amd64)."""
-    from .image import REPORTS_DIR
+    from .. import paths
     from ..spec.platforms import tag_suffix
 
-    return REPORTS_DIR / f"{stack}{tag_suffix(platform) if platform else ''}.json"
+    return paths.REPORTS_DIR / f"{stack}{tag_suffix(platform) if platform else ''}.json"
 
 
 def _tag_re(platform: str | None):

@@ -23,14 +23,13 @@ from .base import APT_PYTHON_PACKAGES, RUNTIME_PACKAGES
 from ..spec.grammar import check_env_name, check_image, check_requirement_line, controls
 from ..runtime.errors import TrainboxError
 from ..runtime.installed import canon
-from ..paths import PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
+from ..paths import GENERATED_DIR, PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
 from ..templating import make_env
 from ..spec.platforms import platform_marker
 from ..spec.stack import Stack, list_stacks, load_stack
 
 # Stacks whose Dockerfile is rendered to the repo root (the rest live under build/generated/ only).
 DEFAULT_DOCKERFILES = {"npu-910b": "Dockerfile.npu", "cuda": "Dockerfile.cuda"}
-GENERATED_DIR = "build/generated"
 
 
 @dataclass

@@ -27,7 +27,7 @@ import tarfile
 import uuid
 from pathlib import Path
 
-from ..paths import write_atomic
+from ..paths import GENERATED_DIR, write_atomic
 from .engine import Client
 from ..runtime.errors import TrainboxError
 from ..runtime.redact import printable
@@ -468,7 +468,7 @@ def _base_facts(client: Client, plan) -> dict:
 def for_plan(plan, client: Client, report_path: Path, say=print) -> dict:
     """Make the SBOM of the image `plan` built, write it into the image (every tag) and beside the report.
     An image that already carries one (its label) keeps it. Returns what the build report records."""
-    gen = f"build/generated/{plan.stack.name}"
+    gen = f"{GENERATED_DIR}/{plan.stack.name}"
     done = client.labels(plan.tag).get(SBOM_LABEL)
     if done:
         path = write_beside(report_path, read_from_image(client, plan.tag))

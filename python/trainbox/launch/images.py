@@ -97,11 +97,11 @@ def pinned(image: str) -> tuple[str, str | None]:
 def _listed(ref: str) -> str | None:
     """The newest manifest list (`image push --platform A,B`) that holds the pushed image `ref`: nodes of every
     platform pull that one name and each gets its own image."""
+    from .. import paths
     from ..yamlfile import json_loads
-    from ..build.image import REPORTS_DIR
 
     lists = []
-    for path in REPORTS_DIR.glob("*.json"):
+    for path in paths.REPORTS_DIR.glob("*.json"):
         try:
             lists += json_loads(path.read_text()).get("manifest_lists") or []
         except (OSError, ValueError, AttributeError):
@@ -113,11 +113,11 @@ def _listed(ref: str) -> str | None:
 
 def _last_pushed(refs: list[str]) -> list[str]:
     """Those of `refs` in the order of the build reports' push records, newest first."""
+    from .. import paths
     from ..yamlfile import json_loads
-    from ..build.image import REPORTS_DIR
 
     pushed = []
-    for path in REPORTS_DIR.glob("*.json"):
+    for path in paths.REPORTS_DIR.glob("*.json"):
         try:
             pushed += json_loads(path.read_text()).get("pushed") or []
         except (OSError, ValueError, AttributeError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..paths import REPO_ROOT
+from ..paths import REPORTS_DIR
 
 STEPS = ("validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes", "args", "trial")
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
@@ -105,7 +105,7 @@ class Options:
     keep_going: bool = False
     jobs: int = 1  # stacks checked at once; the first runs alone (it makes the substitute base present)
     skip: list[str] = field(default_factory=list)
-    workdir: Path = REPO_ROOT / "build" / "reports" / "smoke"
+    workdir: Path = REPORTS_DIR / "smoke"
     profile: str | None = None
     pull_timeout: float = 20.0
     build_cache: Path | None = None  # BuildKit cache directory kept between CI runs

@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from ..paths import REPO_ROOT
+from ..paths import REPORTS_DIR, REPO_ROOT
 from ..runtime.errors import TrainboxError
 from .model import DEFAULT_TIMEOUTS, STEPS, Options
 
@@ -182,7 +182,7 @@ def build_options(stacks: list[str] | None, sets: list[str] | None, profile: str
         raise TrainboxError(f"--jobs {jobs}: expected 1 to 8 (stacks checked at once)")
     return Options(stacks=chosen, sets=merged, wheelhouse=wh, substitute_base=mode, jobs=jobs or prof.get("jobs") or 1,
                    keep_going=keep_going or bool(prof.get("keep_going")), skip=skips,
-                   workdir=Path(workdir).resolve() if workdir else REPO_ROOT / "build" / "reports" / "smoke",
+                   workdir=Path(workdir).resolve() if workdir else REPORTS_DIR / "smoke",
                    profile=str(profile) if profile else None,
                    pull_timeout=pull_timeout if pull_timeout is not None else 20.0, verbose=verbose,
                    build_cache=Path(build_cache).resolve() if build_cache else None, timeouts=timeouts,
