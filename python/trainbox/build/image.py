@@ -370,7 +370,8 @@ def build(opts: BuildOptions, say: Callable[[str], None] = _say) -> BuildOutcome
     if opts.dry_run:
         return _dry_run(p, opts, say)
     # one report per stack and platform: an arm64 build does not overwrite the amd64 one that `image push` reads
-    report_path = Path(opts.report) if opts.report else paths.REPORTS_DIR / f"{p.stack.name}{tag_suffix(p.platform)}.json"
+    report_path = (Path(opts.report) if opts.report
+                   else paths.REPORTS_DIR / f"{p.stack.name}{tag_suffix(p.platform)}.json")
     return buildrun.run(p, client, report_path, force=opts.force, verbose=opts.verbose,
                         pip_index_url=opts.pip_index_url, say=say)
 

@@ -37,7 +37,7 @@ def render(recipe_name: str, sets: dict[str, str] | None = None, stack_name: str
 
 __all__ = [
     "JOB_SCRIPT_IN_IMAGE", "NPU_CONTROL_DEVICES", "NPU_DRIVER_MOUNTS", "Job", "RunPlan", "StackInfo",
-    "TrainboxError", "Values", "check_script", "csv_field", "execute", "format_argv", "format_plan", "job_script", "jobs_dir",
-    "load_stack_info", "mount_arg", "node_commands", "parse_devices", "parse_sets", "plan_run", "render",
+    "TrainboxError", "Values", "check_script", "csv_field", "execute", "format_argv", "format_plan", "job_script",
+    "jobs_dir", "load_stack_info", "mount_arg", "node_commands", "parse_devices", "parse_sets", "plan_run", "render",
     "render_script", "resolve", "split_sets", "write_job_script",
 ]
