@@ -297,3 +297,42 @@ def test_profile_base_one_policy_for_smoke_and_image_build_profile(monkeypatch):
     monkeypatch.setattr(b, "base_available", lambda image, client=None, timeout=8.0, **kw: (False, "unreachable"))
     c = b.profile_base("auto", "debian:x", "local/debian:bookworm", auto_substitute=True)
     assert (c.decision, c.base, c.substituted) == ("substitute", None, "local/debian:bookworm")
+
+
+@pytest.mark.docker
+def test_a_tree_becomes_an_image_through_the_engine_client(tmp_path):
+    """The bootstrap's import, both ways, through engine.Client (base.py runs no docker itself): numeric owners
+    kept, dev/proc/sys left empty, the changes in the config, the BuildKit way recording the platform asked."""
+    import io
+    import os
+    import tarfile
+    import uuid
+
+    import docker_helpers as dh
+
+    client = dh.docker_client()
+    root = tmp_path / "rootfs"
+    for d in ("etc", "dev", "proc", "sys"):
+        (root / d).mkdir(parents=True)
+    (root / "etc" / "marker").write_text("tree")
+    (root / "dev" / "null-ish").write_text("left out")
+    os.chown(root / "etc" / "marker", 1234, 5678)
+    changes = ['CMD ["bash"]', "LABEL org.trainbox.test.tree=yes"]
+    tags = [f"trainbox-test/tree:{uuid.uuid4().hex[:12]}" for _ in range(2)]
+    try:
+        ids = [base._import(client, root, tags[0], changes),
+               base._import_buildkit(client, root, tmp_path / "context", tags[1], changes, "linux/amd64")]
+        for tag, image_id in zip(tags, ids):
+            assert client.image_id(tag) == image_id
+            assert client.labels(tag)["org.trainbox.test.tree"] == "yes"
+            members = {}
+            with client.save_stream(tag) as stream, tarfile.open(fileobj=stream, mode="r|") as saved:
+                for m in saved:
+                    if m.name.endswith("layer.tar"):
+                        with tarfile.open(fileobj=io.BytesIO(saved.extractfile(m).read())) as layer:
+                            members.update({x.name.lstrip("./"): x for x in layer.getmembers()})
+            assert (members["etc/marker"].uid, members["etc/marker"].gid) == (1234, 5678)
+            assert "dev/null-ish" not in members and "dev" in {n.rstrip("/") for n in members}
+    finally:
+        for tag in tags:
+            client.remove_image(tag, force=True)
