@@ -294,3 +294,22 @@ def test_locking_a_parent_leaves_a_dependant_that_inherits_its_lock_without_one(
     assert main(["stack", "lock", str(d / "cpu.yaml"), "--json"]) == 0
     assert [s["stack"] for s in json.loads(capsys.readouterr().out)["stacks"]] == ["cpu"]
     assert not (d / "cpu-env.lock").exists() and load_stack(d / "cpu-env.yaml").lock_is_fresh()
+
+
+def test_validate_is_a_library_function_that_returns_its_verdicts(stacks):
+    """`stack validate` prints what trainbox.spec.findings.validate returns: the stack that does not load first,
+    then each stack after the one it extends, the inherited finding placed at the parent's file."""
+    from trainbox.spec.findings import validate
+
+    (stacks / "broken.yaml").write_text("device: cpu\n")
+    result = validate([str(stacks / n) for n in ("npu-a3.yaml", "npu-910b.yaml", "broken.yaml")])
+    assert [v.stack for v in result.stacks] == [str(stacks / "broken.yaml"), "npu-910b", "npu-a3"]  # as named
+    assert result.invalid and result.failed and result.stacks[0].error and not result.stacks[0].ok
+    parent, child = result.stacks[1:]
+    wrong = [r for r in parent.bad if r.finding.rule == "torch-npu-cann"]  # (and its lock is stale now)
+    assert len(wrong) == 1 and wrong[0].inherited_from is None
+    inherited = [r for r in child.bad if r.finding.rule == "torch-npu-cann"]
+    assert [r.inherited_from for r in inherited] == ["npu-910b.yaml"] and str(inherited[0].file) == parent.file
+    doc = result.as_dict()
+    assert doc["ok"] is False and doc["stacks"][0]["findings"][0]["rule"] == "schema"
+    assert validate(["cpu"]).failed is False

@@ -104,46 +104,31 @@ def cmd_list(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from ..spec.findings import Review, exit_status
-    from ..runtime.errors import TrainboxError
-    from ..spec.stack import list_stacks, load_stack, stack_path
+    from ..spec.findings import exit_status, validate
 
-    names = args.stacks or list_stacks()
-    for name in names:
-        stack_path(name)  # a name that is no stack is a usage error (2), not a finding
-    loaded, report, failed, invalid = [], [], False, False
-    for name in names:
-        try:
-            loaded.append(load_stack(name))
-        except TrainboxError as exc:
-            # a stack file that does not load is invalid input (2), as for every other command; the rules' error
-            # findings below are problems a check found (1), as for every other command (findings.exit_status)
-            failed = invalid = True
-            report.append({"stack": name, "ok": False, "findings": [{"rule": "schema", "level": "error",
-                                                                      "message": str(exc)}]})
-            if not args.json:
-                print(f"FAIL {name}\n{exc}", file=sys.stderr)
-    review, shown = Review(with_info=True), set()
-    in_run = {str(st.source_file) for st in loaded}
-    for stack in _parents_first(loaded):
-        found = review.stack(stack)
-        bad = [r for r in found if r.level == "error" or (args.strict and r.level != "info")]
-        failed |= bool(bad)
-        report.append({"stack": stack.name, "ok": not bad, "file": str(stack.source_file),
-                       "findings": [r.as_dict() for r in found]})
-        if args.json:
-            continue
-        # a finding inherited from a stack of this run is shown there, once; the dependant only counts it
-        elsewhere = [r for r in found if r.inherited_from and str(r.file) in in_run]
-        count = f": {len(elsewhere)} finding{'s' if len(elsewhere) != 1 else ''} inherited from {', '.join(sorted({r.inherited_from for r in elsewhere}))} " \
-                "(shown there)" if elsewhere else ""
-        print(f"{'FAIL' if bad else 'ok  '} {stack.name} ({stack.source_file}){count}",
-              file=sys.stderr if bad else sys.stdout)
-        _print_findings([r for r in found if r not in elsewhere and r.where not in shown], bad)
-        shown |= {r.where for r in found}
+    result = validate(args.stacks, strict=args.strict)
     if args.json:
-        emit_json({"ok": not failed, "strict": args.strict, "stacks": report})
-    return EXIT_USAGE if invalid else exit_status(failed)
+        emit_json(result.as_dict())
+    else:
+        _print_validation(result)
+    return EXIT_USAGE if result.invalid else exit_status(result.failed)
+
+
+def _print_validation(result) -> None:
+    """A line per stack (FAIL on stderr), then its findings; a finding inherited from a stack of this run is shown
+    there, once, and the dependant only counts it."""
+    in_run = {v.file for v in result.stacks if v.file}
+    shown: set = set()
+    for v in result.stacks:
+        if v.error is not None:
+            print(f"FAIL {v.stack}\n{v.error}", file=sys.stderr)
+            continue
+        elsewhere = [r for r in v.found if r.inherited_from and str(r.file) in in_run]
+        count = (f": {len(elsewhere)} finding{'s' if len(elsewhere) != 1 else ''} inherited from "
+                 f"{', '.join(sorted({r.inherited_from for r in elsewhere}))} (shown there)" if elsewhere else "")
+        print(f"{'FAIL' if v.bad else 'ok  '} {v.stack} ({v.file}){count}", file=sys.stderr if v.bad else sys.stdout)
+        _print_findings([r for r in v.found if r not in elsewhere and r.where not in shown], v.bad)
+        shown |= {r.where for r in v.found}
 
 
 _LEVELS = {"error": 0, "warning": 1, "info": 2}
@@ -162,23 +147,6 @@ def _print_findings(found: list, bad: list) -> None:
         more = (f" (and {len(group) - 1} more like it: `trainbox stack validate --json` lists them)"
                 if len(group) > 1 else "")
         print(f"  {group[0].line()}{more}")
-
-
-def _parents_first(stacks: list) -> list:
-    """`stacks` with each one after the stacks of the list it extends (otherwise in the order given)."""
-    by_name = {st.name: st for st in stacks}
-    out: list = []
-
-    def visit(st) -> None:
-        if st in out:
-            return
-        if st.extends in by_name:
-            visit(by_name[st.extends])
-        out.append(st)
-
-    for st in stacks:
-        visit(st)
-    return out
 
 
 def _rows(stack):
