@@ -251,3 +251,24 @@ def test_lock_says_each_step_as_it_starts(stacks, capsys, monkeypatch):
     steps = [ln for ln in err.splitlines() if ln.startswith("  [")]
     assert any("cpu linux/amd64: the pins' hashes" in s for s in steps), err
     assert steps[-1].endswith("cpu: done") and lockmod.PROGRESS is None
+
+
+def test_lock_stacks_is_a_library_function_that_returns_its_results(stacks, monkeypatch):
+    """`stack lock` prints what trainbox.supply.lockrun.lock_stacks returns: the parent, then its dependant with
+    it, each said as it starts and as it ends; with check nothing is written and a change fails the run."""
+    from trainbox.supply.lockrun import lock_stacks
+
+    monkeypatch.setattr(lockmod, "lock_stack", offline_lock)
+    edit(stacks / "npu-910b.yaml", lambda d: d["components"]["transformers"].update(version="5.10.3"))
+    before = (stacks / "npu-910b.lock").read_bytes()
+    started, done = [], []
+    run = lock_stacks([str(stacks / "npu-910b.yaml")], check=True,
+                      on_start=lambda st, why: started.append((st.name, why)), on_done=done.append)
+    assert started == [("npu-910b", ""), ("npu-a3", " (extends npu-910b, locked with it)")]
+    assert done == run.stacks and [s.stack for s in run.stacks] == ["npu-910b", "npu-a3"]
+    assert run.stacks[0].changes and run.failed and not run.refused and run.stacks[0].written is None
+    assert (stacks / "npu-910b.lock").read_bytes() == before  # check: nothing written
+    assert run.as_dict()["ok"] is False and run.as_dict()["check"] is True
+    run = lock_stacks([str(stacks / "npu-910b.yaml")], dependants=False)
+    assert [s.stack for s in run.stacks] == ["npu-910b"] and run.named == [("npu-a3", "npu-910b")]
+    assert run.stacks[0].written and not run.failed and load_stack(stacks / "npu-910b.yaml").lock_is_fresh()

@@ -213,65 +213,49 @@ def cmd_diff(args) -> int:
 def cmd_lock(args) -> int:
     from pathlib import Path
 
-    from ..spec.findings import LOCK_RULES, Review, exit_status
-    from ..supply import lock as lockmod
-    from ..supply.lock import lock_plan, lock_stack, write_lock
+    from ..spec.findings import exit_status
     from ..spec.stack import list_stacks
+    from ..supply.lockrun import lock_stacks
 
     if args.all and args.stacks:
         args._cmd_parser.error("give stack names or --all, not both")
     if not (args.all or args.stacks):
         args._cmd_parser.error("the following arguments are required: STACK (or --all)")
-    plan, named = lock_plan(list_stacks() if args.all else args.stacks, dependants=not args.no_dependants)
     out = sys.stderr if args.json else sys.stdout
-    results, failed, refused = [], False, False
-    review, shown = Review(skip=LOCK_RULES), set()  # the lock's own state is what locking repairs
-    for stack, why in plan:
-        bad = [r for r in review.stack(stack) if r.level == "error"]
-        if bad:  # a pin the rules refuse is not locked (nor written into a lock), each finding said once
-            for r in bad:
-                if r.where not in shown:
-                    shown.add(r.where)
-                    print(r.line(), file=sys.stderr)
-            where = sorted({r.inherited_from for r in bad if r.inherited_from})
-            print(f"{stack.name}: not locked: {len(bad)} error finding{'s' if len(bad) != 1 else ''}"
-                  + (f" (inherited from {', '.join(where)})" if where else ""), file=sys.stderr)
-            refused = True
-            results.append({"stack": stack.name, "changes": [], "problems": [r.line() for r in bad],
-                            "unreachable": [], "incomplete": [], "written": None,
-                            "findings": [r.as_dict() for r in bad]})
-            continue
+
+    def started(stack, why) -> None:
         print(f"locking {stack.name}{why} for Python {stack.python} on {', '.join(stack.platforms)} ...",
               file=sys.stderr)
-        lockmod.PROGRESS = lambda m: print(m, file=sys.stderr, flush=True)  # each step as it starts, timed
-        try:
-            rep = lock_stack(stack, Path(args.wheelhouse) if args.wheelhouse else None,
-                             resolve_deps=not args.no_deps)
-        finally:
-            lockmod.PROGRESS = None
+
+    def done(res) -> None:
+        if res.refused:
+            for r in res.said_first:
+                print(r.line(), file=sys.stderr)
+            where = sorted({r.inherited_from for r in res.refused if r.inherited_from})
+            print(f"{res.stack}: not locked: {len(res.refused)} error finding{'s' if len(res.refused) != 1 else ''}"
+                  + (f" (inherited from {', '.join(where)})" if where else ""), file=sys.stderr)
+            return
         for kind in ("unreachable", "problems", "incomplete"):
-            for line in getattr(rep, kind):
-                print(f"{stack.name}: {kind.rstrip('s') if kind == 'problems' else kind}: {line}", file=sys.stderr)
-        for line in rep.changes:
-            print(f"{stack.name}: changed: {line}", file=out)
-        if not rep.changes:
-            print(f"{stack.name}: no change", file=out)
-        written = None
-        if not rep.problems and not args.check:
-            written = str(write_lock(stack, rep.lock))
-            print(f"{stack.name}: wrote {written}", file=out)
-        failed |= bool(rep.problems) or (args.check and bool(rep.changes))
-        results.append({"stack": stack.name, "changes": rep.changes, "problems": rep.problems,
-                        "unreachable": rep.unreachable, "incomplete": rep.incomplete, "written": written,
-                        "findings": []})
-    for name, parent in named:
+            for line in getattr(res, kind):
+                print(f"{res.stack}: {kind.rstrip('s') if kind == 'problems' else kind}: {line}", file=sys.stderr)
+        for line in res.changes:
+            print(f"{res.stack}: changed: {line}", file=out)
+        if not res.changes:
+            print(f"{res.stack}: no change", file=out)
+        if res.written:
+            print(f"{res.stack}: wrote {res.written}", file=out)
+
+    run = lock_stacks(list_stacks() if args.all else args.stacks, dependants=not args.no_dependants,
+                      wheelhouse=Path(args.wheelhouse) if args.wheelhouse else None, resolve_deps=not args.no_deps,
+                      check=args.check, on_start=started, on_done=done,
+                      progress=lambda m: print(m, file=sys.stderr, flush=True))
+    for name, parent in run.named:
         print(f"{name} extends {parent}: its lock may now be stale; run `trainbox stack lock {name}` "
               "(or lock without --no-dependants)", file=sys.stderr)
     if args.json:
-        emit_json({"ok": not (failed or refused), "check": args.check, "stacks": results,
-                   "not_locked_dependants": [{"stack": n, "extends": p} for n, p in named]})
+        emit_json(run.as_dict())
     # a refused stack exits as validate and build exit on the same finding; a pin that cannot be locked is 1 too
-    return exit_status(refused) or (EXIT_PROBLEMS if failed else 0)
+    return exit_status(run.refused) or (EXIT_PROBLEMS if run.failed else 0)
 
 
 def cmd_rules(args) -> int:
