@@ -97,3 +97,12 @@ def test_the_job_carries_its_inputs_devices_and_ports():
     assert job.ports["MASTER_PORT"] == job.sets["MASTER_PORT"] != str(job.inputs["MASTER_PORT"].default)
     fixed = job_module.resolve("cpu-ddp", sets={"MASTER_PORT": "23456"})
     assert fixed.ports["MASTER_PORT"] == "23456" and fixed.cards is None
+
+
+def test_the_args_check_plan_reads_the_job_s_inputs(counts):
+    """`launch check --args` fills the command's words from the resolved job, not from a second computation."""
+    from trainbox.launch.recipecheck import plan
+
+    check = plan(job_module.resolve("cpu-ddp", require_inputs=False, host_paths=False))
+    assert check.recipe == "cpu-ddp"
+    assert counts == {"all_inputs": 1, "jobs": 1}

@@ -17,7 +17,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from .recipe import REF_RE, Recipe, all_inputs, parse_words
+from .recipe import REF_RE, Recipe, parse_words
 from ..runtime.errors import TrainboxError
 from .job import Job
 
@@ -78,7 +78,7 @@ def _values(job: Job, code_dir: str | None) -> dict[str, str]:
     """Every name a command word may reference: inputs (given, default or a stand-in), the layout, the env."""
     recipe = job.recipe
     values = {**job.stack.env, **job.env}
-    for name, spec in all_inputs(recipe).items():
+    for name, spec in job.inputs.items():
         given = job.sets.get(name)
         values[name] = str(given if given is not None else spec.default if spec.default is not None
                            else _STAND_IN.get(spec.kind, "stand-in").format(name=name.lower()))
