@@ -3,12 +3,14 @@ validation with the file and key named, never listed in the manifest as installe
 
 from __future__ import annotations
 
+import ast
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from trainbox.spec.kinds import KINDS
+from trainbox.spec import kinds
+from trainbox.spec.kinds import KINDS, PinnedComponent, PlatformPinView, StackView
 from trainbox.paths import STACKS_DIR
 from trainbox.build.render import render_stack
 from trainbox.runtime.errors import TrainboxError
@@ -38,6 +40,28 @@ def rendered(tmp_path: Path, component: str):
 
 def test_every_kind_is_covered_here():
     assert set(KINDS) == {"pypi", "url", "git"}
+
+
+def _members(proto: type) -> set[str]:
+    return {n for n in vars(proto) if not n.startswith("_")}
+
+
+def test_the_model_is_what_the_kinds_say_they_read():
+    """kinds.py names the component and stack it reads as Protocols (the model imports the kinds, so the kinds
+    cannot import the model): the shipped model satisfies them, and the kinds read nothing the Protocols leave out."""
+    stack = load_stack(STACKS_DIR / "cpu.yaml")
+    assert isinstance(stack, StackView)
+    for c in stack.components.values():
+        assert isinstance(c, PinnedComponent)
+        assert isinstance(c.pin_for(stack.platforms[0]), PlatformPinView)
+    read: dict[str, set[str]] = {"c": set(), "stack": set(), "pin": set()}
+    for node in ast.walk(ast.parse(Path(kinds.__file__).read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in read:
+            read[node.value.id].add(node.attr)
+    read["c"] |= {f for k in KINDS.values() for f in k.foreign}  # read by name: getattr(c, f)
+    assert read["c"] and read["c"] <= _members(PinnedComponent), read["c"] - _members(PinnedComponent)
+    assert read["stack"] and read["stack"] <= _members(StackView), read["stack"] - _members(StackView)
+    assert read["pin"] and read["pin"] <= _members(PlatformPinView), read["pin"] - _members(PlatformPinView)
 
 
 def test_pypi_installs_hash_checked(tmp_path):

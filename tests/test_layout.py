@@ -326,3 +326,33 @@ def test_runtime_doctor_runs_as_a_module():
     bad = subprocess.run([sys.executable, "-m", "trainbox.runtime.doctor", "--bogus"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unrecognized arguments" in bad.stderr
+
+
+def private_imports(root: Path) -> list[str]:
+    """`path:line imports _name from module` for every import, in the package at `root`, of a name another module
+    keeps to itself (one `_` in front; dunders are Python's)."""
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(root.name)):
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        bad.append(f"{path.relative_to(root)}:{node.lineno} imports {a.name} from "
+                                   f"{'.' * node.level}{node.module or ''}")
+    return bad
+
+
+def test_no_import_of_another_modules_private_name():
+    """A name that starts with `_` is its module's own: another module importing it reaches past the module's face
+    (make it public where two modules need it)."""
+    bad = private_imports(PKG)
+    assert not bad, "; ".join(bad)
+
+
+def test_private_import_rule_catches_one_made_on_purpose(tmp_path):
+    root = tmp_path / "pkg"
+    _write_tree(root, {"__init__.py": "", "a.py": "_secret = 1\n__all__ = []\n",
+                       "b.py": "from .a import _secret\nfrom .a import __all__\n",
+                       "c.py": "from pkg.a import _secret as s\n", "d.py": "from os import _exit\n"})
+    assert private_imports(root) == ["b.py:1 imports _secret from .a", "c.py:1 imports _secret from pkg.a"]

@@ -208,6 +208,10 @@ class Component(_Strict):
     def locked(self) -> dict[str, list[str]]:
         return self._locked
 
+    @property
+    def tree_id(self) -> str | None:
+        return self._tree_id
+
     def pin_for(self, platform: str) -> PlatformPin:
         """The version / index / hashes in force on one platform (stack file first, then the lock)."""
         over = self.platforms.get(platform)

@@ -134,12 +134,29 @@ class Stack(_Strict):
     # -- what was resolved: read here, changed only by the methods below, each returning a new stack --
 
     # read-only views of the resolution (properties, not fields: a stack file cannot set them)
-    resolution = property(lambda self: self._resolved)
-    source_file = property(lambda self: self._resolved.source_file)
-    overrides = property(lambda self: self._resolved.overrides)
-    declared_base = property(lambda self: self._resolved.declared_base)
-    lock = property(lambda self: self._resolved.lock)
-    dropped_indexes = property(lambda self: self._resolved.dropped_indexes)
+    @property
+    def resolution(self) -> Resolution:
+        return self._resolved
+
+    @property
+    def source_file(self) -> Path | None:
+        return self._resolved.source_file
+
+    @property
+    def overrides(self) -> dict[str, str]:
+        return self._resolved.overrides
+
+    @property
+    def declared_base(self) -> str | None:
+        return self._resolved.declared_base
+
+    @property
+    def lock(self) -> dict | None:
+        return self._resolved.lock
+
+    @property
+    def dropped_indexes(self) -> dict[str, str]:
+        return self._resolved.dropped_indexes
 
     def resolved(self, **changes: Any) -> "Stack":
         """A copy with these `Resolution` parts replaced (this stack stays as it is)."""
