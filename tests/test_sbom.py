@@ -215,7 +215,7 @@ def test_each_platform_gets_the_hash_of_its_own_requirement_line():
 
     stack = load_stack("cpu")
     rendered = render_stack(stack)
-    reqs = [rendered.requirements, rendered.deps]  # what for_plan reads from the plan's files
+    reqs = [rendered.requirements, rendered.deps]  # what run.sbom_for_plan reads from the plan's files
     assert any("platform_machine" in t for t in reqs), "the cpu stack no longer pins per platform"
     for plat in ("linux/amd64", "linux/arm64"):
         torch = stack.components["torch"].pin_for(plat)

@@ -35,6 +35,8 @@ from ..supply.lock import lock_overrides
 from ..paths import REPO_ROOT
 from ..spec.platforms import EMULATE_HINT, emulation_problem, host_platform, tag_suffix
 from ..runtime.errors import TrainboxError
+from ..spec.findings import Reported
+from ..spec.stack import Stack
 from ..supply.pins import Pin
 from ..supply.wheelhouse import WheelFile, check_wheelhouse, pins_for, read_wheelhouse  # noqa: F401 - re-exported
 
@@ -162,7 +164,7 @@ class BuildOptions:
     pip_config: bool = True  # no --wheelhouse / --pip-index-url: take pip's own (find-links, index-url), as pip does
 
 
-def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False,
+def choose_base(stack: Stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False,
                 platform: str | None = None) -> BuildBase:
     """The base as a plan records it. Without an engine (a dry run offline) the stack's base is taken as
     declared and the plan says what could not be checked; a dry run also plans on a base it cannot have."""
@@ -200,15 +202,18 @@ def _client(dry_run: bool, say: Callable[[str], None]) -> Client | None:
         return None
 
 
-def _check_inputs(opts: BuildOptions):
+def _check_inputs(opts: BuildOptions) -> tuple[Stack, PlanInputs]:
     """Everything that can be wrong with the input, checked in milliseconds before anything slow."""
     from ..spec.stack import load_stack
 
     stack = load_stack(opts.stack, sets=opts.sets or None, base=opts.base)
-    if opts.bundle:  # its checked wheelhouse and sources stand in for every index and git host
+    # its checked wheelhouse and sources stand in for every index and git host; opened once (the inputs are
+    # checked twice: fast, then in the plan)
+    if opts.bundle and not opts.sources_cache:
         from .bundle import use_bundle
 
-        use_bundle(opts, stack, print if opts.dry_run else _say)
+        ob = use_bundle(Path(opts.bundle), stack, print if opts.dry_run else _say)
+        opts.wheelhouse, opts.sources_cache, opts.offline = str(ob.wheelhouse), str(ob.cache_dir), True
     plat = opts.platform or host_platform()
     if plat not in stack.platforms:
         raise TrainboxError(f"--platform {plat}: stack {stack.name} supports {', '.join(stack.platforms)} "
@@ -260,7 +265,7 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-def _findings(stack, plat: str) -> list:
+def _findings(stack: Stack, plat: str) -> list[Reported]:
     """The findings pass, as `stack validate` runs it, for the platform built: an error refuses the build (and its
     dry run alike) before anything slow; the warnings become plan notes. The lock's state is never a refusal here:
     pins --set moved get their hashes and closure before the build (trainbox.supply.lock.lock_overrides), and without
@@ -274,12 +279,12 @@ def _findings(stack, plat: str) -> list:
     return [dataclasses.replace(r, finding=dataclasses.replace(r.finding, level="warning")) for r in found]
 
 
-def _indexes_to_check(stack, opts: BuildOptions) -> dict[str, str]:
+def _indexes_to_check(stack: Stack, opts: BuildOptions) -> dict[str, str]:
     return {k: v for k, v in stack.indexes.items() if not (opts.pip_index_url and k == "pypi")}
 
 
-def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[str],
-                   answers: dict[str, Future]):
+def _check_sources(stack: Stack, inp: PlanInputs, opts: BuildOptions, say: Callable[[str], None],
+                   notes: list[str], answers: dict[str, Future]) -> Stack:
     """Pins against the wheelhouse and the indexes (`answers`: their probes, under way). Returns the stack
     without the indexes that do not answer and whose pins the wheelhouse serves (pip would wait on them). A dry
     run records problems instead of failing."""
@@ -302,7 +307,8 @@ def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[
     return stack.without_indexes(dropped) if dropped else stack
 
 
-def _staged_sources(stack, opts: BuildOptions, say: Callable[[str], None]):
+def _staged_sources(stack: Stack, opts: BuildOptions,
+                    say: Callable[[str], None]) -> tuple[dict[str, Path], Stack]:
     """The stack's git trees and archives, fetched (or found in the cache) and verified, their patch series
     checked, staged for the context as build/sources/<component>/... (bind-mounted by the builder). Returns
     the staged files and the stack with the fetched commits' tree hashes recorded."""
@@ -328,7 +334,7 @@ def _check_cache_to(opts: BuildOptions, client: Client | None) -> None:
 
 
 def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] = _say,
-         make_base: bool = False, checked=None) -> BuildPlan:
+         make_base: bool = False, checked: tuple[Stack, PlanInputs] | None = None) -> BuildPlan:
     """The build plan for `opts`: input checks, base, pins moved by --set, indexes, then make_plan.
     `client` None: no engine (dry runs). `make_base`: bootstrap a base that must be made (real builds),
     after the quicker checks and before the hash, which covers the base's image id. `checked`: what

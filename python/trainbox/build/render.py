@@ -26,6 +26,7 @@ from ..runtime.installed import canon
 from ..paths import PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
 from ..templating import make_env
 from ..spec.platforms import platform_marker
+from ..spec.component import BaseSpec
 from ..spec.stack import Stack, list_stacks, load_stack
 
 # Stacks whose Dockerfile is rendered to the repo root (the rest live under build/generated/ only).
@@ -232,7 +233,7 @@ def _image_ref(value) -> str:
         raise TrainboxError(f"refusing to render the base image: {exc}") from None
 
 
-def _template_base(stack: Stack):
+def _template_base(stack: Stack) -> BaseSpec:
     """The base as the templates see it. A base.substitute is a plain distribution image (Debian from `trainbox
     base bootstrap`): a stack whose own base ships its Python (CANN) gets python3 from apt when built on it."""
     b = stack.base
@@ -241,7 +242,7 @@ def _template_base(stack: Stack):
     return b
 
 
-def _apt_packages(stack: Stack, base, patching: bool) -> tuple[list[str], list[str]]:
+def _apt_packages(stack: Stack, base: BaseSpec, patching: bool) -> tuple[list[str], list[str]]:
     """(the system stage's apt packages, the builder's). The system stage's are what `trainbox base bootstrap`
     includes for an apt Python, so that on such a base it runs no apt at all."""
     system = {*RUNTIME_PACKAGES, *(APT_PYTHON_PACKAGES if base.python_from == "apt" else ()), *stack.system_packages}

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..paths import write_atomic
 from . import cann_bake, sbom
 from .plan import BuildPlan, stage
-from .engine import Client, ConsoleProgress, run_build
+from .engine import BuildResult, Client, ConsoleProgress, run_build
 from ..runtime.errors import TrainboxError
 from ..runtime.redact import redact, redact_data, url_secrets
 
@@ -140,12 +140,49 @@ def bake_cann_env(plan: BuildPlan, client: Client, say) -> dict:
 def add_sbom(plan: BuildPlan, client: Client, report_path: Path, say) -> dict:
     """The image's SBOM (trainbox.build.sbom), written into it as its last layer and beside the report."""
     try:
-        return sbom.for_plan(plan, client, report_path, say)
+        return sbom_for_plan(plan, client, report_path, say)
     except TrainboxError as exc:  # EngineError included
         raise BuildFailed(f"{plan.tag}: writing the SBOM failed: {exc}") from None
 
 
-def _fail(plan: BuildPlan, result, report: dict, report_path: Path, secrets: list[str] = ()) -> None:
+def _base_facts(client: Client, plan: BuildPlan) -> dict:
+    info = client.image_info(plan.base.used) or {}
+    digests = sorted(d for d in info.get("RepoDigests") or [] if "@sha256:" in d)
+    return {"used": plan.base.used, "requested": plan.base.requested, "substituted": plan.base.substituted,
+            "digest": digests[0].split("@", 1)[1] if digests else None,
+            "image_id": info.get("Id") or plan.base.image_id}
+
+
+def sbom_for_plan(plan: BuildPlan, client: Client, report_path: Path, say=print) -> dict:
+    """Make the SBOM of the image `plan` built, write it into the image (every tag) and beside the report.
+    An image that already carries one (its label) keeps it. Returns what the build report records."""
+    gen = f"build/generated/{plan.stack.name}"
+    done = client.labels(plan.tag).get(sbom.SBOM_LABEL)
+    if done:
+        path = sbom.write_beside(report_path, sbom.read_from_image(client, plan.tag))
+        return {"sbom": {"path": str(path), "sha256": done.removeprefix("sha256:"), "already": True}}
+    inv = sbom.inventory_of(client, plan.tag)
+    texts = [plan.files[f"{gen}/{n}"] for n in ("requirements.txt", "deps.txt") if f"{gen}/{n}" in plan.files]
+    manifest = json.loads(_text(plan.files[f"{gen}/stack.json"]))
+    bom = sbom.make_bom(manifest=manifest, inventory=inv, base=_base_facts(client, plan),
+                        image=f"trainbox/{plan.stack.name}", content_hash=plan.content_hash, platform=plan.platform,
+                        requirements=[_text(t) for t in texts], wheels=plan.wheels)
+    doc = sbom.to_json(bom)
+    problems = sbom.compare(json.loads(doc), inv)
+    if problems:  # the document was made from this very listing: a difference is a bug in trainbox
+        raise TrainboxError(f"{plan.tag}: the SBOM does not match what is installed: " + "; ".join(problems))
+    digest = sbom.commit(client, plan.tags, doc)
+    path = sbom.write_beside(report_path, doc)
+    say(f"SBOM of {plan.tag}: {len(inv['distributions'])} distributions, in the image at {sbom.SBOM_PATH} and at "
+        f"{path}")
+    return {"sbom": {"path": str(path), "sha256": digest, "distributions": len(inv["distributions"])}}
+
+
+def _text(src: Path | bytes) -> str:
+    return src.decode() if isinstance(src, bytes) else Path(src).read_text()
+
+
+def _fail(plan: BuildPlan, result: BuildResult, report: dict, report_path: Path, secrets: list[str] = ()) -> None:
     failed = result.failed
     report["error"] = {"step": failed.name if failed else None, "message": result.error,
                        "last_lines": list(failed.log)[-25:] if failed else result.output_tail[-25:]}

@@ -4,13 +4,14 @@ device stack; `trainbox run` says which image it took and why."""
 
 from __future__ import annotations
 
+from ..build.engine import Client
 from ..runtime.errors import TrainboxError
 from .job import Job
 
 SUBSTITUTE_LABEL = "io.trainbox.base.substituted"
 
 
-def _labels(client, ref: str) -> dict[str, str] | None:
+def _labels(client: Client, ref: str) -> dict[str, str] | None:
     try:
         return client.labels(ref)
     except Exception:  # noqa: BLE001 - an engine that does not answer: treat the image as unknown

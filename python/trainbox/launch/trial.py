@@ -28,7 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .recipe import all_inputs, list_recipes, load_recipe
+from ..build.engine import Client
+from .recipe import Recipe, all_inputs, list_recipes, load_recipe
 from ..runtime.errors import TrainboxError
 from .docker import JOB_SCRIPT_IN_IMAGE, jobs_dir, mount_arg, run_args, write_job_script
 from .job import Job, StackInfo, resolve
@@ -142,7 +143,7 @@ def plan_trial(name: str, *, image: str | None = None, devices: str | None = Non
     return plan
 
 
-def _free_ports(recipe, values: dict[str, str]) -> dict[str, str]:
+def _free_ports(recipe: Recipe, values: dict[str, str]) -> dict[str, str]:
     """CPU mode has no card to give the job its port slot (job.py: the first card's), so two trials on one host
     (the smoke runs two stacks at once) took the same MASTER_PORT and the second failed to listen: each port input
     the caller did not set takes the first slot of `trainbox run`'s range that is free here now, starting from one
@@ -200,7 +201,7 @@ def docker_argv(plan: TrialPlan, site: str, docker: str) -> list[str]:
             plan.image, "bash", JOB_SCRIPT_IN_IMAGE]
 
 
-def _in_image(client, image: str, *cmd: str, mounts: list[str] = (), timeout: float = 600,
+def _in_image(client: Client, image: str, *cmd: str, mounts: list[str] = (), timeout: float = 600,
               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     from ..paths import REPO_ROOT
 
@@ -214,7 +215,7 @@ def _in_image(client, image: str, *cmd: str, mounts: list[str] = (), timeout: fl
     return client.run(*args, image, *cmd, timeout=timeout, check=False)
 
 
-def site_dir(client, image: str) -> str:
+def site_dir(client: Client, image: str) -> str:
     """The image's site-packages (where the monitor's .pth goes), asked once per image id."""
     iid = (client.image_id(image) or image).replace("sha256:", "")[:16]
     cache = trial_root() / "site" / iid
@@ -231,7 +232,7 @@ def site_dir(client, image: str) -> str:
     return site[0]
 
 
-def copy_code(plan: TrialPlan, client, say) -> list[str]:
+def copy_code(plan: TrialPlan, client: Client, say) -> list[str]:
     """The image's tree of the workload, copied into the run's directory, with the overlay's edits."""
     from .trialplan import edit_code
 
@@ -250,7 +251,7 @@ def copy_code(plan: TrialPlan, client, say) -> list[str]:
     return edits
 
 
-def make_artifacts(plan: TrialPlan, client, say) -> bool:
+def make_artifacts(plan: TrialPlan, client: Client, say) -> bool:
     """Make the overlay's artifacts in the image once (cached by content hash); True when made now."""
     if not plan.spec or (plan.artifacts / "made.json").is_file():
         return False
@@ -309,7 +310,7 @@ def run_job(plan: TrialPlan, docker: str, say, verbose: bool = False) -> tuple[i
     return proc.returncode, "".join(lines), timed_out, time.monotonic() - t0
 
 
-def verify(plan: TrialPlan, client) -> list[dict]:
+def verify(plan: TrialPlan, client: Client) -> list[dict]:
     """The overlay's checks after a pass, in the image, with the run's directory and artifacts mounted."""
     rows = []
     values = _values(plan.job)

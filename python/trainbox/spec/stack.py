@@ -412,10 +412,6 @@ def dependants(name: str, stacks_dir: Path | None = None) -> list[str]:
 
 def stack_path(name_or_path: str | Path, stacks_dir: Path | None = None) -> Path:
     """The stack file a name or path means; StackError (exit 2) naming the known stacks when there is none."""
-    return _stack_path(name_or_path, stacks_dir)
-
-
-def _stack_path(name_or_path: str | Path, stacks_dir: Path | None) -> Path:
     return named_file(name_or_path, stacks_dir or STACKS_DIR, "stack", StackError)
 
 
@@ -446,7 +442,7 @@ def one_reading():
         _LOCAL.memo = None
 
 
-def _raw(path: Path, stacks_dir: Path | None, seen: tuple[Path, ...] = ()) -> dict:
+def merged_yaml(path: Path, stacks_dir: Path | None = None, seen: tuple[Path, ...] = ()) -> dict:
     """The stack file's mapping with its `extends:` chain merged in (parents first), walked without recursion
     and at most MAX_EXTENDS_DEPTH files deep."""
     key = ("raw", path, stacks_dir)
@@ -486,7 +482,7 @@ def parent_path(path: Path, parent: str, stacks_dir: Path | None = None) -> Path
     """The file `extends: parent` names from the stack file `path`: only a sibling or a stack of the stacks
     directory, never a path that leaves them."""
     sibling = path.parent / f"{parent}.yaml"
-    return sibling if sibling.is_file() else _stack_path(parent, stacks_dir)
+    return sibling if sibling.is_file() else stack_path(parent, stacks_dir)
 
 
 def apply_sets(data: dict, sets: dict[str, str], path: Path) -> dict:
@@ -538,7 +534,7 @@ def load_stack(
     """The stack `name_or_path` with --set / --base applied and its lock attached. A lock outside the lock grammar
     is refused (StackError), except with `repair_lock` (`trainbox stack lock`, which rewrites it): then the stack
     loads as if it had none, and `resolution.lock_problem` says what was wrong."""
-    path = _stack_path(name_or_path, stacks_dir)
+    path = stack_path(name_or_path, stacks_dir)
     key = ("stack", path, stacks_dir, repair_lock)
     if sets or base:
         with one_reading():
@@ -554,7 +550,7 @@ def load_stack(
 
 def _load(path: Path, sets: dict[str, str] | None, base: str | None, stacks_dir: Path | None,
           repair_lock: bool = False) -> Stack:
-    data = _raw(path, stacks_dir)
+    data = merged_yaml(path, stacks_dir)
     if data.get("name") != path.stem:
         raise StackError(f"{path}: name: expected {path.stem!r} (the file name), got {data.get('name')!r}")
     overrides: dict[str, str] = {}

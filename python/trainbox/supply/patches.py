@@ -20,8 +20,8 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from ..runtime.apply_patches import Patch
 from ..runtime.errors import TrainboxError
 from ..paths import CACHE_DIR, PATCHES_DIR
 from .fetch import fetch, pin_from_component
@@ -54,7 +54,7 @@ def series_dir(series: str, patches_dir: Path | None = None) -> Path:
     return Path(patches_dir or PATCHES_DIR) / series
 
 
-def load_series(series: str, patches_dir: Path | None = None) -> list:
+def load_series(series: str, patches_dir: Path | None = None) -> list[Patch]:
     """The parsed patches of a series, in order (apply_patches.Patch objects)."""
     ap = applier()
     try:
@@ -88,7 +88,7 @@ def _ref_matches(ref: str | None, pin: Pin) -> str | None:
     return pins.ref_problem(ref, pin)
 
 
-def header_problems(patch: Any) -> list[str]:
+def header_problems(patch: Patch) -> list[str]:
     """What is missing from a patch's provenance header (the ref is checked against a pin separately)."""
     ap = applier()
     out = []
