@@ -25,11 +25,13 @@ from ..runtime.install_source import TOOLKITS
 SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """A model of a file trainbox reads: a key it does not know is refused (a typo cannot drop a value)."""
+
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
-class BaseSpec(_Strict):
+class BaseSpec(StrictModel):
     """A stack file's `base:` section (what the stack asks for). The base a build really used is
     build.plan.BuildBase; trainbox.build.base makes and probes base images; `trainbox base` is their command."""
 
@@ -62,7 +64,7 @@ class BaseSpec(_Strict):
         return v if v is None else grammar.check_token(v, info.field_name)
 
 
-class PlatformPin(_Strict):
+class PlatformPin(StrictModel):
     """A per-platform variant of a PyPI component (e.g. torch's CPU build on x86_64, PyPI's on aarch64)."""
 
     version: str | None = None
@@ -84,7 +86,7 @@ class PlatformPin(_Strict):
 ToolkitName = Literal[tuple(sorted(TOOLKITS))]  # type: ignore[valid-type]
 
 
-class Component(_Strict):
+class Component(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     source: str  # a kind in trainbox.spec.kinds.KINDS
@@ -257,7 +259,7 @@ def _hashes(v: list[str]) -> list[str]:
     return v
 
 
-class LockedDep(_Strict):
+class LockedDep(StrictModel):
     """One package of a resolved closure (`deps`, `build_deps`): an exact version and its files' hashes."""
 
     version: str
@@ -294,7 +296,7 @@ def _dist_names(v: dict) -> dict:
     return v
 
 
-class LockedPlatform(_Strict):
+class LockedPlatform(StrictModel):
     components: dict[str, LockedPin] = Field(default_factory=dict)
     deps: dict[str, LockedDep] | None = None
     build_deps: dict[str, LockedDep] | None = None
@@ -312,7 +314,7 @@ class LockedPlatform(_Strict):
         return v if v is None else _dist_names(v)
 
 
-class LockFile(_Strict):
+class LockFile(StrictModel):
     """Exactly what `trainbox stack lock` writes."""
 
     stack: str

@@ -32,14 +32,14 @@ from ..yamlfile import load_yaml_file
 from . import documents
 from .documents import MAX_EXTENDS_DEPTH, extends_too_deep, format_validation, merge, named_file
 from .resolution import INTERNAL_KEYS, Resolution
-from .component import BaseSpec, Component, _Strict, broken_seal, check_lock, intact
+from .component import BaseSpec, Component, StrictModel, broken_seal, check_lock, intact
 
 
 class StackError(TrainboxError):
     """A stack file that cannot be used as it is."""
 
 
-class Stack(_Strict):
+class Stack(StrictModel):
     """A stack: its fields are what the file says (with --set/--base applied); the rest is `Resolution`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

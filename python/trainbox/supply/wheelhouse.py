@@ -128,18 +128,18 @@ def _artifact(stack: Stack, platform: str, pin: Pin, cache_dir: Path | None) -> 
     hash-verified; with where it came from."""
     import urllib.parse
 
-    from .index import IndexUnreachable, _wheel_fits, artifacts_for, project_files
-    from .sources import _download, cached_artifact
+    from .index import IndexUnreachable, artifacts_for, project_files, wheel_fits
+    from .sources import cached_artifact, download_to_cache
 
     for sha in pin.sha256:
         hit = cached_artifact(sha, cache_dir)
         if hit is not None and dist_key(hit.name) == (canon(pin.name), norm_version(pin.version or "")):
-            if not hit.name.endswith(".whl") or _wheel_fits(hit.name, stack.python, platform):
+            if not hit.name.endswith(".whl") or wheel_fits(hit.name, stack.python, platform):
                 return hit, "trainbox's cache"
     from .pipconfig import find_local
 
     local = find_local(pin.name, pin.version or "", pin.sha256)  # where pip itself finds it on this disk
-    if local is not None and (not local[0].name.endswith(".whl") or _wheel_fits(local[0].name, stack.python, platform)):
+    if local is not None and (not local[0].name.endswith(".whl") or wheel_fits(local[0].name, stack.python, platform)):
         return local
     names = [pin.index_name] if pin.index_name in stack.indexes else list(stack.indexes)
     why = []
@@ -153,8 +153,8 @@ def _artifact(stack: Stack, platform: str, pin: Pin, cache_dir: Path | None) -> 
         for art in artifacts_for(files, pin.name, pin.version or "", stack.python, platform):
             if art.sha256 in pin.sha256:
                 full = urllib.parse.urljoin(f"{url.rstrip('/')}/{canon(pin.name)}/", art.url)
-                return (_download(full, art.sha256, art.filename, cache_dir, f"{pin.key} ({pin.name}=={pin.version})"),
-                        f"index {name} ({url})")
+                what = f"{pin.key} ({pin.name}=={pin.version})"
+                return download_to_cache(full, art.sha256, art.filename, cache_dir, what), f"index {name} ({url})"
         why.append(f"index {name} has no {platform} artifact of {pin.name}=={pin.version} with a pinned sha256")
     raise TrainboxError(f"{pin.key}: cannot fetch {pin.name}=={pin.version} for {platform}: " + "; ".join(why))
 
