@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def _edited_copy(root: Path, edit: str) -> Path:
-    from trainbox.build import image
+    from trainbox.build.plan import copy_inputs
 
-    image.copy_inputs(root)
+    copy_inputs(root)
     target = root / edit
     target.write_text(target.read_text() + f"\n# bench edit {time.time()}\n")
     return root

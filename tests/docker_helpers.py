@@ -73,7 +73,7 @@ def docker_client():
 def wheelhouse_dir() -> Path:
     """A directory holding the CPU torch wheel the cpu stack pins: $TRAINBOX_TEST_WHEELHOUSE, else
     pip's configured find-links directories. The product never looks there by itself."""
-    from trainbox.build.image import read_wheelhouse
+    from trainbox.supply.wheelhouse import read_wheelhouse
     from trainbox.spec.stack import load_stack
 
     torch = load_stack("cpu").components["torch"]

@@ -83,7 +83,7 @@ def test_unlocked_stack_resolves_its_dependencies_within_the_pins(tmp_path):
 def test_a_dependency_that_would_move_a_pin_fails_the_build(tmp_path):
     """typing-extensions pinned below torch 2.13's floor (>=4.10): unconstrained, the dependency pass would
     upgrade it and `pip check` would find nothing wrong; constrained, the build fails and names it."""
-    from trainbox.build.image import BuildFailed
+    from trainbox.build.run import BuildFailed
     from trainbox.supply.index import project_files
 
     wheel = next(f for f in project_files("pypi", "https://pypi.org/simple", "typing-extensions")

@@ -16,6 +16,7 @@ from trainbox.build import engine, image, plan as buildplan, run as buildrun
 from trainbox.cli import main
 from trainbox.paths import REPO_ROOT
 from trainbox.runtime.errors import TrainboxError
+from trainbox.supply import wheelhouse as wheels_mod
 from trainbox.supply.pins import Pin
 
 DATA = Path(__file__).parent / "data"
@@ -202,10 +203,10 @@ def test_parse_sets():
 
 def test_check_wheelhouse_serves_pinned(tmp_path):
     sha = _fake_wheel(tmp_path, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
-    wheels = image.read_wheelhouse(tmp_path)
+    wheels = wheels_mod.read_wheelhouse(tmp_path)
     pins = [Pin("torch", "pypi", "torch", "2.13.0+cpu", "pytorch-cpu", "https://download.pytorch.org/whl/cpu", (sha,)),
             Pin("numpy", "pypi", "numpy", "2.3.5", sha256=("0" * 64,))]
-    served = image.check_wheelhouse(wheels, pins, str(tmp_path))
+    served = wheels_mod.check_wheelhouse(wheels, pins, str(tmp_path))
     assert [p.key for p in served] == ["torch"]
 
 
@@ -229,7 +230,7 @@ def _ctx(tmp_path, files: dict[str, bytes], mode: int = 0o644) -> Path:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
         p.chmod(mode)
-    (ctx / image.WHEELHOUSE_DIR).mkdir(exist_ok=True)
+    (ctx / buildplan.WHEELHOUSE_DIR).mkdir(exist_ok=True)
     return ctx
 
 
@@ -237,7 +238,7 @@ def test_content_hash_covers_every_input(tmp_path):
     from trainbox.build.plan import tree_files
 
     def ch(ctx, wheels, extra):
-        return image.content_hash(tree_files(ctx), wheels, extra)
+        return buildplan.content_hash(tree_files(ctx), wheels, extra)
 
     base = {"Dockerfile": b"FROM x\n", "python/trainbox/a.py": b"print(1)\n", "launchers/r.yaml": b"a: 1\n"}
     h0 = ch(_ctx(tmp_path / "0", base), [], {"base": "sha256:1"})
@@ -249,10 +250,10 @@ def test_content_hash_covers_every_input(tmp_path):
     assert ch(_ctx(tmp_path / "r", renamed), [], {"base": "sha256:1"}) != h0
     assert ch(_ctx(tmp_path / "x", base, 0o755), [], {"base": "sha256:1"}) != h0
     assert ch(_ctx(tmp_path / "b", base), [], {"base": "sha256:2"}) != h0
-    wheel = image.WheelFile("torch-1-py3-none-any.whl", 10, "a" * 64, Path("/nonexistent"))
+    wheel = wheels_mod.WheelFile("torch-1-py3-none-any.whl", 10, "a" * 64, Path("/nonexistent"))
     h_w = ch(_ctx(tmp_path / "w", base), [wheel], {"base": "sha256:1"})
     assert h_w != h0
-    other = image.WheelFile(wheel.name, 10, "b" * 64, wheel.path)
+    other = wheels_mod.WheelFile(wheel.name, 10, "b" * 64, wheel.path)
     assert ch(_ctx(tmp_path / "w2", base), [other], {"base": "sha256:1"}) != h_w
 
 
@@ -261,7 +262,7 @@ def test_staged_context_holds_inputs_and_links_wheels(tmp_path, monkeypatch):
     whdir = tmp_path / "wh"
     whdir.mkdir()
     _fake_wheel(whdir, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
-    wheels = image.read_wheelhouse(whdir)
+    wheels = wheels_mod.read_wheelhouse(whdir)
     files = {**buildplan.input_files(), "build/generated/cpu/stack.json": b"{}",
              "build/generated/cpu/Dockerfile": b"FROM x\n"}
     ctx = tmp_path / "cache" / "build" / "cpu" / "context"
@@ -273,20 +274,20 @@ def test_staged_context_holds_inputs_and_links_wheels(tmp_path, monkeypatch):
     staged = ctx / "wheelhouse" / wheels[0].name
     assert staged.is_file() and staged.stat().st_ino == wheels[0].path.stat().st_ino  # a hard link
     # the staged tree hashes as the file map it was made from
-    assert image.content_hash(buildplan.tree_files(ctx, [i for i in buildplan.CONTEXT_ITEMS + ["build"]
-                                                         if (ctx / i).exists()]), wheels, {}) == \
-        image.content_hash(files, wheels, {})
+    staged_items = [i for i in buildplan.CONTEXT_ITEMS + ["build"] if (ctx / i).exists()]
+    assert buildplan.content_hash(buildplan.tree_files(ctx, staged_items), wheels, {}) == \
+        buildplan.content_hash(files, wheels, {})
 
 
 def test_content_hash_covers_what_the_build_uses_and_nothing_else(tmp_path):
     """An edit to a launcher changes the hash (and so the tag); an edit to the README, which .dockerignore keeps
     out of every context, does not."""
     root = tmp_path / "repo"
-    image.copy_inputs(root)
+    buildplan.copy_inputs(root)
     (root / "README.md").write_text("# trainbox\n")
 
     def digest() -> str:
-        return image.content_hash(buildplan.input_files(root), [], {})
+        return buildplan.content_hash(buildplan.input_files(root), [], {})
 
     before = digest()
     (root / "README.md").write_text("# trainbox, edited\n")
@@ -499,8 +500,8 @@ def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheel
 
 
 def test_dry_run_names_what_a_wheelhouse_lacks(tmp_path):
-    from trainbox.supply import wheelhouse
     from trainbox.spec.stack import load_stack
+    from trainbox.supply import wheelhouse
 
     stack = load_stack("cpu")
     torch_sha = stack.components["torch"].pin_for("linux/amd64").sha256[0]

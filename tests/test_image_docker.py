@@ -184,10 +184,10 @@ def test_rebuild_without_change_answers_from_the_hash_tag(cpu_build):
 
 def _edited_repo(tmp_path: Path, edit: str) -> Path:
     """A copy of the checkout's build inputs with one file changed (the checkout itself is not touched)."""
-    from trainbox.build import image
+    from trainbox.build.plan import copy_inputs
 
     root = tmp_path / "repo"
-    image.copy_inputs(root)
+    copy_inputs(root)
     target = root / edit
     # unique each run: BuildKit's cache outlives the test, and a repeated edit would be answered from it
     target.write_text(target.read_text() + f"\n# edited by test_image_docker {uuid.uuid4().hex}\n")
@@ -242,7 +242,8 @@ def test_edit_rebuilds_only_later_steps(cpu_build, tmp_path, monkeypatch, edit, 
 def test_substituted_wheel_fails_the_build_in_hash_checking_mode(tmp_path, cpu_build):
     """With the early wheelhouse check turned off, pip itself must refuse a wheel whose bytes are
     not the pinned ones (a substituted file under the right name)."""
-    from trainbox.build.image import BuildFailed, build
+    from trainbox.build.image import build
+    from trainbox.build.run import BuildFailed
 
     wh = tmp_path / "wh"
     wh.mkdir()

@@ -156,7 +156,7 @@ def test_a_pypi_sdist_that_needs_a_toolkit_is_built_in_its_own_step_after_the_pi
 @pytest.mark.parametrize("component, toolkit", [(KERNELS, "cann-toolkit"), (TE_SDIST, "cuda-toolkit")])
 def test_on_a_substitute_base_a_component_that_needs_a_toolkit_is_left_out_and_named(tmp_path, component, toolkit):
     from trainbox.build.plan import render_for
-    from trainbox.build.image import BuildBase
+    from trainbox.build.plan import BuildBase
 
     stack = load_stack(stack_with(tmp_path, component))
     r = render_for(stack, BuildBase(requested=stack.base.image, used="local/debian:bookworm",
@@ -169,7 +169,7 @@ def test_on_a_substitute_base_a_component_that_needs_a_toolkit_is_left_out_and_n
 
 def test_the_cuda_stack_builds_transformer_engines_pytorch_binding_and_a_substitute_leaves_it_out():
     from trainbox.build.plan import render_for
-    from trainbox.build.image import BuildBase
+    from trainbox.build.plan import BuildBase
 
     stack = load_stack("cuda")
     run = _run_of(render_stack(stack).dockerfile, "transformer-engine-torch")

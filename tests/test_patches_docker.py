@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from trainbox.build.image import BuildFailed
+from trainbox.build.run import BuildFailed
 from trainbox.supply.patches import applied_patches
 from trainbox.paths import PATCHES_DIR
 

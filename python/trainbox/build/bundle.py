@@ -23,8 +23,6 @@ import os
 import re
 import shutil
 import stat
-import subprocess
-import sys
 import tarfile
 import tempfile
 import zlib

@@ -25,9 +25,8 @@ from typing import Callable
 
 from . import run as buildrun
 from .base import bootstrap, native_twin, resolve_base, suite_of
-from .plan import (CONTEXT_ITEMS, STOP, WHEELHOUSE_DIR, BuildBase, BuildPlan, PlanInputs,  # noqa: F401 - re-exported
-                        content_hash, copy_inputs, format_plan, make_plan, stage, tree_files)
-from .run import BuildFailed, BuildOutcome  # noqa: F401 - re-exported
+from .plan import BuildBase, BuildPlan, PlanInputs, STOP, format_plan, make_plan, stage, tree_files
+from .run import BuildOutcome
 from ..spec.dists import canon, dist_key, norm_version
 from .engine import Client, EngineError, find_client
 from ..supply.index import ca_bundle, ssl_context
@@ -38,7 +37,7 @@ from ..runtime.errors import TrainboxError
 from ..spec.findings import Reported
 from ..spec.stack import Stack
 from ..supply.pins import Pin
-from ..supply.wheelhouse import WheelFile, check_wheelhouse, pins_for, read_wheelhouse  # noqa: F401 - re-exported
+from ..supply.wheelhouse import check_wheelhouse, pins_for, read_wheelhouse
 
 REPORTS_DIR = REPO_ROOT / "build" / "reports"
 DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field

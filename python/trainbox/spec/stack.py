@@ -25,7 +25,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_vali
 from .kinds import DEFAULT_BUILD_REQUIRES
 from ..runtime.errors import TrainboxError
 from . import grammar
-from .dists import canon  # noqa: F401 - re-exported: stack.canon is used across the host side
+from .dists import canon
 from ..paths import STACKS_DIR
 from .platforms import PLATFORM_RE
 from ..yamlfile import load_yaml_file
