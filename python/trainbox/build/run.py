@@ -18,7 +18,7 @@ from pathlib import Path
 from ..paths import write_atomic
 from . import cann_bake, sbom
 from .plan import BuildPlan, stage
-from .engine import BuildResult, Client, ConsoleProgress, run_build
+from .engine import BuildResult, Client, ConsoleProgress, Step, run_build
 from ..runtime.errors import TrainboxError
 from ..runtime.redact import redact, redact_data, url_secrets
 
@@ -195,7 +195,7 @@ def _fail(plan: BuildPlan, result: BuildResult, report: dict, report_path: Path,
         "  last lines of its output:\n    " + "\n    ".join(lines) + f"\n  report: {report_path}", secrets))
 
 
-def dockerfile_order(steps: list, dockerfile: str) -> list:
+def dockerfile_order(steps: list[Step], dockerfile: str) -> list[Step]:
     """BuildKit reports steps as they start (stages run in parallel); put them in Dockerfile order."""
     stages: list[str] = []
     for m in re.finditer(r"(?im)^\s*FROM\s+\S+(?:\s+AS\s+(\S+))?", dockerfile):

@@ -26,6 +26,7 @@ import re
 import tarfile
 import uuid
 from pathlib import Path
+from typing import Protocol, Sequence
 
 from ..paths import write_atomic
 from .engine import Client
@@ -86,7 +87,17 @@ def requirement_hashes(texts: list[str], platform: str | None = None,
     return out
 
 
-def _wheel_hash(dist: dict, wheels: list) -> str | None:
+class WheelhouseFile(Protocol):
+    """A file of the build's wheelhouse as the SBOM reads it (supply.wheelhouse.WheelFile; named here so that
+    reading an image's SBOM does not load the supply stage)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+
+
+def _wheel_hash(dist: dict, wheels: Sequence[WheelhouseFile]) -> str | None:
     """The wheelhouse file pip installed `dist` from: same name, version and one of its wheel tags."""
     tags = set(dist.get("wheel_tags") or [])
     for w in wheels:
@@ -100,7 +111,8 @@ def _wheel_hash(dist: dict, wheels: list) -> str | None:
     return None
 
 
-def artifact_hash(dist: dict, pinned: dict[str, tuple[str, list[str]]], wheels: list) -> tuple[str | None, str]:
+def artifact_hash(dist: dict, pinned: dict[str, tuple[str, list[str]]],
+                  wheels: Sequence[WheelhouseFile]) -> tuple[str | None, str]:
     """(sha256 of the artifact installed, where that is known from) for one inventory entry."""
     archive = ((dist.get("direct_url") or {}).get("archive_info") or {})
     hashes = archive.get("hashes") or {}
@@ -156,7 +168,8 @@ def _patch_components(manifest: dict) -> tuple[list, dict[str, list]]:
     return files, pedigree
 
 
-def _dist_components(inventory: dict, manifest: dict, pinned: dict, wheels: list, pedigree: dict) -> list:
+def _dist_components(inventory: dict, manifest: dict, pinned: dict, wheels: Sequence[WheelhouseFile],
+                     pedigree: dict) -> list:
     from cyclonedx.model.component import Component, Pedigree
     from packageurl import PackageURL
 
@@ -234,7 +247,7 @@ def _cuda_declared(manifest: dict) -> str | None:
 
 
 def make_bom(*, manifest: dict, inventory: dict, base: dict, image: str, content_hash: str, platform: str,
-             requirements: list[str], wheels: list):
+             requirements: list[str], wheels: Sequence[WheelhouseFile]):
     """The CycloneDX Bom of one image (see the module docstring for where each part comes from)."""
     from cyclonedx.model.bom import Bom, BomMetaData
     from cyclonedx.model.component import Component, ComponentType

@@ -116,7 +116,7 @@ class Stack(StrictModel):
 
     @field_validator("components")
     @classmethod
-    def _component_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+    def _component_keys(cls, v: dict[str, Component]) -> dict[str, Component]:
         for key in v:
             grammar.check_name(key, "component")
         return v
@@ -158,7 +158,7 @@ class Stack(StrictModel):
     def dropped_indexes(self) -> dict[str, str]:
         return self._resolved.dropped_indexes
 
-    def resolved(self, **changes: Any) -> "Stack":
+    def resolved(self, **changes: object) -> "Stack":
         """A copy with these `Resolution` parts replaced (this stack stays as it is)."""
         new = self.model_copy()
         new._resolved = dataclasses.replace(self._resolved, **changes)

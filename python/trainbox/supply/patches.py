@@ -127,7 +127,7 @@ class Row:
     ok: bool
     status: str  # clean | offset | failed | skipped | error
     sha256: str = ""
-    hunks: list = field(default_factory=list)
+    hunks: list[dict] = field(default_factory=list)  # the hunks that did not apply cleanly, as JSON
     artifact: str = ""  # file name (and sha256) or git commit the series was applied to
 
     def as_dict(self) -> dict:
