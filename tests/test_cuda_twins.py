@@ -11,7 +11,7 @@ import pytest
 from packaging.version import Version
 
 from trainbox.launch.recipe import load_recipe
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 
 from upstream_helpers import find_shared_upstream
 

@@ -350,7 +350,7 @@ def prune_runs(recipe: str, keep: int = KEEP_RUNS) -> None:
 
 
 def run_trial(plan: TrialPlan, say, verbose: bool = False) -> dict:
-    from ..build.engine import find_client
+    from ..image.engine import find_client
 
     client = find_client()
     if not client.image_exists(plan.image):

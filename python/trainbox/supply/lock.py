@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Callable
 import yaml
 
 from ..yamlfile import json_loads
-from ..spec.dists import dist_key, norm_version
+from ..specs.dists import dist_key, norm_version
 from ..runtime.errors import TrainboxError
 from .index import IndexUnreachable, artifacts_for, project_files, versions
-from ..spec.component import broken_seal, check_lock, intact, seal
+from ..specs.component import broken_seal, check_lock, intact, seal
 from ..paths import CACHE_DIR, write_atomic
-from ..spec.platforms import PLATFORM_MACHINE
-from ..spec.stack import Stack, canon, load_stack
+from ..specs.platforms import PLATFORM_MACHINE
+from ..specs.stack import Stack, canon, load_stack
 
 if TYPE_CHECKING:  # a type only: no import edge to the wheelhouse
     from .wheelhouse import WheelFile
@@ -371,7 +371,7 @@ def lock_plan(names: list[str], dependants: bool = True) -> tuple[list[tuple[Sta
 
     A stack that `extends:` a locked one inherits its pins: locking only the parent would leave the child's lock
     computed for the old pins (and `patches edit` would then find the two disagreeing)."""
-    from ..spec.stack import dependants as find_dependants
+    from ..specs.stack import dependants as find_dependants
 
     targets = {}
     for name in names:

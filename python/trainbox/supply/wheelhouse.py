@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..spec.dists import DIST_SUFFIXES, canon, dist_key, norm_version, sha256_file
+from ..specs.dists import DIST_SUFFIXES, canon, dist_key, norm_version, sha256_file
 from ..runtime.errors import TrainboxError
 from .fetch import pin_from_component
 from .pins import Pin

@@ -3,7 +3,7 @@
 `make_plan` is pure: from a loaded stack, the chosen base and the build options it computes the build
 context's files, their content hash, the tags, labels, the BuildKit arguments, the secrets, and where each
 pinned artifact will come from. It reads files and asks nothing of an engine or an index, so `--dry-run`
-prints it offline. `stage` writes the context a plan names; trainbox.build.run executes it.
+prints it offline. `stage` writes the context a plan names; trainbox.image.run executes it.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..paths import CACHE_DIR, REPO_ROOT
-from ..spec.platforms import tag_suffix
+from ..specs.platforms import tag_suffix
 from .sbom import source_date_epoch
 from ..supply.wheelhouse import WheelFile, fetch_plan, wheelhouse_notes
 
-SCHEMA = "trainbox.build-plan/1"
+SCHEMA = "trainbox.image-plan/1"
 #: Top-level parts of the checkout that go into every build context (the rendered files come on top). Only what
 #: the Dockerfiles may use (.dockerignore lets nothing else through): the content hash covers exactly these, so an
 #: edit to the README does not make a new image tag.
@@ -55,7 +55,7 @@ class BuildBase:
 
 @dataclass
 class BuildPlan:
-    stack: Any  # trainbox.spec.stack.Stack, narrowed to the build
+    stack: Any  # trainbox.specs.stack.Stack, narrowed to the build
     platform: str
     base: BuildBase
     files: dict[str, Path | bytes]  # the context, relative path -> source file or rendered bytes
@@ -72,7 +72,7 @@ class BuildPlan:
     client: str  # the client that will run it, in words
     fetch: list[dict] = field(default_factory=list)  # where each pinned artifact comes from
     notes: list[str] = field(default_factory=list)  # what the plan could not decide offline
-    findings: list = field(default_factory=list)  # the stack's warnings (trainbox.spec.findings.Reported)
+    findings: list = field(default_factory=list)  # the stack's warnings (trainbox.specs.findings.Reported)
     context: Path | None = None  # where `stage` put the context
 
     @property
@@ -181,7 +181,7 @@ class PlanInputs:
     source_root: Path | None = None  # the checkout whose inputs are built (tests and bench use a copy)
     sources: dict[str, Path] = field(default_factory=dict)  # staged git trees and archives (build/sources/...)
     offline: bool = False  # `--bundle`: the build runs with --network none and pip uses the wheelhouse only
-    findings: list = field(default_factory=list)  # the stack's warnings (trainbox.spec.findings.Reported): plan notes
+    findings: list = field(default_factory=list)  # the stack's warnings (trainbox.specs.findings.Reported): plan notes
     native_base: str | None = None  # a cross build: the base's twin for the build machine (compiles the venv)
 
 

@@ -43,7 +43,7 @@ class BundleError(TrainboxError):
 
 
 def _sha256(path: Path) -> str:
-    from ..spec.dists import sha256_file
+    from ..specs.dists import sha256_file
 
     return sha256_file(path)
 
@@ -93,10 +93,10 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
                  say=print) -> dict:
     from ..supply.fetch import fetch_sources
     from ..supply.index import IndexUnreachable
-    from ..spec.platforms import host_platform
+    from ..specs.platforms import host_platform
     from .render import render_stack
     from ..supply.fetch import fetch
-    from ..spec.stack import _raw, _stack_path, load_stack
+    from ..specs.stack import _raw, _stack_path, load_stack
 
     _check_output(Path(out))
     stack = load_stack(stack_name)
