@@ -10,8 +10,8 @@ import subprocess
 import pytest
 from packaging.version import Version
 
-from trainbox.recipe import load_recipe
-from trainbox.stack import load_stack
+from trainbox.launch.recipe import load_recipe
+from trainbox.specs.stack import load_stack
 
 from upstream_helpers import find_shared_upstream
 

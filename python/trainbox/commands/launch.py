@@ -193,7 +193,7 @@ def cmd_check(args) -> int:
 
     from ..runtime.errors import TrainboxError
     from ..launch import check_script, render
-    from ..recipe import list_recipes
+    from ..launch.recipe import list_recipes
 
     from ..launch.targets import TARGETS
 
@@ -253,7 +253,7 @@ def cmd_check(args) -> int:
 def _check_trial(name: str) -> list[str]:
     """The recipe's `trial:` overlay, when it has one, validates against the recipe (`trainbox trial` runs it)."""
     from ..launch.trialplan import overlay_of
-    from ..recipe import load_recipe
+    from ..launch.recipe import load_recipe
     from ..runtime.errors import TrainboxError
 
     try:
@@ -294,9 +294,9 @@ def _check_args(name: str, args) -> dict:
 def _require_image(image: str, stack, given: bool) -> None:
     """The checks run in the recipe's image: where the engine lacks it, say which image and the command that
     makes it (a docker run of a missing image would only say "See 'docker run --help'")."""
-    from ..base import cpu_host_profile, profile_names
-    from ..engine import find_client
-    from ..inventory import built_images
+    from ..image.base import cpu_host_profile, profile_names
+    from ..image.engine import find_client
+    from ..image.inventory import built_images
     from ..runtime.errors import TrainboxError
 
     client = find_client()
@@ -325,7 +325,7 @@ def _check_target(name: str, target: str, args, shellcheck: str | None) -> list[
 
     from ..launch import check_script
     from ..launch.targets import TARGETS, RenderOptions, render_target, resolve_for
-    from ..recipe import load_recipe
+    from ..launch.recipe import load_recipe
     from ..runtime.errors import TrainboxError
 
     try:
@@ -355,7 +355,7 @@ def _check_target(name: str, target: str, args, shellcheck: str | None) -> list[
 
 def cmd_list(args) -> int:
     from ..runtime.errors import TrainboxError
-    from ..recipe import list_recipes, load_recipe
+    from ..launch.recipe import list_recipes, load_recipe
 
     rows = []
     failed = False
@@ -379,7 +379,7 @@ def cmd_list(args) -> int:
 
 def cmd_show(args) -> int:
     from ..launch import load_stack_info
-    from ..recipe import all_inputs, load_recipe, parse_words
+    from ..launch.recipe import all_inputs, load_recipe, parse_words
 
     r = load_recipe(args.recipe)
     stack = load_stack_info(r.stack)

@@ -13,17 +13,17 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from .. import grammar
-from ..recipe import VISIBLE_DEVICES_VARS, Recipe, all_inputs, check_value, load_recipe, refs
+from ..specs import grammar
+from .recipe import VISIBLE_DEVICES_VARS, Recipe, all_inputs, check_value, load_recipe, refs
 from ..runtime.errors import TrainboxError
-from ..ports import RUN_BASES, STRIDE
-from ..sets import parse_assignments
+from .ports import RUN_BASES, STRIDE
+from ..specs.sets import parse_assignments
 
 # Host paths a bind mount must not cover inside the container.
 _PROTECTED_TARGETS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
                       "/sbin", "/sys", "/tmp", "/usr", "/var", "/usr/local", "/opt/trainbox"}
 # Ports a job owns on a host (their slot-0 values, the recipes' defaults), and how far apart two jobs' ports are:
-# trainbox.ports, the one plan for `trainbox run` and Slurm.
+# trainbox.launch.ports, the one plan for `trainbox run` and Slurm.
 PORT_INPUTS = dict(RUN_BASES)
 PORT_STRIDE = STRIDE
 # What a cluster scheduler tells each node (the sbatch script, the Kubernetes operators).
@@ -40,7 +40,7 @@ class StackInfo:
 
 
 def load_stack_info(name: str) -> StackInfo:
-    from ..stack import load_stack
+    from ..specs.stack import load_stack
 
     stack = load_stack(name)
     base = getattr(stack, "base", None)
@@ -81,7 +81,7 @@ def split_sets(recipe: Recipe, stack: StackInfo, sets: dict[str, str]) -> Values
 
 
 def parse_devices(spec: str) -> list[int]:
-    """'0-3' / '0,2,4-5' -> sorted card numbers (bounded and checked by trainbox.grammar)."""
+    """'0-3' / '0,2,4-5' -> sorted card numbers (bounded and checked by trainbox.specs.grammar)."""
     try:
         return grammar.parse_devices(spec)
     except ValueError as exc:

@@ -200,7 +200,7 @@ def parse_volumes(job: Job, specs) -> dict[str, tuple[str, str | None, str | Non
 
 def mounted_inputs(job: Job) -> dict[str, str]:
     """{input: path} of the recipe's path inputs the job mounts, in the recipe's order."""
-    from ..recipe import all_inputs
+    from .recipe import all_inputs
 
     return {n: job.sets[n] for n, spec in all_inputs(job.recipe).items()
             if spec.kind == "path" and spec.mount and job.sets.get(n) in job.mounts}
@@ -250,7 +250,7 @@ def entrypoint_free_env(job: Job, env: dict[str, str]) -> dict[str, str]:
     entrypoint (ray.io/overwrite-container-cmd), but KubeRay < 1.1 ignores that annotation and starts
     `/bin/bash -c -- ... ray start` itself (ray-operator common/pod.go BuildPod): there the stack's defaults,
     the CPU-mode rule (computed by the entrypoint's own code) and the raylets' NOSET flags still hold, and the
-    CANN environment comes from the image's ENV, which `trainbox image build` bakes (trainbox.cann_bake)."""
+    CANN environment comes from the image's ENV, which `trainbox image build` bakes (trainbox.image.cann_bake)."""
     from ..runtime.entrypoint import apply_defaults
 
     added = dict(env)

@@ -17,8 +17,8 @@ import jinja2
 
 from .. import __version__
 from ..paths import LAUNCHERS_DIR, REPO_ROOT
-from ..ports import RAY_WORKER_PORTS
-from ..recipe import (
+from .ports import RAY_WORKER_PORTS
+from .recipe import (
     VISIBLE_DEVICES_VARS,
     Input,
     Recipe,

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..recipe import all_inputs, list_recipes, load_recipe
+from .recipe import all_inputs, list_recipes, load_recipe
 from ..runtime.errors import TrainboxError
 from .docker import JOB_SCRIPT_IN_IMAGE, jobs_dir, mount_arg, run_args, write_job_script
 from .job import Job, StackInfo, resolve
@@ -149,7 +149,7 @@ def _free_ports(recipe, values: dict[str, str]) -> dict[str, str]:
     derived from this process, so two trials starting together also probe different slots first."""
     import socket
 
-    from ..ports import RUN_BASES, RUN_SLOTS, STRIDE
+    from .ports import RUN_BASES, RUN_SLOTS, STRIDE
 
     inputs = all_inputs(recipe)
     names = [n for n in RUN_BASES if n in inputs and n not in values]
@@ -350,7 +350,7 @@ def prune_runs(recipe: str, keep: int = KEEP_RUNS) -> None:
 
 
 def run_trial(plan: TrialPlan, say, verbose: bool = False) -> dict:
-    from ..engine import find_client
+    from ..image.engine import find_client
 
     client = find_client()
     if not client.image_exists(plan.image):
