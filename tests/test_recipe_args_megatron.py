@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 from docker_helpers import docker_client, wheelhouse_dir
-from trainbox.kinds import fetch, pin_from_component
+from trainbox.supply.fetch import fetch, pin_from_component
 from trainbox.paths import REPO_ROOT
 from trainbox.smoke import load_profile
-from trainbox.sources import unpack
-from trainbox.stack import load_stack
+from trainbox.supply.sources import unpack
+from trainbox.specs.stack import load_stack
 from upstream_helpers import checkout, find_shared_upstream, git_env, mirror
 
 pytestmark = pytest.mark.skipif(find_shared_upstream() is None, reason="../shared/upstream is missing")

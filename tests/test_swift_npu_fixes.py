@@ -24,10 +24,11 @@ from types import SimpleNamespace
 import pytest
 from upstream_helpers import MINDSPEED, find_shared_upstream, git_env, mirror
 
-from trainbox.kinds import Pin, fetch, pin_from_component
-from trainbox.patches import applier, load_series
-from trainbox.sources import unpack
-from trainbox.stack import load_stack
+from trainbox.supply.fetch import fetch, pin_from_component
+from trainbox.supply.pins import Pin
+from trainbox.supply.patches import applier, load_series
+from trainbox.supply.sources import unpack
+from trainbox.specs.stack import load_stack
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.network,  # PyPI: the ms-swift sdist, the mcore-bridge and megatron-core wheels
