@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from trainbox.spec import kinds
-from trainbox.spec.kinds import KINDS, PinnedComponent, PlatformPinView, StackView
+from trainbox.specs import kinds
+from trainbox.specs.kinds import KINDS, PinnedComponent, PlatformPinView, StackView
 from trainbox.paths import STACKS_DIR
-from trainbox.build.render import render_stack
+from trainbox.image.render import render_stack
 from trainbox.runtime.errors import TrainboxError
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 
 SHA = "c" * 64
 COMMIT = "d0d5809d4323eb908f89e87958de254465eb57b4"
@@ -155,8 +155,8 @@ def test_a_pypi_sdist_that_needs_a_toolkit_is_built_in_its_own_step_after_the_pi
 
 @pytest.mark.parametrize("component, toolkit", [(KERNELS, "cann-toolkit"), (TE_SDIST, "cuda-toolkit")])
 def test_on_a_substitute_base_a_component_that_needs_a_toolkit_is_left_out_and_named(tmp_path, component, toolkit):
-    from trainbox.build.plan import render_for
-    from trainbox.build.plan import BuildBase
+    from trainbox.image.plan import render_for
+    from trainbox.image.plan import BuildBase
 
     stack = load_stack(stack_with(tmp_path, component))
     r = render_for(stack, BuildBase(requested=stack.base.image, used="local/debian:bookworm",
@@ -168,8 +168,8 @@ def test_on_a_substitute_base_a_component_that_needs_a_toolkit_is_left_out_and_n
 
 
 def test_the_cuda_stack_builds_transformer_engines_pytorch_binding_and_a_substitute_leaves_it_out():
-    from trainbox.build.plan import render_for
-    from trainbox.build.plan import BuildBase
+    from trainbox.image.plan import render_for
+    from trainbox.image.plan import BuildBase
 
     stack = load_stack("cuda")
     run = _run_of(render_stack(stack).dockerfile, "transformer-engine-torch")

@@ -82,7 +82,7 @@ def _lock_state(stack) -> str:
 
 def cmd_list(args) -> int:
     from ..runtime.errors import TrainboxError
-    from ..spec.stack import list_stacks, load_stack
+    from ..specs.stack import list_stacks, load_stack
 
     rows, failed = [], False
     for name in list_stacks():
@@ -104,9 +104,9 @@ def cmd_list(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from ..spec.findings import Review, exit_status
+    from ..specs.findings import Review, exit_status
     from ..runtime.errors import TrainboxError
-    from ..spec.stack import list_stacks, load_stack, stack_path
+    from ..specs.stack import list_stacks, load_stack, stack_path
 
     names = args.stacks or list_stacks()
     for name in names:
@@ -197,7 +197,7 @@ def _rows(stack):
 
 
 def cmd_show(args) -> int:
-    from ..spec.stack import load_stack
+    from ..specs.stack import load_stack
 
     stack = load_stack(args.stack)
     rows = _rows(stack)
@@ -219,8 +219,8 @@ def cmd_show(args) -> int:
 def cmd_diff(args) -> int:
     import json
 
-    from ..spec.stack import load_stack
-    from ..spec.stackdiff import diff_stacks
+    from ..specs.stack import load_stack
+    from ..specs.stackdiff import diff_stacks
 
     a, b = load_stack(args.a), load_stack(args.b)
     changes = diff_stacks(a, b)
@@ -245,10 +245,10 @@ def cmd_diff(args) -> int:
 def cmd_lock(args) -> int:
     from pathlib import Path
 
-    from ..spec.findings import LOCK_RULES, Review, exit_status
+    from ..specs.findings import LOCK_RULES, Review, exit_status
     from ..supply import lock as lockmod
     from ..supply.lock import lock_plan, lock_stack, write_lock
-    from ..spec.stack import list_stacks
+    from ..specs.stack import list_stacks
 
     if args.all and args.stacks:
         args._cmd_parser.error("give stack names or --all, not both")
@@ -307,7 +307,7 @@ def cmd_lock(args) -> int:
 
 
 def cmd_rules(args) -> int:
-    from ..spec.rules import RULES
+    from ..specs.rules import RULES
 
     if args.json:
         emit_json({"rules": [{"id": r.id, "explanation": r.explanation} for r in RULES]})

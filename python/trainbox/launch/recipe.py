@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..runtime.errors import TrainboxError
 from ..paths import LAUNCHERS_DIR
-from ..spec.grammar import ENV_NAME_RE, MAX_DEVICES_PER_NODE, MAX_NODES, check_name, check_text
-from ..spec.documents import MAX_EXTENDS_DEPTH, extends_too_deep, format_validation, merge, named_file, read_yaml
+from ..specs.grammar import ENV_NAME_RE, MAX_DEVICES_PER_NODE, MAX_NODES, check_name, check_text
+from ..specs.documents import MAX_EXTENDS_DEPTH, extends_too_deep, format_validation, merge, named_file, read_yaml
 from .ports import RUN_BASES
 
 RECIPES_DIR = LAUNCHERS_DIR / "recipes"
@@ -144,7 +144,7 @@ class Code(_Strict):
 
     @property
     def image_path(self) -> str:
-        from ..spec.kinds import TREE_ROOT
+        from ..specs.kinds import TREE_ROOT
 
         return f"{TREE_ROOT}/{self.component}"
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..build.engine import Client
+from ..image.engine import Client
 from .recipe import Recipe, all_inputs, list_recipes, load_recipe
 from ..runtime.errors import TrainboxError
 from .docker import JOB_SCRIPT_IN_IMAGE, jobs_dir, mount_arg, run_args, write_job_script
@@ -350,7 +350,7 @@ def prune_runs(recipe: str, keep: int = KEEP_RUNS) -> None:
 
 
 def run_trial(plan: TrialPlan, say, verbose: bool = False) -> dict:
-    from ..build.engine import find_client
+    from ..image.engine import find_client
 
     client = find_client()
     if not client.image_exists(plan.image):

@@ -92,7 +92,7 @@ def overlay_of(recipe: Recipe) -> Overlay:
     try:
         ov = Overlay.model_validate(raw)
     except ValidationError as exc:
-        from ..spec.documents import format_validation
+        from ..specs.documents import format_validation
 
         raise RecipeError(format_validation(Path(str(where)), exc).replace(": ", ": trial.", 1)) from None
     if ov.code and not recipe.code:

@@ -8,7 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
-from ..build import base
+from ..image import base
 from .findings import classify_doctor
 from .model import (DRY_RUN_PLACEHOLDERS, FAIL, NOT_CHECKED, PASS, SKIPPED, XFAIL, XPASS, StackResult, StepResult,
                     describe_expected, expected_failure)
@@ -118,7 +118,7 @@ class ImageSteps:
 
     def step_doctor(self, sr: StackResult) -> StepResult:
         log = self._log(sr.stack, "doctor")
-        from ..build.engine import find_client
+        from ..image.engine import find_client
 
         docker = find_client().docker
         # With the shared memory a job gets, but no network, no accelerator and the engine's default memlock

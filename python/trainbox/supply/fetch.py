@@ -18,10 +18,10 @@ from typing import Callable, Iterable
 
 from ..paths import PATCHES_DIR
 from ..runtime.errors import TrainboxError
-from ..spec.component import Component
-from ..spec.kinds import kind_of
-from ..spec.platforms import PLATFORM_MACHINE, PLATFORM_RE, host_platform
-from ..spec.stack import Stack, list_stacks, load_stack
+from ..specs.component import Component
+from ..specs.kinds import kind_of
+from ..specs.platforms import PLATFORM_MACHINE, PLATFORM_RE, host_platform
+from ..specs.stack import Stack, list_stacks, load_stack
 from .pins import DEFAULT_INDEX, Fetched, Pin
 from .sources import SourceError, fetch_git, fetch_pypi, fetch_url, index_url, tree_id, unpack, verified_tree_id
 
@@ -192,7 +192,7 @@ def pin_from_component(comp: Component | Pin, stack: Stack | None = None, platfo
     )
 
 
-#: How each `source:` is fetched (its kind in trainbox.spec.kinds names the same three).
+#: How each `source:` is fetched (its kind in trainbox.specs.kinds names the same three).
 _FETCHERS: dict[str, Callable[..., Fetched]] = {
     "pypi": lambda pin, prefer, offline, cache_dir: fetch_pypi(pin, prefer, offline, cache_dir),
     "url": lambda pin, prefer, offline, cache_dir: fetch_url(pin, offline, cache_dir),

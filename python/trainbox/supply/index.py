@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from ..spec.dists import canon, parse_dist, wheel_tags
+from ..specs.dists import canon, parse_dist, wheel_tags
 from ..runtime.errors import TrainboxError
-from ..spec.platforms import PLATFORM_MACHINE
+from ..specs.platforms import PLATFORM_MACHINE
 
 ACCEPT = "application/vnd.pypi.simple.v1+json"
 

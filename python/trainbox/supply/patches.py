@@ -197,7 +197,7 @@ def verify_pin(
 
 def _stack_targets(stack_names: list[str] | None, component: str | None,
                    sets: dict[str, str] | None = None) -> list[tuple[str, Pin, str]]:
-    from ..spec.stack import list_stacks, load_stack
+    from ..specs.stack import list_stacks, load_stack
 
     if sets and not stack_names:
         raise PatchSeriesError("--set moves a pin in one stack: name it (`trainbox patches verify STACK --set ...`)")

@@ -27,8 +27,8 @@ import zipfile
 from pathlib import Path
 from typing import Iterable
 
-from ..spec.kinds import COMMIT_RE
-from ..spec.dists import is_dist_of, sha256_file, wheel_tags
+from ..specs.kinds import COMMIT_RE
+from ..specs.dists import is_dist_of, sha256_file, wheel_tags
 from ..runtime.errors import TrainboxError
 from ..runtime.unpack import MemberRefused, extract_tar, extract_zip
 from .gitobjects import ObjectError, tree_of, verify_tree

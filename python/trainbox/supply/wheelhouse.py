@@ -13,9 +13,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..spec.dists import DIST_SUFFIXES, canon, dist_key, norm_version, sha256_file
+from ..specs.dists import DIST_SUFFIXES, canon, dist_key, norm_version, sha256_file
 from ..runtime.errors import TrainboxError
-from ..spec.stack import Stack
+from ..specs.stack import Stack
 from .fetch import pin_from_component
 from .pins import Pin
 

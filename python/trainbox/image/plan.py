@@ -3,7 +3,7 @@
 `make_plan` is pure: from a loaded stack, the chosen base and the build options it computes the build
 context's files, their content hash, the tags, labels, the BuildKit arguments, the secrets, and where each
 pinned artifact will come from. It reads files and asks nothing of an engine or an index, so `--dry-run`
-prints it offline. `stage` writes the context a plan names; trainbox.build.run executes it.
+prints it offline. `stage` writes the context a plan names; trainbox.image.run executes it.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Iterator
 
 from ..paths import CACHE_DIR, REPO_ROOT
-from ..spec.findings import Reported
-from ..spec.platforms import tag_suffix
-from ..spec.stack import Stack
+from ..specs.findings import Reported
+from ..specs.platforms import tag_suffix
+from ..specs.stack import Stack
 from .engine import Client
 from .render import RenderedStack, render_stack
 from .sbom import source_date_epoch
 from ..supply.wheelhouse import WheelFile, fetch_plan, wheelhouse_notes
 
-SCHEMA = "trainbox.build-plan/1"
+SCHEMA = "trainbox.image-plan/1"
 #: Top-level parts of the checkout that go into every build context (the rendered files come on top). Only what
 #: the Dockerfiles may use (.dockerignore lets nothing else through): the content hash covers exactly these, so an
 #: edit to the README does not make a new image tag.

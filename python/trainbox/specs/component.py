@@ -1,7 +1,7 @@
 """A stack file's parts below the stack itself: its `base:` section and its components; and the lock file beside
 it, NAME.lock, whose entries are those components' pins (host module).
 
-trainbox.spec.stack composes them into a Stack; a component's kind (trainbox.spec.kinds) says how it is fetched and installed.
+trainbox.specs.stack composes them into a Stack; a component's kind (trainbox.specs.kinds) says how it is fetched and installed.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class StrictModel(BaseModel):
 
 class BaseSpec(StrictModel):
     """A stack file's `base:` section (what the stack asks for). The base a build really used is
-    build.plan.BuildBase; trainbox.build.base makes and probes base images; `trainbox base` is their command."""
+    build.plan.BuildBase; trainbox.image.base makes and probes base images; `trainbox base` is their command."""
 
     image: str = Field(description="FROM image, with tag")
     # How to get the Python that wheels go into. "image": the base already ships it first on PATH (CANN bases);
@@ -89,7 +89,7 @@ ToolkitName = Literal[tuple(sorted(TOOLKITS))]  # type: ignore[valid-type]
 class Component(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    source: str  # a kind in trainbox.spec.kinds.KINDS
+    source: str  # a kind in trainbox.specs.kinds.KINDS
     name: str | None = None  # distribution name (pypi), defaults to the key
     version: str | None = None  # pypi: the pin; git with install: pip: the version the built wheel must have
     index: str = "pypi"
@@ -239,7 +239,7 @@ class Component(StrictModel):
 # A lock is machine-written (`trainbox stack lock`), but it is a file in the tree like the stack beside it, and its
 # values end up in the generated requirement files pip installs from as root: a newline in a sha256 added an
 # `evilpkg @ http://...` line, a version `1.0; touch /x` or `>=1` and a dep name with spaces or options went
-# through as written. So a lock gets the stack files' grammar (trainbox.spec.grammar), checked when it is loaded: a
+# through as written. So a lock gets the stack files' grammar (trainbox.specs.grammar), checked when it is loaded: a
 # value outside it is refused in one line naming the file and key path.
 #
 # An entry in the grammar can still be one the resolver never produced (a `deps:` package added by hand). The lock

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..spec import grammar
+from ..specs import grammar
 from .engine import Client, EngineError, find_client, registry_reachable
-from ..spec.platforms import (EMULATE_HINT, PLATFORM_ARCH, emulation_problem, host_platform, local_base_for,
+from ..specs.platforms import (EMULATE_HINT, PLATFORM_ARCH, emulation_problem, host_platform, local_base_for,
                         platform_of, tag_suffix)
 from ..runtime.errors import TrainboxError
 from ..runtime.redact import redact
-from ..spec.stack import Stack
+from ..specs.stack import Stack
 
 DEFAULT_TAG = "local/debian:bookworm"
 LOCAL_REPO = "local/debian:"  # the repository of every base `trainbox base bootstrap` makes (any suite, platform)

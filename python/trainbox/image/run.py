@@ -1,7 +1,7 @@
 """Running a build plan through the engine client, and its report (host module).
 
 `run` stages the plan's context, answers from the content-hash tag when the image exists, otherwise runs
-BuildKit through trainbox.build.engine, then writes the build report (steps in Dockerfile order, cached/rebuilt
+BuildKit through trainbox.image.engine, then writes the build report (steps in Dockerfile order, cached/rebuilt
 counts, image id, size, layers) and prints a one-line summary.
 """
 
@@ -128,7 +128,7 @@ def replaced(client: Client, plan: BuildPlan, before: dict, new_id: str, say) ->
 
 
 def bake_cann_env(plan: BuildPlan, client: Client, say) -> dict:
-    """NPU images: the CANN environment the build recorded, baked as ENV (trainbox.build.cann_bake)."""
+    """NPU images: the CANN environment the build recorded, baked as ENV (trainbox.image.cann_bake)."""
     if plan.stack.device != "npu":
         return {}
     try:
@@ -138,7 +138,7 @@ def bake_cann_env(plan: BuildPlan, client: Client, say) -> dict:
 
 
 def add_sbom(plan: BuildPlan, client: Client, report_path: Path, say) -> dict:
-    """The image's SBOM (trainbox.build.sbom), written into it as its last layer and beside the report."""
+    """The image's SBOM (trainbox.image.sbom), written into it as its last layer and beside the report."""
     try:
         return sbom_for_plan(plan, client, report_path, say)
     except TrainboxError as exc:  # EngineError included

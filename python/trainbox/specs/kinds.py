@@ -44,7 +44,7 @@ def _hash_suffix(shas: Sequence[str]) -> str:
     return " ".join(f"--hash=sha256:{h}" for h in shas)
 
 
-# What a kind reads of a component and its stack, named here because the model (trainbox.spec.component, .stack)
+# What a kind reads of a component and its stack, named here because the model (trainbox.specs.component, .stack)
 # imports the kinds: component.Component and stack.Stack satisfy these (tests/test_kinds.py checks it), and a
 # kind reads nothing else of them.
 

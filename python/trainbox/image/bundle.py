@@ -33,7 +33,7 @@ from typing import Callable
 import yaml
 
 from ..runtime.errors import TrainboxError
-from ..spec.stack import Stack
+from ..specs.stack import Stack
 from ..supply.pins import Pin
 
 SCHEMA = "trainbox.bundle/1"
@@ -44,7 +44,7 @@ class BundleError(TrainboxError):
 
 
 def _sha256(path: Path) -> str:
-    from ..spec.dists import sha256_file
+    from ..specs.dists import sha256_file
 
     return sha256_file(path)
 
@@ -92,10 +92,10 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
                  say=print) -> dict:
     from ..supply.fetch import fetch_sources
     from ..supply.index import IndexUnreachable
-    from ..spec.platforms import host_platform
+    from ..specs.platforms import host_platform
     from .render import render_stack
     from ..supply.fetch import fetch
-    from ..spec.stack import load_stack, merged_yaml, stack_path
+    from ..specs.stack import load_stack, merged_yaml, stack_path
 
     _check_output(Path(out))
     stack = load_stack(stack_name)

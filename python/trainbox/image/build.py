@@ -1,10 +1,10 @@
 """`trainbox image build`: a stack's image, planned then built with BuildKit (host module).
 
 The flow, one direction: check the input (stack with --set / --base, platform, CA bundle, wheelhouse) in
-milliseconds; choose the base (trainbox.build.base: the cpu stack falls back to a debootstrapped Debian); pin what
---set moved (trainbox.supply.lock); check the indexes against the wheelhouse; make the plan (trainbox.build.plan:
+milliseconds; choose the base (trainbox.image.base: the cpu stack falls back to a debootstrapped Debian); pin what
+--set moved (trainbox.supply.lock); check the indexes against the wheelhouse; make the plan (trainbox.image.plan:
 rendered files, content hash, tags, argv, secrets, what is fetched from where); then either print it
-(--dry-run: no engine, no index needed) or run it (trainbox.build.run: stage, skip when the tag exists, build,
+(--dry-run: no engine, no index needed) or run it (trainbox.image.run: stage, skip when the tag exists, build,
 report). Each step that resolves more returns a new stack: the one loaded is only read.
 """
 
@@ -27,15 +27,15 @@ from . import run as buildrun
 from .base import bootstrap, native_twin, resolve_base, suite_of
 from .plan import BuildBase, BuildPlan, PlanInputs, STOP, format_plan, make_plan, stage, tree_files
 from .run import BuildOutcome
-from ..spec.dists import canon, dist_key, norm_version
+from ..specs.dists import canon, dist_key, norm_version
 from .engine import Client, EngineError, find_client
 from ..supply.index import ca_bundle, ssl_context
 from ..supply.lock import lock_overrides
 from ..paths import REPO_ROOT
-from ..spec.platforms import EMULATE_HINT, emulation_problem, host_platform, tag_suffix
+from ..specs.platforms import EMULATE_HINT, emulation_problem, host_platform, tag_suffix
 from ..runtime.errors import TrainboxError
-from ..spec.findings import Reported
-from ..spec.stack import Stack
+from ..specs.findings import Reported
+from ..specs.stack import Stack
 from ..supply.pins import Pin
 from ..supply.wheelhouse import check_wheelhouse, pins_for, read_wheelhouse
 
@@ -203,7 +203,7 @@ def _client(dry_run: bool, say: Callable[[str], None]) -> Client | None:
 
 def _check_inputs(opts: BuildOptions) -> tuple[Stack, PlanInputs]:
     """Everything that can be wrong with the input, checked in milliseconds before anything slow."""
-    from ..spec.stack import load_stack
+    from ..specs.stack import load_stack
 
     stack = load_stack(opts.stack, sets=opts.sets or None, base=opts.base)
     # its checked wheelhouse and sources stand in for every index and git host; opened once (the inputs are
@@ -269,7 +269,7 @@ def _findings(stack: Stack, plat: str) -> list[Reported]:
     dry run alike) before anything slow; the warnings become plan notes. The lock's state is never a refusal here:
     pins --set moved get their hashes and closure before the build (trainbox.supply.lock.lock_overrides), and without
     --set a stale lock only leaves the dependency closure to the build's resolver, as the plan's fetch list says."""
-    from ..spec.findings import LOCK_RULES, Review, refuse_errors
+    from ..specs.findings import LOCK_RULES, Review, refuse_errors
 
     found = [r for r in Review(skip=LOCK_RULES if stack.overrides else ()).stack(stack)
              if not r.finding.platforms or plat in r.finding.platforms]

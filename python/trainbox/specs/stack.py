@@ -5,7 +5,7 @@ how to fix it; unknown keys are rejected so that a typo cannot silently drop a p
 
 The models' fields are exactly what a stack file may say. What loading and a build work out for it (the file it
 came from, --set/--base overrides, the lock and the hashes it gives each pin, indexes a build dropped) is a
-`Resolution` beside the fields (trainbox.spec.resolution): a stack file cannot set it, and a resolved stack is frozen,
+`Resolution` beside the fields (trainbox.specs.resolution): a stack file cannot set it, and a resolved stack is frozen,
 so each step that resolves more returns a new stack instead of changing the one it was given. A stack without a
 lock of its own uses its parent's for every pin it does not change (`with_parent_lock`).
 """

@@ -65,7 +65,7 @@ def requirement_hashes(texts: list[str], platform: str | None = None,
     Without a platform the markers are evaluated for this host."""
     from packaging.markers import InvalidMarker, Marker
 
-    from ..spec.platforms import PLATFORM_MACHINE
+    from ..specs.platforms import PLATFORM_MACHINE
 
     env = {"platform_machine": PLATFORM_MACHINE[platform]} if platform in PLATFORM_MACHINE else {}
     if python:
