@@ -79,7 +79,7 @@ def plain_pip_install(stack_name: str, wheelhouse: str | None, sets: dict[str, s
 
     stack = load_stack(stack_name, sets=sets)
     texts = limit_requirements(stack_name, sets, plan)
-    indexes = [u for u in stack.indexes.values() if image_build._url_answers(u, 6.0)[0]] or ["https://pypi.org/simple"]
+    indexes = [u for u in stack.indexes.values() if image_build.url_answers(u, 6.0)[0]] or ["https://pypi.org/simple"]
     with tempfile.TemporaryDirectory(prefix="trainbox-bench-pip-") as tmp:
         req, deps = Path(tmp, "requirements.txt"), Path(tmp, "deps.txt")
         req.write_bytes(texts[0])

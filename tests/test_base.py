@@ -200,7 +200,7 @@ def test_npu_base_unreachable_fails_fast_with_hint(capsys, monkeypatch):
     monkeypatch.setattr(base, "find_client", lambda: StubClient())
     monkeypatch.setattr(engine, "registry_reachable", lambda ref, timeout=8.0: (False, "stand-in: no route"))
     monkeypatch.setattr(base, "registry_reachable", lambda ref, timeout=8.0: (False, "stand-in: no route"))
-    monkeypatch.setattr(image_build, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
+    monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None: (True, ""))
     from trainbox.image import run as buildrun
     from hangguard import no_connection
 

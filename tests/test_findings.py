@@ -228,7 +228,7 @@ def test_the_dry_run_hashes_a_moved_pin_as_the_build_does(tmp_path, monkeypatch)
                  "hashes": {"sha256": sha}}]
 
     monkeypatch.setattr(lockmod, "project_files", index_stand_in)
-    monkeypatch.setattr(image_build, "_url_answers", lambda *a, **k: (True, ""))  # the index probes: answered
+    monkeypatch.setattr(image_build, "url_answers", lambda *a, **k: (True, ""))  # the index probes: answered
     monkeypatch.setattr(lockmod, "_pip_resolve", lambda *a, **k: {})  # the build's closure: not asked here
     torch = "6746dbcbeb526eb61330b76b41ff1b4eb848951103a892eeb080dfa2b264667b"  # cpu.yaml's torch 2.13.0+cpu
     sets = {"torch.version": "2.13.0+cpu", "torch.sha256": torch, "torch-npu.version": "2.13.0",

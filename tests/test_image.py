@@ -144,7 +144,7 @@ def test_unsupported_platform(capsys, no_engine):
 
 def test_no_engine(capsys, no_engine, monkeypatch):
     # valid input, every index answers (stand-in probe); only the engine is missing
-    monkeypatch.setattr(image_build, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
+    monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None: (True, ""))
     rc, err = _cli(capsys, "image", "build", "cpu")
     assert rc == 2
     assert "no Docker engine answers" in err and "ci/ensure-docker.sh" in err
@@ -179,7 +179,7 @@ def answering_engine(monkeypatch):
 
 def test_unreachable_index_without_wheelhouse(capsys, answering_engine, monkeypatch):
     # the index serving the CPU torch does not answer (as on these machines, or forced here)
-    monkeypatch.setattr(image_build, "_url_answers",
+    monkeypatch.setattr(image_build, "url_answers",
                         lambda url, timeout, cafile=None: (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
     from trainbox.supply import pipconfig
 
@@ -338,7 +338,7 @@ def test_dry_run_prints_plan_and_a_command_that_runs_as_is(capsys, monkeypatch, 
     monkeypatch.setattr(engine, "_CLIENT", None)
     monkeypatch.setattr(image_build, "REPORTS_DIR", tmp_path / "reports")
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
-    monkeypatch.setattr(image_build, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
+    monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None: (True, ""))
     rc = main(["image", "build", "cpu", "--base", "local/debian:bookworm", "--dry-run",
                "--pip-index-url", "https://user:pw@mirror.example/simple", "--platform", "linux/amd64"])
     out, err = capsys.readouterr()
@@ -374,7 +374,7 @@ def test_dry_run_offline_without_an_engine(capsys, monkeypatch, tmp_path, engine
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(engine, "_CLIENT", None)
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
-    monkeypatch.setattr(image_build, "_url_answers", lambda url, timeout, cafile=None: (False, "stand-in: offline"))
+    monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None: (False, "stand-in: offline"))
     from trainbox.supply import pipconfig
 
     monkeypatch.setattr(pipconfig, "pip_config", pipconfig.PipConfig)  # a host whose pip has no wheel directory
@@ -477,7 +477,7 @@ def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheel
 
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.setattr(lockmod, "CACHE_DIR", tmp_path / "cache")  # no override lock remembered: resolved afresh
-    monkeypatch.setattr(image_build, "_url_answers", lambda url, timeout, cafile=None:
+    monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None:
                         (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
     _fake_wheel(wheelhouse, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
     numpy_sha = _fake_wheel(wheelhouse, "numpy-2.3.4-cp311-cp311-manylinux_2_27_x86_64.whl", b"stand-in numpy")
@@ -517,7 +517,7 @@ def test_dry_run_names_what_a_wheelhouse_lacks(tmp_path):
 
 def test_json_of_a_real_build_is_its_report_and_nothing_on_failure(capsys, no_engine, monkeypatch):
     # issue 15: --json on image build, dry run or not (a real build prints its report: tests/test_cli_docker.py)
-    monkeypatch.setattr(image_build, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
+    monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None: (True, ""))
     assert main(["image", "build", "cpu", "--json"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "no Docker engine answers" in err  # no half a JSON document on stdout

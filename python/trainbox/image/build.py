@@ -81,7 +81,7 @@ def probe_indexes(indexes: dict[str, str], pool: ThreadPoolExecutor, timeout: fl
                   cafile: str | None = None) -> dict[str, Future]:
     """Each HTTP(S) index asked at once, in `pool`: {name: future of (answers, why not)}. Started before the
     base is resolved, so the round trips overlap the engine calls instead of adding to them."""
-    return {name: pool.submit(_url_answers, url, timeout, cafile)
+    return {name: pool.submit(url_answers, url, timeout, cafile)
             for name, url in indexes.items() if url.startswith(("http://", "https://"))}
 
 
@@ -115,7 +115,7 @@ def check_indexes(pins: list[Pin], served: list[Pin], indexes: dict[str, str],
     return down
 
 
-def _url_answers(url: str, timeout: float, cafile: str | None = None) -> tuple[bool, str]:
+def url_answers(url: str, timeout: float, cafile: str | None = None) -> tuple[bool, str]:
     import urllib.error
     import urllib.request
 
