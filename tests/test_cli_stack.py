@@ -13,7 +13,7 @@ import yaml
 from trainbox.supply import lock as lockmod
 from trainbox.cli import main
 from trainbox.paths import STACKS_DIR
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 
 
 @pytest.fixture
@@ -159,7 +159,7 @@ def test_lock_check_against_pypi_covers_the_dependants(capsys):
     """The real index (PEP 691): the shipped locks are current, and a derived stack is checked with its parent."""
     rc = main(["stack", "lock", "npu-910b", "--check", "--no-deps", "--json"])
     doc = json.loads(capsys.readouterr().out)
-    from trainbox.spec.stack import dependants
+    from trainbox.specs.stack import dependants
 
     # the parent first, then every stack that extends it (directly or through others), parents before children
     assert [s["stack"] for s in doc["stacks"]] == ["npu-910b", *dependants("npu-910b")]
@@ -169,7 +169,7 @@ def test_lock_check_against_pypi_covers_the_dependants(capsys):
 
 def test_patches_edit_names_a_stale_lock_instead_of_two_identical_pins(stacks, monkeypatch, capsys):
     """Issue 15, item 3: after locking only the parent, `patches edit` met two pins that printed the same."""
-    import trainbox.spec.stack as stackmod
+    import trainbox.specs.stack as stackmod
     from trainbox.supply.patches import PatchSeriesError, resolve_component
 
     monkeypatch.setattr(lockmod, "lock_stack", offline_lock)
@@ -187,8 +187,8 @@ def test_patches_edit_names_a_stale_lock_instead_of_two_identical_pins(stacks, m
 def test_a_build_that_drops_an_unreachable_index_keeps_its_lock():
     """image build drops an index that does not answer (its pins come from the wheelhouse); the lock was computed
     against that index, so the dependency closure stays locked (and the online and --bundle tags agree)."""
-    from trainbox.build import render
-    from trainbox.spec.stack import load_stack
+    from trainbox.image import render
+    from trainbox.specs.stack import load_stack
 
     s = load_stack("cpu")
     assert render.render_stack(s).manifest["deps_locked"]

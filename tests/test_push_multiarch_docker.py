@@ -52,7 +52,7 @@ def two_builds(tmp_path, monkeypatch):
 
 def test_push_platforms_publishes_one_manifest_list(registry, two_builds):
     from trainbox.launch.images import pinned
-    from trainbox.build.push import push_platforms
+    from trainbox.image.push import push_platforms
 
     stack, (amd_tag, arm_tag), reports = two_builds
     client = dh.docker_client()

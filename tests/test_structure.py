@@ -15,7 +15,7 @@ MAX_FUNCTION_LINES = 80
 # one fails.
 KNOWN_LONG: set[str] = set()
 #: stage packages whose modules the module map lists one by one
-STAGE_ROWS = ("spec", "supply", "build")
+STAGE_ROWS = ("specs", "supply", "image")
 
 
 def _product_modules() -> list[Path]:

@@ -82,7 +82,7 @@ def _lock_state(stack) -> str:
 
 def cmd_list(args) -> int:
     from ..runtime.errors import TrainboxError
-    from ..spec.stack import list_stacks, load_stack
+    from ..specs.stack import list_stacks, load_stack
 
     rows, failed = [], False
     for name in list_stacks():
@@ -104,7 +104,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from ..spec.findings import exit_status, validate
+    from ..specs.findings import exit_status, validate
 
     result = validate(args.stacks, strict=args.strict)
     if args.json:
@@ -165,7 +165,7 @@ def _rows(stack):
 
 
 def cmd_show(args) -> int:
-    from ..spec.stack import load_stack
+    from ..specs.stack import load_stack
 
     stack = load_stack(args.stack)
     rows = _rows(stack)
@@ -187,8 +187,8 @@ def cmd_show(args) -> int:
 def cmd_diff(args) -> int:
     import json
 
-    from ..spec.stack import load_stack
-    from ..spec.stackdiff import diff_stacks
+    from ..specs.stack import load_stack
+    from ..specs.stackdiff import diff_stacks
 
     a, b = load_stack(args.a), load_stack(args.b)
     changes = diff_stacks(a, b)
@@ -213,8 +213,8 @@ def cmd_diff(args) -> int:
 def cmd_lock(args) -> int:
     from pathlib import Path
 
-    from ..spec.findings import exit_status
-    from ..spec.stack import list_stacks
+    from ..specs.findings import exit_status
+    from ..specs.stack import list_stacks
     from ..supply.lockrun import lock_stacks
 
     if args.all and args.stacks:
@@ -259,7 +259,7 @@ def cmd_lock(args) -> int:
 
 
 def cmd_rules(args) -> int:
-    from ..spec.rules import RULES
+    from ..specs.rules import RULES
 
     if args.json:
         emit_json({"rules": [{"id": r.id, "explanation": r.explanation} for r in RULES]})

@@ -16,11 +16,11 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from ..spec import grammar
+from ..specs import grammar
 from .recipe import VISIBLE_DEVICES_VARS, Input, Recipe, all_inputs, check_value, load_recipe, refs
 from ..runtime.errors import TrainboxError
 from .ports import RUN_BASES, STRIDE
-from ..spec.sets import parse_assignments
+from ..specs.sets import parse_assignments
 
 # Host paths a bind mount must not cover inside the container.
 _PROTECTED_TARGETS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
@@ -43,7 +43,7 @@ class StackInfo:
 
 
 def load_stack_info(name: str) -> StackInfo:
-    from ..spec.stack import load_stack
+    from ..specs.stack import load_stack
 
     stack = load_stack(name)
     base = getattr(stack, "base", None)
@@ -86,7 +86,7 @@ def split_sets(recipe: Recipe, stack: StackInfo, sets: dict[str, str],
 
 
 def parse_devices(spec: str) -> list[int]:
-    """'0-3' / '0,2,4-5' -> sorted card numbers (bounded and checked by trainbox.spec.grammar)."""
+    """'0-3' / '0,2,4-5' -> sorted card numbers (bounded and checked by trainbox.specs.grammar)."""
     try:
         return grammar.parse_devices(spec)
     except ValueError as exc:

@@ -248,7 +248,7 @@ def entrypoint_free_env(job: Job, env: dict[str, str]) -> dict[str, str]:
     entrypoint (ray.io/overwrite-container-cmd), but KubeRay < 1.1 ignores that annotation and starts
     `/bin/bash -c -- ... ray start` itself (ray-operator common/pod.go BuildPod): there the stack's defaults,
     the CPU-mode rule (computed by the entrypoint's own code) and the raylets' NOSET flags still hold, and the
-    CANN environment comes from the image's ENV, which `trainbox image build` bakes (trainbox.build.cann_bake)."""
+    CANN environment comes from the image's ENV, which `trainbox image build` bakes (trainbox.image.cann_bake)."""
     from ..runtime.entrypoint import apply_defaults
 
     added = dict(env)

@@ -152,9 +152,9 @@ def check_args(name: str, opts: CheckOptions) -> dict:
 def require_image(image: str, stack, given: bool) -> None:
     """The checks run in the recipe's image: where the engine lacks it, say which image and the command that
     makes it (a docker run of a missing image would only say "See 'docker run --help'")."""
-    from ..build.base import cpu_host_profile, profile_names
-    from ..build.engine import find_client
-    from ..build.inventory import built_images
+    from ..image.base import cpu_host_profile, profile_names
+    from ..image.engine import find_client
+    from ..image.inventory import built_images
 
     client = find_client()
     if client.image_exists(image):

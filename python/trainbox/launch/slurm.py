@@ -54,7 +54,7 @@ def enroot_image(image: str) -> str:
     enroot 3.x reads REG/IMAGE:TAG as a Docker Hub image named REG/IMAGE (and refuses a REG:PORT), enroot >= 4.0
     takes either form, and a digest (IMAGE@sha256:...) from 4.0 on. A Docker Hub name, a '#' form or a
     squashfs path (/...) is left as it is."""
-    from ..build.engine import registry_of
+    from ..image.engine import registry_of
 
     if "#" in image or image.startswith("/"):
         return image

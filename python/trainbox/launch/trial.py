@@ -22,12 +22,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..image.engine import Client
 from .recipe import Input, list_recipes, load_recipe
 from ..runtime.errors import TrainboxError
 from .docker import JOB_SCRIPT_IN_IMAGE, jobs_dir, mount_arg, run_args, write_job_script
@@ -201,7 +201,7 @@ def docker_argv(plan: TrialPlan, site: str, docker: str) -> list[str]:
             plan.image, "bash", JOB_SCRIPT_IN_IMAGE]
 
 
-def _in_image(client, image: str, *cmd: str, mounts: list[str] = (), timeout: float = 600,
+def _in_image(client: Client, image: str, *cmd: str, mounts: list[str] = (), timeout: float = 600,
               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     from ..paths import REPO_ROOT
 
@@ -215,7 +215,7 @@ def _in_image(client, image: str, *cmd: str, mounts: list[str] = (), timeout: fl
     return client.run(*args, image, *cmd, timeout=timeout, check=False)
 
 
-def site_dir(client, image: str) -> str:
+def site_dir(client: Client, image: str) -> str:
     """The image's site-packages (where the monitor's .pth goes), asked once per image id."""
     iid = (client.image_id(image) or image).replace("sha256:", "")[:16]
     cache = trial_root() / "site" / iid
@@ -232,7 +232,7 @@ def site_dir(client, image: str) -> str:
     return site[0]
 
 
-def copy_code(plan: TrialPlan, client, say) -> list[str]:
+def copy_code(plan: TrialPlan, client: Client, say) -> list[str]:
     """The image's tree of the workload, copied into the run's directory, with the overlay's edits."""
     from .trialplan import edit_code
 
@@ -251,7 +251,7 @@ def copy_code(plan: TrialPlan, client, say) -> list[str]:
     return edits
 
 
-def make_artifacts(plan: TrialPlan, client, say) -> bool:
+def make_artifacts(plan: TrialPlan, client: Client, say) -> bool:
     """Make the overlay's artifacts in the image once (cached by content hash); True when made now."""
     if not plan.spec or (plan.artifacts / "made.json").is_file():
         return False
@@ -310,7 +310,7 @@ def run_job(plan: TrialPlan, docker: str, say, verbose: bool = False) -> tuple[i
     return proc.returncode, "".join(lines), timed_out, time.monotonic() - t0
 
 
-def verify(plan: TrialPlan, client) -> list[dict]:
+def verify(plan: TrialPlan, client: Client) -> list[dict]:
     """The overlay's checks after a pass, in the image, with the run's directory and artifacts mounted."""
     rows = []
     values = _values(plan.job)
@@ -351,7 +351,7 @@ def prune_runs(recipe: str, keep: int = KEEP_RUNS) -> None:
 
 
 def run_trial(plan: TrialPlan, say, verbose: bool = False) -> dict:
-    from ..build.engine import find_client
+    from ..image.engine import find_client
 
     client = find_client()
     if not client.image_exists(plan.image):

@@ -33,7 +33,7 @@ EXPECTED_ON_SUBSTITUTE: dict[str, tuple[str, ...]] = {
 EXPECTED_IN_SMOKE_CONTAINER: tuple[str, ...] = ("system.memlock",)
 
 # Placeholders for a recipe's required inputs in `trainbox run --dry-run` (nothing runs, nothing is mounted).
-_PLACEHOLDER = {"path": "/trainbox-smoke/{name}", "int": "1", "port": "29500", "host": "127.0.0.1",
+DRY_RUN_PLACEHOLDERS = {"path": "/trainbox-smoke/{name}", "int": "1", "port": "29500", "host": "127.0.0.1",
                 "string": "smoke"}
 
 DEFAULT_TIMEOUTS = {"validate": 300, "lock": 600, "render": 300, "hadolint": 120, "patches": 1800,

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Callable
 
 from . import lock as lockmod
-from ..spec.findings import LOCK_RULES, Reported, Review
-from ..spec.stack import Stack
+from ..specs.findings import LOCK_RULES, Reported, Review
+from ..specs.stack import Stack
 
 
 @dataclass

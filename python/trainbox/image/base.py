@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..spec import grammar
+from ..specs import grammar
 from .engine import Client, EngineError, find_client, registry_reachable
-from ..spec.platforms import (EMULATE_HINT, PLATFORM_ARCH, emulation_problem, host_platform, local_base_for,
+from ..specs.platforms import (EMULATE_HINT, PLATFORM_ARCH, emulation_problem, host_platform, local_base_for,
                         platform_of, tag_suffix)
 from ..runtime.errors import TrainboxError
 from ..runtime.redact import redact
+from ..specs.stack import Stack
 
 DEFAULT_TAG = "local/debian:bookworm"
 LOCAL_REPO = "local/debian:"  # the repository of every base `trainbox base bootstrap` makes (any suite, platform)
@@ -165,7 +166,7 @@ def pull_hint(image: str) -> str:
             f"used as it is)")
 
 
-def resolve_base(stack, client: Client, say: Callable[[str], None],
+def resolve_base(stack: Stack, client: Client, say: Callable[[str], None],
                  platform: str | None = None) -> tuple[str, str | None, bool, str | None]:
     """The base `image build` uses for `platform` (default: this host's): (image to build FROM, the substitute
     used or None, whether it must be bootstrapped first, its image id when it is present and used as it is).

@@ -1,7 +1,7 @@
 """One findings pass for every command that uses a stack (host module).
 
 `stack validate`, `stack lock`, `render`, `patches verify` and `image build` (and its dry run) all run the rules of
-trainbox.spec.rules through `review`, and report what they find the same way: each finding once, naming the platforms
+trainbox.specs.rules through `review`, and report what they find the same way: each finding once, naming the platforms
 it holds on, at the file that holds the pin. A stack that extends another and has the very same finding as an
 ancestor inherits it: the finding is reported at the ancestor's file, once, however many stacks extend it, and
 the dependant says "inherited from npu-910b.yaml" (or, when the ancestor is reported in the same run, nothing).
