@@ -156,8 +156,8 @@ def _given(value) -> list[str]:
 
 
 def _names(args) -> str | None:
-    from trainbox.recipe import list_recipes
-    from trainbox.stack import list_stacks
+    from trainbox.launch.recipe import list_recipes
+    from trainbox.specs.stack import list_stacks
 
     stacks, recipes = set(list_stacks()), set(list_recipes())
     stack_names = _given(getattr(args, "stack", None)) + _given(getattr(args, "stacks", None))
@@ -180,7 +180,7 @@ def _names(args) -> str | None:
 
 def _recipe_sets(args, recipe_names: list[str], sets: list[str]) -> None:
     from trainbox.launch.job import load_stack_info, parse_sets, split_sets
-    from trainbox.recipe import load_recipe
+    from trainbox.launch.recipe import load_recipe
 
     for name in recipe_names:
         recipe = load_recipe(name)
@@ -189,7 +189,7 @@ def _recipe_sets(args, recipe_names: list[str], sets: list[str]) -> None:
 
 
 def _stack_sets(args, stack_names: list[str], sets: list[str]) -> None:
-    from trainbox.stack import load_stack, parse_sets
+    from trainbox.specs.stack import load_stack, parse_sets
 
     for name in stack_names:
         mine = []

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainbox import base, fetch
+from trainbox.image import base
+from trainbox.supply import fetch
 from trainbox.cli import main
 from trainbox.paths import REPO_ROOT, STACKS_DIR
 
@@ -84,7 +85,7 @@ FAKE_DEBOOTSTRAP = textwrap.dedent("""\
 
 DRIVER = textwrap.dedent("""\
     import sys
-    from trainbox import base
+    from trainbox.image import base
     from trainbox.cli import main
 
     class Client:  # a stand-in for the engine: the tag does not exist yet
@@ -151,9 +152,9 @@ def test_fetch_refuses_a_platform_no_stack_targets(tmp_path, capsys, monkeypatch
 
 
 def test_fetch_refuses_a_platform_the_stack_does_not_have(tmp_path, capsys, monkeypatch):
-    from trainbox.kinds import PypiKind
+    from trainbox.supply import fetch as fetching
 
-    monkeypatch.setattr(PypiKind, "fetch", lambda *a, **k: pytest.fail("fetched for a refused platform"))
+    monkeypatch.setattr(fetching, "fetch", lambda *a, **k: pytest.fail("fetched for a refused platform"))
     assert main(["fetch", str(_one_platform_stack(tmp_path)), "--platform", "linux/arm64"]) == 2
     err = capsys.readouterr().err
     assert "--platform linux/arm64: stack cpu supports linux/amd64" in err and err.count("\n") == 1
@@ -161,7 +162,7 @@ def test_fetch_refuses_a_platform_the_stack_does_not_have(tmp_path, capsys, monk
 
 @pytest.mark.parametrize("plat", ["linux/s390x", "linux/arm64/v8", "darwin/arm64"])
 def test_image_wheelhouse_refuses_a_platform_no_stack_targets(tmp_path, capsys, monkeypatch, plat):
-    from trainbox import wheelhouse
+    from trainbox.supply import wheelhouse
 
     monkeypatch.setattr(wheelhouse, "fill", lambda *a, **k: pytest.fail("filled for a refused platform"))
     assert main(["image", "wheelhouse", "cpu", "--platform", plat, "-o", str(tmp_path / "wh")]) == 2

@@ -10,9 +10,10 @@ import tarfile
 
 import pytest
 
-from trainbox import bundle, kinds
-from trainbox.index import IndexUnreachable
-from trainbox.stack import load_stack
+from trainbox.image import bundle
+from trainbox.supply import fetch as fetching
+from trainbox.supply.index import IndexUnreachable
+from trainbox.specs.stack import load_stack
 
 
 def _bundle(path, meta: dict) -> None:
@@ -44,7 +45,7 @@ def test_fetch_bundle_with_an_unreachable_index_suggests_a_wheelhouse(tmp_path, 
     def unreachable(pin, **_kw):
         raise IndexUnreachable("pytorch-cpu", "https://download.pytorch.org/whl/cpu", "stand-in: no network")
 
-    monkeypatch.setattr(kinds, "fetch", unreachable)
+    monkeypatch.setattr(fetching, "fetch", unreachable)
     with pytest.raises(bundle.BundleError) as exc:
         bundle.write_bundle("cpu", tmp_path / "cpu.tar", say=lambda _m: None)
     assert "pass --wheelhouse DIR" in str(exc.value) and "torch==" in str(exc.value)

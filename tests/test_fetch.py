@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from trainbox.fetch import check_series, fetch_sources, stage
+from trainbox.supply.fetch import check_series, fetch_sources, stage
 from trainbox.paths import REPO_ROOT
 from trainbox.runtime.errors import TrainboxError
-from trainbox.sources import SourceError
-from trainbox.stack import load_stack
+from trainbox.supply.sources import SourceError
+from trainbox.specs.stack import load_stack
 from upstream_helpers import MEGATRON, MINDSPEED, git_env, make_mirrors, stack_file
 
 
@@ -120,7 +120,7 @@ def _unified(path: str, old: str, new: str) -> str:
 @pytest.mark.slow
 def test_patches_import_turns_one_diff_into_series_entries(tmp_path, mirrors, gitenv):
     """A Relax-style single diff (plain `git diff`, two files, no message) against MindSpeed d0d5809."""
-    from trainbox.patch_import import import_diff
+    from trainbox.supply.patch_import import import_diff
     from trainbox.paths import PATCHES_DIR
     from trainbox.runtime import apply_patches as ap
 

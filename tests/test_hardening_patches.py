@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import patches
+from trainbox.supply import patches
 from trainbox.paths import REPO_ROOT
 
 AP = patches.applier()

@@ -14,7 +14,7 @@ import yaml
 
 from trainbox.launch.k8s import JOB_LABEL, NPU_RESOURCE
 from trainbox.launch.targets import RenderOptions, render_target, resolve_for
-from trainbox.recipe import all_inputs, load_recipe
+from trainbox.launch.recipe import all_inputs, load_recipe
 
 FACTS = yaml.safe_load((Path(__file__).parent / "data" / "mindcluster_facts.yaml").read_text())["facts"]
 TORCHRUN, RAY = "specforge-domino-qwen35-4b-npu", "relax-qwen3-4b-4npu-colocate"

@@ -18,7 +18,7 @@ import yaml
 from k8s_schema import crd_dir, manifest_errors
 from trainbox.launch.k8s import ACCELERATOR_TYPE, NPU_RESOURCE, SCRIPT_DIR
 from trainbox.launch.targets import RenderOptions, render_target, resolve_for
-from trainbox.recipe import all_inputs, list_recipes, load_recipe
+from trainbox.launch.recipe import all_inputs, list_recipes, load_recipe
 from trainbox.launch.job import load_stack_info
 from trainbox.runtime.errors import TrainboxError
 

@@ -8,7 +8,7 @@ import yaml
 
 from trainbox.launch.k8s import ACCELERATOR_TYPES, NPU_RESOURCE
 from trainbox.launch.targets import RenderOptions, render_target, resolve_for
-from trainbox.recipe import all_inputs, load_recipe
+from trainbox.launch.recipe import all_inputs, load_recipe
 from trainbox.runtime.errors import TrainboxError
 
 A3 = "specforge-domino-qwen35-4b-npu"  # torchrun, 8 cards a node, an A3 stack whose data parallelism scales

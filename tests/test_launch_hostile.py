@@ -20,7 +20,7 @@ import pytest
 
 from trainbox.runtime.dist import hccl_socket_port_env
 from trainbox.launch import StackInfo, load_stack_info, render_script
-from trainbox.recipe import all_inputs, list_recipes, load_recipe
+from trainbox.launch.recipe import all_inputs, list_recipes, load_recipe
 
 # Stand-ins for the programs a job runs (see the module docstring).
 STUB = """\
@@ -167,7 +167,7 @@ def test_hostile_values_arrive_intact_and_nothing_executes(name, mode, tmp_path,
         assert len(head) == 1
         argv = head[0]["argv"]
         assert argv[argv.index("--dashboard-host") + 1] == "127.0.0.1"
-        assert argv[argv.index("--port") + 1] == "9500"  # trainbox.ports RUN_BASES
+        assert argv[argv.index("--port") + 1] == "9500"  # trainbox.launch.ports RUN_BASES
         assert [r for r in records if r["kind"] == "terminated"], "our Ray head was not stopped"
         submit = [r for r in records if r["argv"][:2] == ["job", "submit"]][0]
         renv = json.loads(submit["argv"][submit["argv"].index("--runtime-env-json") + 1])["env_vars"]

@@ -14,7 +14,7 @@ import pytest
 
 from trainbox.launch import load_stack_info, render_script
 from trainbox.paths import LAUNCHERS_DIR
-from trainbox.recipe import load_recipe
+from trainbox.launch.recipe import load_recipe
 
 pytest.importorskip("torch")
 

@@ -13,7 +13,7 @@ import pytest
 from trainbox.launch import plan_run, render_script
 from trainbox.launch.job import load_stack_info
 from trainbox.launch.targets import render_target, resolve_for
-from trainbox.recipe import load_recipe
+from trainbox.launch.recipe import load_recipe
 from trainbox.runtime.dist import hccl_socket_port_env
 from trainbox.runtime.npu import NPU_MULTINODE_MOUNTS
 

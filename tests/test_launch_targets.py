@@ -14,7 +14,7 @@ from trainbox.launch import plan_run, render_script
 from trainbox.launch.images import choose_image
 from trainbox.launch.job import load_stack_info, resolve
 from trainbox.launch.targets import TARGETS, render_target, resolve_for
-from trainbox.recipe import load_recipe
+from trainbox.launch.recipe import load_recipe
 from trainbox.runtime.errors import TrainboxError
 
 RELAX = {"CODE_DIR": "/src/Relax", "MODEL_DIR": "/data/m", "REF_LOAD": "/data/r", "DATA_PATH": "/data/d.jsonl",
@@ -84,7 +84,7 @@ def test_ports_derive_from_the_cards():
 
     _, low = env_of("0-3")
     script, high = env_of("4-7")
-    assert "MASTER_PORT" not in low and high["MASTER_PORT"] == "16440"  # trainbox.ports: 16400 + 10 * 4
+    assert "MASTER_PORT" not in low and high["MASTER_PORT"] == "16440"  # trainbox.launch.ports: 16400 + 10 * 4
     assert high["RAY_PORT"] == "9540" and high["RAY_DASHBOARD_PORT"] == "9840"
     assert "MASTER_PORT=16440" in script
 
@@ -129,7 +129,7 @@ class _FakeClient:
 
 @pytest.mark.parametrize("device_recipe", ["relax-qwen3-4b-4npu-colocate"])
 def test_substitute_built_image_is_never_taken_silently(device_recipe, monkeypatch):
-    import trainbox.engine as engine
+    import trainbox.image.engine as engine
 
     job = resolve(device_recipe, sets=RELAX, check_paths=False)
     monkeypatch.setattr(engine, "find_client", lambda: _FakeClient({"io.trainbox.base.substituted": "local/debian"}))

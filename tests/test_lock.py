@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from trainbox.cli import main
-from trainbox.lock import lock_stack
+from trainbox.supply.lock import lock_stack
 from trainbox.paths import STACKS_DIR
-from trainbox.stack import load_stack
+from trainbox.specs.stack import load_stack
 
 pytestmark = pytest.mark.network
 

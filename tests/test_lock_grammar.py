@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from trainbox.cli import main
-from trainbox.grammar import check_requirement_line
-from trainbox.component import DIGEST_KEY, check_lock, intact, seal
+from trainbox.specs.grammar import check_requirement_line
+from trainbox.specs.component import DIGEST_KEY, check_lock, intact, seal
 from trainbox.paths import STACKS_DIR
-from trainbox.render import render_stack
-from trainbox.stack import StackError, load_stack
+from trainbox.image.render import render_stack
+from trainbox.specs.stack import StackError, load_stack
 
 EVIL = "evilpkg @ http://203.0.113.9/x.whl"
 SHA = "a" * 64
@@ -230,8 +230,8 @@ def test_requirement_line_guard_takes_what_trainbox_writes():
 
 def _unreachable(monkeypatch):
     """Every index down (no network in these tests): `stack lock` keeps only what it may believe of the old lock."""
-    from trainbox import lock as lockmod
-    from trainbox.index import IndexUnreachable
+    from trainbox.supply import lock as lockmod
+    from trainbox.supply.index import IndexUnreachable
 
     def down(self, index, project):
         raise IndexUnreachable(index, self.stack.indexes[index], "stand-in: no network in this test")
@@ -264,7 +264,7 @@ def test_stack_lock_believes_nothing_of_a_changed_lock(stacks, monkeypatch, chan
 def test_stack_lock_command_rewrites_a_lock_outside_the_grammar(stacks, capsys, monkeypatch):
     """The fix the refusal names works: `trainbox stack lock` loads the stack without the broken lock, and what
     it writes is sealed and loads again."""
-    from trainbox import lock as lockmod
+    from trainbox.supply import lock as lockmod
 
     real = lockmod.lock_stack
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import patches
+from trainbox.supply import patches
 from trainbox.paths import REPO_ROOT
-from trainbox.kinds import fetch, pin_from_component
-from trainbox.sources import unpack
-from trainbox.stack import load_stack
+from trainbox.supply.fetch import fetch, pin_from_component
+from trainbox.supply.sources import unpack
+from trainbox.specs.stack import load_stack
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 

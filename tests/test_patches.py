@@ -21,11 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import patches
+from trainbox.supply import patches
 from trainbox.runtime.errors import TrainboxError
 from trainbox.paths import REPO_ROOT
-from trainbox.kinds import Pin, fetch
-from trainbox.sources import SourceError, unpack
+from trainbox.supply.fetch import fetch
+from trainbox.supply.pins import Pin
+from trainbox.supply.sources import SourceError, unpack
 
 AP = patches.applier()
 APPLIER = REPO_ROOT / "python" / "trainbox" / "runtime" / "apply_patches.py"
@@ -605,7 +606,7 @@ def test_stack_selection_errors():
 def test_pin_from_component_collects_platform_hashes():
     from types import SimpleNamespace
 
-    from trainbox.kinds import pin_from_component
+    from trainbox.supply.fetch import pin_from_component
 
     pins = {"linux/amd64": SimpleNamespace(version="1.0", sha256=["a" * 64]),
             "linux/arm64": SimpleNamespace(version="1.0", sha256=["b" * 64, "a" * 64])}

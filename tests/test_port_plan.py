@@ -53,7 +53,7 @@ def _slurm_jobs() -> list[dict[str, int]]:
 def _docker_jobs() -> list[dict[str, int]]:
     """`trainbox run` jobs of a 4-card Ray recipe with every first card: the ports move with it (a job on cards
     4-7 against one on 0-3), as job.resolve derives them."""
-    from trainbox.recipe import all_inputs, load_recipe
+    from trainbox.launch.recipe import all_inputs, load_recipe
 
     inputs = all_inputs(load_recipe(RUN_RECIPE))
     names = ("MASTER_PORT", "RAY_PORT", "RAY_DASHBOARD_PORT")
@@ -110,8 +110,8 @@ def test_run_and_slurm_ports_never_meet():
 def test_ray_workers_take_ports_clear_of_every_planned_port_and_hccl_block():
     """Ray's default worker range (10002-19999) covered the Slurm dashboards and MASTER_PORTs, `trainbox run`'s
     MASTER_PORTs and HCCL's default NPU ports: a worker could hold a port a job's rendezvous or HCCL then needed.
-    The rendered Ray scripts name trainbox.ports' range, which meets none of them."""
-    from trainbox.ports import RAY_WORKER_PORTS
+    The rendered Ray scripts name trainbox.launch.ports' range, which meets none of them."""
+    from trainbox.launch.ports import RAY_WORKER_PORTS
 
     lo, hi = RAY_WORKER_PORTS
     workers = set(range(lo, hi + 1))
@@ -129,7 +129,7 @@ def test_no_planned_port_is_a_slurm_daemons_or_rays_default():
     """The Slurm Ray head range once ran 6400-9397: a job whose id % 300 was 41 put its Ray head's ports over
     slurmctld's 6817 and slurmd's 6818 (and slot 186 over Ray's own dashboard default, 8265). No port of any
     slot, nor any worker port, is a Slurm daemon's, the test cluster's, or Ray's default."""
-    from trainbox.ports import RAY_DEFAULT_PORTS, RAY_WORKER_PORTS, SLURM_DAEMON_PORTS
+    from trainbox.launch.ports import RAY_DEFAULT_PORTS, RAY_WORKER_PORTS, SLURM_DAEMON_PORTS
 
     reserved = set(SLURM_DAEMON_PORTS) | set(RAY_DEFAULT_PORTS)
     assert {6817, 6818, 6819} <= reserved  # slurm.conf's defaults: SlurmctldPort, SlurmdPort, DbdPort

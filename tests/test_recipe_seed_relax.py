@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from trainbox.launch import load_stack_info
-from trainbox.recipe import all_inputs, list_recipes, load_recipe, parse_words
+from trainbox.launch.recipe import all_inputs, list_recipes, load_recipe, parse_words
 
 SEED = yaml.safe_load((Path(__file__).parent / "data" / "relax-pr52-seed.yaml").read_text())
 RECIPES = sorted(SEED["scripts"])
@@ -181,7 +181,7 @@ def _tms_preload_problem(name: str, env: dict, stack_name: str, kernel: tuple | 
 
 
 def _kernel(recipe) -> tuple | None:
-    from trainbox.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     kernel = load_stack(recipe.stack).components.get("sgl-kernel-npu")
     return (kernel.commit, kernel.patches) if kernel is not None else None
@@ -235,7 +235,7 @@ def test_the_relax_stack_backports_23519771_whole_and_then_relax_s_patch():
 
     from trainbox.paths import REPO_ROOT
     from trainbox.runtime.apply_patches import load_series
-    from trainbox.stack import load_stack
+    from trainbox.specs.stack import load_stack
     from upstream_helpers import find_shared_upstream
 
     kernel = load_stack("relax").components["sgl-kernel-npu"]

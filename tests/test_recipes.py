@@ -11,7 +11,7 @@ import pytest
 
 from trainbox.runtime.errors import TrainboxError
 from trainbox.launch import render
-from trainbox.recipe import RecipeError, list_recipes, load_recipe, shell_word
+from trainbox.launch.recipe import RecipeError, list_recipes, load_recipe, shell_word
 
 RECIPES = list_recipes()
 SHELLCHECK = shutil.which("shellcheck")
@@ -93,7 +93,7 @@ def test_relax_gpu_twins_carry_no_npu_flags():
 def test_relax_gpu_twins_hold_relax_s_requirements():
     """The GPU twins' stack holds what the NPU stack does of Relax's own needs (issue 35 item 7): Relax's tree, the
     TransferQueue fork, and Relax's requirements at 93e989e (gpustat aside, named in both stacks)."""
-    from trainbox.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     npu, gpu = load_stack("relax").components, load_stack("relax-cuda").components
     for key in ("relax", "transferqueue"):
@@ -167,7 +167,7 @@ def test_no_hard_coded_addresses_in_recipes():
     # 127.0.0.1 is the single-node default of the MASTER_ADDR input, never a literal in a recipe
     import re
 
-    from trainbox.recipe import RECIPES_DIR
+    from trainbox.launch.recipe import RECIPES_DIR
 
     for path in RECIPES_DIR.glob("*.yaml"):
         assert not re.search(r"\b\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b", path.read_text()), path

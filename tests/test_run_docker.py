@@ -66,7 +66,7 @@ def free_port_block(n: int) -> int:
     dashboard bound it ("address already in use")."""
     import random
 
-    from trainbox.ports import RAY_WORKER_PORTS
+    from trainbox.launch.ports import RAY_WORKER_PORTS
 
     try:
         ephemeral = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from trainbox.launch.targets import resolve_for
-from trainbox.recipe import RecipeError, load_recipe
+from trainbox.launch.recipe import RecipeError, load_recipe
 from trainbox.runtime.errors import TrainboxError
 
 SCALES = "swift-megatron-qwen35-8npu"  # ms-swift: dp absorbs another device count

@@ -14,6 +14,8 @@ MAX_FUNCTION_LINES = 80
 # Known to be over the limit, each with the change that will split it (none now); only these may be, and a new
 # one fails.
 KNOWN_LONG: set[str] = set()
+#: stage packages whose modules the module map lists one by one
+STAGE_ROWS = ("specs", "supply", "image")
 
 
 def _product_modules() -> list[Path]:
@@ -50,7 +52,9 @@ def test_module_map_matches_the_tree():
         cell = row.split("|")[1]
         for name in re.findall(r"`([^`]+)`", cell):
             named.add(name.rstrip("/").removesuffix("/*"))
+    # the stage packages' modules each have a row (`spec/stack`); the other packages one row each (`launch/`)
     tree = {p.stem for p in PKG.glob("*.py") if p.stem != "__init__"} | \
-        {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+        {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists() and p.name not in STAGE_ROWS} | \
+        {f"{d}/{p.stem}" for d in STAGE_ROWS for p in (PKG / d).glob("*.py") if p.stem != "__init__"}
     assert tree - named == set(), f"modules without a row in docs/design/architecture.md's module map: {sorted(tree - named)}"
     assert named - tree == set(), f"module map rows for modules that do not exist: {sorted(named - tree)}"

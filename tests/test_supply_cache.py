@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from trainbox.fetch import fetch_sources, stage
+from trainbox.supply.fetch import fetch_sources, stage
 from trainbox.paths import REPO_ROOT
-from trainbox.sources import SourceError, git_cache_repo
-from trainbox.stack import load_stack
+from trainbox.supply.sources import SourceError, git_cache_repo
+from trainbox.specs.stack import load_stack
 from upstream_helpers import MEGATRON, MINDSPEED, git, git_env, make_mirrors, rewrite_blob, stack_file
 
 

@@ -20,8 +20,8 @@ import yaml
 
 from trainbox.cli import main
 from trainbox.paths import STACKS_DIR
-from trainbox.render import render_stack
-from trainbox.stack import StackError, load_stack
+from trainbox.image.render import render_stack
+from trainbox.specs.stack import StackError, load_stack
 
 ISSUE_URL = "https://pypi.org/simple;/path/to/script;"
 
@@ -214,7 +214,7 @@ def test_the_index_url_is_one_quoted_word_in_every_install_step(tmp_path):
 
 def test_a_control_character_is_refused_whatever_template_prints_it(tmp_path):
     """The environment's finalize: even a field that bypassed the grammar cannot put a newline into a build file."""
-    from trainbox.render import _env
+    from trainbox.image.render import _env
     from trainbox.runtime.errors import TrainboxError
 
     tpl = _env().from_string("RUN echo {{ value }}\n")
@@ -290,7 +290,7 @@ def test_a_20000_deep_yaml_list_is_one_line(tmp_path, capsys):
 
 def test_a_5001_digit_nodes_is_one_line(tmp_path, capsys):
     from trainbox.paths import REPO_ROOT
-    from trainbox.recipe import RecipeError, load_recipe
+    from trainbox.launch.recipe import RecipeError, load_recipe
 
     path = tmp_path / "cpu-ddp.yaml"
     path.write_text((REPO_ROOT / "launchers/recipes/cpu-ddp.yaml").read_text()

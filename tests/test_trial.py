@@ -16,7 +16,7 @@ from trainbox.launch.trial import MONITOR_IN_IMAGE, PTH_NAME, docker_argv, plan_
 from trainbox.launch.trialplan import edit_code, overlay_of, refs, replace_args
 from trainbox.launch.trialresult import judge, meaning, read_monitor, traceback_in
 from trainbox.paths import REPO_ROOT
-from trainbox.recipe import RecipeError, load_recipe
+from trainbox.launch.recipe import RecipeError, load_recipe
 from trainbox.runtime import trialkit
 from trainbox.runtime.errors import TrainboxError
 
@@ -287,7 +287,7 @@ def test_a_cpu_trial_takes_a_port_slot_that_is_free(tmp_path, monkeypatch):
     run`'s range from one derived from its process; here that slot's port is held, so it must move on."""
     import socket
 
-    from trainbox.ports import RUN_BASES, RUN_SLOTS, STRIDE
+    from trainbox.launch.ports import RUN_BASES, RUN_SLOTS, STRIDE
 
     monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     held = RUN_BASES["MASTER_PORT"] + STRIDE * (os.getpid() % RUN_SLOTS)

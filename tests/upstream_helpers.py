@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbox.gitobjects import clean_env
+from trainbox.supply.gitobjects import clean_env
 from trainbox.paths import REPO_ROOT
 
 DATA = Path(__file__).parent / "data"

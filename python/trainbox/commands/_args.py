@@ -18,11 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-EXIT_OK = 0
-EXIT_PROBLEMS = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-EXIT_PIPE = 141
+from ..runtime.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
 
 JSON_SCHEMA = 1
 _ALIAS_PREFIX = "_alias__"

@@ -11,6 +11,7 @@ import sys
 from typing import Any, Sequence
 
 from ._args import JSON_SCHEMA
+from ..runtime.redact import printable
 
 
 def json_doc(doc: dict[str, Any], schema: int = JSON_SCHEMA) -> str:
@@ -59,14 +60,3 @@ def _cell(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return printable(",".join(str(v) for v in value))
     return printable(value)  # cells come from image labels, SBOMs, stack files: never raw control characters
-
-
-def printable(text) -> str:
-    """`text` for a terminal: control characters (ESC and OSC sequences, newlines, bidi overrides) as escapes,
-    so a package name in an untrusted document cannot move the cursor, retitle the window or forge a line."""
-    text = str(text)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") if c < "\x80"
-                   else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text)
-

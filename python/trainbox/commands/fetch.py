@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _fetch(args: argparse.Namespace) -> int:
     import json
 
-    from trainbox.fetch import check_platform, fetch_stacks
+    from trainbox.supply.fetch import check_platform, fetch_stacks
 
     check_platform(args.platform)  # before anything is fetched or cached
     if args.bundle:
@@ -58,7 +58,7 @@ def _bundle(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from trainbox.bundle import write_bundle
+    from trainbox.image.bundle import write_bundle
     from trainbox.runtime.errors import TrainboxError
 
     if len(args.stacks) != 1:

@@ -84,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from trainbox.patch_import import import_diff
+    from trainbox.supply.patch_import import import_diff
 
     names = import_diff(args.diff, args.component, stack=args.stack, status=args.status, why=args.why,
                         offline=args.offline)
@@ -93,9 +93,9 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from trainbox import patches
+    from trainbox.supply import patches
 
-    from trainbox.stack import parse_sets
+    from trainbox.specs.stack import parse_sets
 
     sets = parse_sets(args.sets)
     found = _findings(args.stacks, sets)
@@ -116,8 +116,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _findings(names: list[str] | None, sets: dict[str, str]) -> list[dict]:
     """The findings pass over the stacks verified: an error refuses, as everywhere a stack is used, except under
     --set, which asks what a series does to another pin (the pairing rules may well object: notes then)."""
-    from trainbox.findings import LOCK_RULES, Review, refuse_errors, unique_lines
-    from trainbox.stack import list_stacks, load_stack
+    from trainbox.specs.findings import LOCK_RULES, Review, refuse_errors, unique_lines
+    from trainbox.specs.stack import list_stacks, load_stack
 
     review = Review(skip=LOCK_RULES)  # the pins are fetched by hash: the lock's state shows where it matters
     found = [r for name in names or list_stacks() for r in review.stack(load_stack(name, sets=sets or None))]
@@ -129,7 +129,7 @@ def _findings(names: list[str] | None, sets: dict[str, str]) -> list[dict]:
 
 
 def _edit(args: argparse.Namespace) -> int:
-    from trainbox import patches
+    from trainbox.supply import patches
 
     d, applied, stopped, series = patches.edit_from_stack(args.component, stack=args.stack, directory=args.dir,
                                                           force=args.force, offline=args.offline)
@@ -146,7 +146,7 @@ def _edit(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from trainbox import patches
+    from trainbox.supply import patches
 
     target, names = patches.export(args.dir or patches.default_edit_dir(args.component))
     print(f"{target}: wrote {len(names)} patch(es) and series")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..recipe import Recipe, RecipeError, _raw_recipe, load_recipe, parse_words, recipe_path
+from .recipe import Recipe, RecipeError, load_recipe, merged_yaml, parse_words, recipe_path
 from ..runtime.errors import TrainboxError
 
 REF = re.compile(r"@(model|data|run|files\.[A-Za-z0-9_]+)(/[^\s]*)?")
@@ -96,7 +96,7 @@ def overlay_of(recipe: Recipe) -> Overlay:
     try:
         ov = Overlay.model_validate(raw)
     except ValidationError as exc:
-        from ..documents import format_validation
+        from ..specs.documents import format_validation
 
         raise RecipeError(format_validation(Path(str(where)), exc).replace(": ", ": trial.", 1)) from None
     if ov.code and not recipe.code:
@@ -130,7 +130,7 @@ def overlaid_recipe(name: str, ov: Overlay, dest: Path, args: dict[str, str]) ->
     """The recipe with the overlay applied (`args`: its option values, @references resolved), as a recipe file of
     its own (reviewable: `trial --dry-run` names it)."""
     path = recipe_path(name)
-    data = copy.deepcopy(_raw_recipe(path, None))
+    data = copy.deepcopy(merged_yaml(path))
     data.pop("trial", None)
     data["name"] = path.stem
     data["devices_per_node"] = ov.ranks

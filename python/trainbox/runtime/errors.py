@@ -1,5 +1,14 @@
 """Errors that the CLI turns into one clear line and exit code 2 (runtime-safe: stdlib only)."""
 
+# The exit status of every trainbox command (commands/_args.py's grammar): 0 ok, 1 a check found problems, 2 usage
+# or invalid input, 130 interrupted, 141 output pipe closed. Spelled here, once, for library code (a findings pass)
+# and the thin CLI an image holds.
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_PIPE = 141
+
 
 class TrainboxError(Exception):
     """A user-facing error: the message names the file, the key and the fix."""

@@ -5,7 +5,7 @@ distribution the interpreter's sys.path holds, as pip sees it (`pip inspect`: th
 sys.path wins), with its version, the PEP 610 `direct_url.json` pip wrote (URL installs carry the artifact's
 hash there), the wheel tags it was installed from, and a sha256 of its RECORD; and the CANN / CUDA toolkit
 versions the image holds. `trainbox image build` runs it in the built image and merges it with the build's
-plan (git sources, patches, base) into the image's SBOM (trainbox.sbom, host side: the CycloneDX library
+plan (git sources, patches, base) into the image's SBOM (trainbox.image.sbom, host side: the CycloneDX library
 never enters an image). The doctor's `packages.sbom` check compares the SBOM with the same listing.
 Imports nothing at import time beyond the standard library, and never imports the distributions it lists.
 """
@@ -22,7 +22,7 @@ import sys
 from .apply_patches import canon_name
 
 SCHEMA = "trainbox.inventory/1"
-#: Where `trainbox image build` writes the image's CycloneDX SBOM (made on the host: trainbox.sbom).
+#: Where `trainbox image build` writes the image's CycloneDX SBOM (made on the host: trainbox.image.sbom).
 SBOM_FILE = "/etc/trainbox/sbom.cdx.json"
 #: Where CANN keeps its toolkit's install record (`version=8.5.1`), newest layout last.
 CANN_INFO_GLOBS = ("/usr/local/Ascend/ascend-toolkit/latest/*-linux/ascend_toolkit_install.info",

@@ -58,6 +58,16 @@ def redact_data(value, secrets: list[str] | tuple[str, ...] = ()):
     return value
 
 
+def printable(text) -> str:
+    """`text` for a terminal: control characters (ESC and OSC sequences, newlines, bidi overrides) as escapes,
+    so a package name in an untrusted document cannot move the cursor, retitle the window or forge a line."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") if c < "\x80"
+                   else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text)
+
+
 if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
     from trainbox.runtime.errors import not_a_command
 
