@@ -173,7 +173,9 @@ class Client:
             import threading
 
             lock = threading.Lock()
-            with open(log, "ab") as sink:
+            # unbuffered: a write the full disk refuses is dropped in _tee, not kept in a buffer that closing the
+            # file would try to write again (and fail the run after the job itself finished)
+            with open(log, "ab", buffering=0) as sink:
                 job = _Attached([self.docker, *args], piped=True)
                 copies = [threading.Thread(target=_tee, args=(src, dst, sink, lock, job), daemon=True)
                           for src, dst in ((job.proc.stdout, sys.stdout), (job.proc.stderr, sys.stderr))]
