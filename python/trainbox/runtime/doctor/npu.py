@@ -7,13 +7,20 @@ import json
 import os
 
 from ..npu import (
+    BASE_IMAGE,
+    BASE_TAG_FORM,
     CANN_ENV_APPLIED_VAR,
     CANN_ENV_FILE,
+    DRIVER_LIB64,
+    DRIVER_VERSION_INFO,
     NNAL_SET_ENV,
+    NPU_CARD_NODE,
     NPU_DEVICE_NODES,
     NPU_DOCKER_FLAGS,
     NPU_DRIVER_MOUNTS,
+    NPU_SMI,
     TOOLKIT_HOMES,
+    VERSIONED_HOMES,
 )
 from .core import (
     CPU_ON_PURPOSE,
@@ -62,9 +69,9 @@ def check_cann_toolkit(ctx: Context) -> Result:
     home = _toolkit_home(ctx)
     want = ((ctx.manifest or {}).get("base") or {}).get("cann")
     if not home:
-        looked = ", ".join(TOOLKIT_HOMES + ("/usr/local/Ascend/cann-*",))
+        looked = ", ".join(TOOLKIT_HOMES + (VERSIONED_HOMES,))
         return Result(FAIL, f"no CANN toolkit found (looked in {looked}){_no_cann_reason(ctx)}",
-                      "build the image from a CANN base (quay.io/ascend/cann:<cann>-<chip>-...) or mount the "
+                      f"build the image from a CANN base ({BASE_IMAGE}:{BASE_TAG_FORM}) or mount the "
                       f"toolkit at /usr/local/Ascend/ascend-toolkit; {CPU_ON_PURPOSE}", {"expected": want})
     have = _toolkit_version(ctx, home)
     data = {"home": home, "version": have, "expected": want}
@@ -192,7 +199,7 @@ def check_cann_libs(ctx: Context) -> Result:
         fix = (f"the image has no CANN toolkit{_no_cann_reason(ctx)}; build it from a CANN base; {CPU_ON_PURPOSE}")
     else:
         fix = (f"source {_set_env_script(home)} so LD_LIBRARY_PATH holds the CANN lib64 dirs, and mount the "
-               "driver (-v /usr/local/Ascend/driver/lib64:/usr/local/Ascend/driver/lib64:ro)")
+               f"driver ({NPU_DRIVER_MOUNTS[DRIVER_LIB64]})")
     detail = "; ".join(e if e.startswith(n) else f"{n}: {e}" for n, e in bad.items())
     return Result(FAIL, f"CANN libraries cannot be loaded: {detail}", fix, data)
 
@@ -224,7 +231,7 @@ def check_npu_devices(ctx: Context) -> Result:
         return Result(FAIL, f"NPU device nodes missing: {', '.join(what)}",
                       f"run the container with {NPU_DOCKER_FLAGS} (trainbox launch adds them); {CPU_ON_PURPOSE}",
                       data)
-    return Result(PASS, f"{len(cards)} NPU(s): " + ", ".join(f"/dev/davinci{i}" for i in cards)
+    return Result(PASS, f"{len(cards)} NPU(s): " + ", ".join(f"{NPU_CARD_NODE}{i}" for i in cards)
                   + " and the manager nodes", data=data)
 
 
@@ -234,12 +241,12 @@ def check_npu_driver(ctx: Context) -> Result:
     skip = _skip_unless(ctx, "npu")
     if skip:
         return skip
-    lib64 = "/usr/local/Ascend/driver/lib64"
+    lib64 = DRIVER_LIB64
     hal = [p for p in (f"{lib64}/libascend_hal.so", f"{lib64}/driver/libascend_hal.so") if ctx.exists(p)]
     missing = [p for p in NPU_DRIVER_MOUNTS if p != lib64 and not ctx.exists(p)]
-    if "/usr/local/bin/npu-smi" in missing and _which(ctx, "npu-smi"):
-        missing.remove("/usr/local/bin/npu-smi")
-    version = _read_kv(ctx.path("/usr/local/Ascend/driver/version.info")).get("version")
+    if NPU_SMI in missing and _which(ctx, "npu-smi"):
+        missing.remove(NPU_SMI)
+    version = _read_kv(ctx.path(DRIVER_VERSION_INFO)).get("version")
     data = {"libascend_hal": hal[0] if hal else None, "driver_version": version, "missing": missing}
     if not hal:
         mounts = [NPU_DRIVER_MOUNTS[lib64]] + [NPU_DRIVER_MOUNTS[p] for p in missing]

@@ -6,7 +6,8 @@ import os
 import re
 import sys
 
-from ..npu import CUDA_NOSET, NPU_NOSET
+from ..cuda import CUDA_NOSET
+from ..npu import NPU_NOSET
 from .core import (
     PASS,
     SKIP,
