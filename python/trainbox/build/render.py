@@ -19,6 +19,7 @@ from pathlib import Path
 import jinja2
 
 from .. import __version__
+from . import toolkits
 from .base import APT_PYTHON_PACKAGES, RUNTIME_PACKAGES
 from ..spec.grammar import check_env_name, check_image, check_requirement_line, controls
 from ..runtime.errors import TrainboxError
@@ -348,11 +349,9 @@ def _labels(stack: Stack) -> dict[str, str]:
     }
     if torch and torch.version:
         labels["io.trainbox.torch"] = torch.version
-    if stack.base.cann:
-        # built on a substitute base (Debian standing in for the CANN image) the image holds no CANN: say
-        # which one the stack declares without claiming it (`trainbox run` reads io.trainbox.cann)
-        key = "io.trainbox.cann.declared" if stack.declared_base else "io.trainbox.cann"
-        labels[key] = stack.base.cann
+    toolkit = toolkits.for_device(stack.device)
+    if toolkit is not None:  # the toolkit's own label (what a substitute-built image declares without holding it)
+        labels.update(toolkit.image_labels(stack.base.cann, bool(stack.declared_base)))
     for key, c in stack.installed_components.items():
         if c.kind.install_args(c):  # provenance of what the build staged: URL, commit, tree, mode, patches
             entry = c.kind.manifest_entry(c, stack)

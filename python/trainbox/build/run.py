@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import write_atomic
-from . import cann_bake, sbom
+from . import sbom, toolkits
 from .plan import BuildPlan, stage
 from .engine import Client, ConsoleProgress, run_build
 from ..runtime.errors import TrainboxError
@@ -128,11 +128,12 @@ def replaced(client: Client, plan: BuildPlan, before: dict, new_id: str, say) ->
 
 
 def bake_cann_env(plan: BuildPlan, client: Client, say) -> dict:
-    """NPU images: the CANN environment the build recorded, baked as ENV (trainbox.build.cann_bake)."""
-    if plan.stack.device != "npu":
+    """NPU images: the CANN environment the build recorded, baked as ENV (trainbox.build.toolkits.cann)."""
+    toolkit = toolkits.for_device(plan.stack.device)
+    if toolkit is None or toolkit.ENV_RECORD is None:
         return {}
     try:
-        return {"cann_env": cann_bake.bake(client, plan.tags, say)}
+        return {f"{toolkit.NAME}_env": toolkit.bake(client, plan.tags, say)}
     except TrainboxError as exc:  # EngineError included
         raise BuildFailed(f"{plan.tag}: baking the CANN environment as ENV failed: {exc}") from None
 

@@ -169,7 +169,7 @@ def entrypoint_free_problem(job: Job) -> str | None:
     this engine does not have is not checked."""
     if job.device != "npu":
         return None
-    from ..build.cann_bake import BAKED_LABEL
+    from ..build.toolkits.cann import BAKED_LABEL
 
     try:
         from ..build.engine import find_client

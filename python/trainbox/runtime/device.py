@@ -17,7 +17,7 @@ import importlib
 import os
 import sys
 
-from trainbox.runtime import npu as npu_facts
+from trainbox.runtime import npu as npu_facts, nvidia as cuda_facts
 from trainbox.runtime.errors import TrainboxError
 
 # Why a fused causal_conv1d kernel is not chosen on an NPU, and what to call instead (capabilities() says it;
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 # Device type -> the variable that restricts which devices a process sees.
-VISIBLE_DEVICES_VAR = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
+VISIBLE_DEVICES_VAR = {"cuda": cuda_facts.VISIBLE_DEVICES_VAR, "npu": npu_facts.VISIBLE_DEVICES_VAR}
 # Backend per device type where torch cannot tell (older torch, or torch_npu not registered).
 _FALLBACK_BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo", "xpu": "xccl", "hpu": "hccl"}
 # Ray's resource names for accelerators.

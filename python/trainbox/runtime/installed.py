@@ -20,7 +20,7 @@ import os
 import sys
 
 from .apply_patches import canon_name
-from .cuda import CUDA_VERSION_FILE
+from .nvidia import CUDA_VERSION_FILE
 from .npu import TOOLKIT_HOMES, TOOLKIT_INSTALL_INFO, VERSIONED_HOMES
 
 SCHEMA = "trainbox.inventory/1"

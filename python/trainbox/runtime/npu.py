@@ -35,7 +35,8 @@ NPU_SMI = "/usr/local/bin/npu-smi"
 NPU_DRIVER_MOUNTS = {p: _read_only(p) for p in (DRIVER_LIB64, DRIVER_VERSION_INFO, NPU_SMI, "/usr/local/dcmi",
                                                  "/etc/ascend_install.info")}
 
-# Ray rewrites ASCEND_RT_VISIBLE_DEVICES unless one of these is set (older Ray reads the second name).
+VISIBLE_DEVICES_VAR = "ASCEND_RT_VISIBLE_DEVICES"
+# Ray rewrites it unless one of these is set (older Ray reads the second name).
 NPU_NOSET = ("RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES", "RAY_EXPERIMENTAL_NOSET_ASCEND_VISIBLE_DEVICES")
 
 # Multi-node NPU containers also need the NIC tool and its configuration (vllm-ascend's multi-node docs).

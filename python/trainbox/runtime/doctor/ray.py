@@ -6,7 +6,7 @@ import os
 import re
 import sys
 
-from ..cuda import CUDA_NOSET
+from ..nvidia import CUDA_NOSET
 from ..npu import NPU_NOSET
 from .core import (
     PASS,
