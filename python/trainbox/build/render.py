@@ -251,6 +251,14 @@ def _apt_packages(stack: Stack, base, patching: bool) -> tuple[list[str], list[s
     return sorted(system), sorted(build - system)
 
 
+def _env_record(stack: Stack) -> dict | None:
+    """The toolkit's environment record step (CANN's set_env exports, baked after the build), or None."""
+    toolkit = toolkits.for_device(stack.device)
+    if toolkit is None or toolkit.ENV_RECORD is None:
+        return None
+    return {"module": toolkit.ENV_RECORD.__name__, "file": toolkit.ENV_RECORD_FILE}
+
+
 def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str | None = None) -> RenderedStack:
     """The stack's Dockerfile, requirement files and manifest. `native_base`: a cross build's base for the build
     machine (the twin of the stack's base, same Python), which compiles the venv natively (partials/pyc.j2)."""
@@ -302,6 +310,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
             label_lines=[f"{k}={dockerfile_string(v)}" for k, v in _labels(stack).items()],
             trainbox_version=__version__,
             native_base=native_base,
+            env_record=_env_record(stack),
         )
     except jinja2.TemplateError as exc:
         raise TrainboxError(f"{_template_location(exc, template)}: template error: {exc}") from None
