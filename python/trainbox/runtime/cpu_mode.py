@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 
+from trainbox.runtime import npu, nvidia
 from trainbox.runtime.deviceonly import DEVICE_ONLY
 
 # What cannot load without CANN (Ascend) or a GPU driver: the one device-only list, plus the PyPI packages whose
@@ -29,7 +30,7 @@ from trainbox.runtime.deviceonly import DEVICE_ONLY
 # then fail to import exactly as they do in a CPU image without these.
 HIDDEN = (*DEVICE_ONLY, "torchair", "transformer_engine")
 ENV_VAR = "TRAINBOX_DEVICE"
-FORCED_ENV = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "CUDA_VISIBLE_DEVICES": "", "ASCEND_RT_VISIBLE_DEVICES": ""}
+FORCED_ENV = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", nvidia.VISIBLE_DEVICES_VAR: "", npu.VISIBLE_DEVICES_VAR: ""}
 # After trainbox.pth (which puts the package on sys.path): site reads a directory's .pth files in sorted order.
 PTH_NAME = "trainbox_cpu_mode.pth"
 # One line: site executes .pth lines that start with `import`. Cheap when the variable is unset or not cpu.

@@ -227,13 +227,13 @@ def _npu_usable(torch) -> bool:
                                      + _CPU_WAY_OUT)
     if npu.is_available() and npu.device_count() > 0:
         return True
-    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+    visible = os.environ.get(npu_facts.VISIBLE_DEVICES_VAR)
     why = [
         "torch_npu loaded but sees no NPU (torch.npu.is_available() is False), so no NPU can be used "
         "(refusing to fall back to the CPU silently).",
     ]
     if visible is not None:
-        why.append(f"ASCEND_RT_VISIBLE_DEVICES={visible!r} may hide every device.")
+        why.append(f"{npu_facts.VISIBLE_DEVICES_VAR}={visible!r} may hide every device.")
     manager = npu_facts.NPU_DEVICE_NODES[0]
     if not os.path.exists(manager):
         why.append(

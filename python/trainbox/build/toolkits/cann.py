@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 
 from ..engine import Client
@@ -50,7 +51,7 @@ DOCTOR_MODULES = (doctor_npu, doctor_hccl)
 #: What the host (or cluster) must provide: said at the top of every job script.
 HOST_NEEDS = (f"Ascend driver + firmware, the cards as {facts.NPU_CARD_NODE}N with "
               + ", ".join(n.rsplit("/", 1)[-1] for n in facts.NPU_DEVICE_NODES)
-              + ", and /usr/local/Ascend/driver mounted into the container (`trainbox run` adds them)")
+              + f", and {os.path.dirname(facts.DRIVER_LIB64)} mounted into the container (`trainbox run` adds them)")
 
 
 def base_facts(image: str) -> dict[str, str] | None:
@@ -100,6 +101,11 @@ def docker_args(cards: list[int], nodes: int, mount_arg) -> list[str]:
         for m in facts.NPU_MULTINODE_MOUNTS:
             args += ["--mount", mount_arg(m, m, True)]
     return args
+
+
+def host_has_cards() -> bool:
+    """Whether this host has Ascend cards (its device manager node)."""
+    return os.path.exists(facts.NPU_DEVICE_NODES[0])
 
 
 def launch_env() -> dict[str, str]:

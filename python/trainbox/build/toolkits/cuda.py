@@ -8,6 +8,7 @@ its ENV itself, and the NVIDIA Container Toolkit mounts the driver.
 from __future__ import annotations
 
 import re
+import shutil
 
 from ...runtime import nvidia as facts
 from ...runtime.doctor import cuda as doctor_cuda
@@ -54,6 +55,11 @@ def host_mounts(nodes: int) -> list[str]:
 
 def docker_args(cards: list[int], nodes: int, mount_arg) -> list[str]:
     return ["--gpus", '"device=' + ",".join(str(c) for c in cards) + '"']
+
+
+def host_has_cards() -> bool:
+    """Whether this host has NVIDIA GPUs (the driver's nvidia-smi is installed)."""
+    return shutil.which("nvidia-smi") is not None
 
 
 def launch_env() -> dict[str, str]:

@@ -20,6 +20,8 @@ from ..npu import (
     NPU_DRIVER_MOUNTS,
     NPU_SMI,
     TOOLKIT_HOMES,
+    TOOLKIT_INSTALL_INFO,
+    TOOLKIT_SET_ENV,
     VERSIONED_HOMES,
 )
 from .core import (
@@ -72,7 +74,7 @@ def check_cann_toolkit(ctx: Context) -> Result:
         looked = ", ".join(TOOLKIT_HOMES + (VERSIONED_HOMES,))
         return Result(FAIL, f"no CANN toolkit found (looked in {looked}){_no_cann_reason(ctx)}",
                       f"build the image from a CANN base ({BASE_IMAGE}:{BASE_TAG_FORM}) or mount the "
-                      f"toolkit at /usr/local/Ascend/ascend-toolkit; {CPU_ON_PURPOSE}", {"expected": want})
+                      f"toolkit at {os.path.dirname(TOOLKIT_SET_ENV[0])}; {CPU_ON_PURPOSE}", {"expected": want})
     have = _toolkit_version(ctx, home)
     data = {"home": home, "version": have, "expected": want}
     if want and have and not have.lower().startswith(str(want).lower()):
@@ -81,7 +83,7 @@ def check_cann_toolkit(ctx: Context) -> Result:
                       f"with base.cann {have}", data)
     if not have:
         return Result(WARN, f"CANN toolkit at {home}, but its version is unknown (no "
-                            "<arch>-linux/ascend_toolkit_install.info)",
+                            f"{TOOLKIT_INSTALL_INFO})",
                       "reinstall the toolkit package; a partial copy of /usr/local/Ascend misses libraries too",
                       data)
     return Result(PASS, f"CANN toolkit {have} at {home}" + (" as the stack pins" if want else ""), data=data)
