@@ -113,10 +113,10 @@ def test_image_build_bakes_npu_images_only_and_a_failed_bake_fails_the_build(mon
     monkeypatch.setattr(cann_bake, "bake", lambda client, tags, say: calls.append(tags) or {"baked": 3})
     plan = SimpleNamespace(stack=SimpleNamespace(device="npu"), tags=["trainbox/npu-910b:abc", "x:latest"],
                            tag="trainbox/npu-910b:abc")
-    assert buildrun.bake_cann_env(plan, None, print) == {"cann_env": {"baked": 3}}
+    assert buildrun.bake_toolkit_env(plan, None, print) == {"cann_env": {"baked": 3}}
     assert calls == [plan.tags]
     plan.stack.device = "cpu"
-    assert buildrun.bake_cann_env(plan, None, print) == {} and len(calls) == 1
+    assert buildrun.bake_toolkit_env(plan, None, print) == {} and len(calls) == 1
 
     def fails(client, tags, say):
         raise TrainboxError("ASCEND_OPP_PATH is '/elsewhere' in the image's ENV")
@@ -124,7 +124,7 @@ def test_image_build_bakes_npu_images_only_and_a_failed_bake_fails_the_build(mon
     monkeypatch.setattr(cann_bake, "bake", fails)
     plan.stack.device = "npu"
     with pytest.raises(buildrun.BuildFailed, match="baking the CANN environment as ENV failed: ASCEND_OPP_PATH") as e:
-        buildrun.bake_cann_env(plan, None, print)
+        buildrun.bake_toolkit_env(plan, None, print)
     assert e.value.exit_code == 1
 
 
