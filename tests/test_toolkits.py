@@ -19,7 +19,7 @@ PKG = REPO_ROOT / "python" / "trainbox"
 TEMPLATES = REPO_ROOT / "build" / "templates"
 #: the names every toolkit module has (hpccm's building blocks share one interface)
 INTERFACE = ("NAME", "DEVICE", "NEEDS", "ENV_RECORD", "ENV_RECORD_FILE", "VISIBLE_DEVICES_VAR", "RULES",
-             "DOCTOR_MODULES", "HOST_NEEDS", "base_facts", "declared_version", "image_labels", "doctor_checks",
+             "DOCTOR_MODULES", "DOCTOR_FAILS_WITHOUT_CARDS", "DOCTOR_FAILS_ON_SUBSTITUTE", "HOST_NEEDS", "base_facts", "declared_version", "image_labels", "doctor_checks",
              "host_mounts", "docker_args", "host_has_cards", "launch_env")
 
 
@@ -95,6 +95,8 @@ def test_the_cann_toolkit_reaches_its_record_bake_rules_base_launch_and_doctor()
     assert cann.base_facts("nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04") is None
     assert {"cann.toolkit", "cann.env_baked", "npu.devices", "npu.driver", "hccl.ports"} <= set(cann.doctor_checks())
     assert set(cann.doctor_checks()) <= {c.id for c in CHECKS}
+    for mod in (cann, cuda):  # what smoke expects to fail names real checks of the doctor
+        assert set(mod.DOCTOR_FAILS_WITHOUT_CARDS + mod.DOCTOR_FAILS_ON_SUBSTITUTE) <= {c.id for c in CHECKS}
     args = cann.docker_args([4, 5], 2, lambda s, t, ro: f"{s}>{t}")
     assert args[:4] == ["--device", "/dev/davinci4", "--device", "/dev/davinci5"]
     assert all(f"{p}:{p}:ro" in args for p in npu.NPU_DRIVER_MOUNTS)

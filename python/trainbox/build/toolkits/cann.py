@@ -48,6 +48,11 @@ VISIBLE_DEVICES_VAR = facts.VISIBLE_DEVICES_VAR
 RULES = ("torch-npu-cann", "base-reference", "npu-no-cuda-torch")
 #: Where the doctor checks the toolkit, the cards and the driver, and HCCL's settings.
 DOCTOR_MODULES = (doctor_npu, doctor_hccl)
+#: The doctor's findings where no card is given (a CI runner: no device nodes, no driver mounts, and `import torch`
+#: fails because torch auto-loads torch_npu, which needs the driver's libascend_hal.so) ...
+DOCTOR_FAILS_WITHOUT_CARDS = ("npu.devices", "npu.driver", "npu.visible_devices", "torch.import")
+#: ... and on a substitute base (a plain Debian standing in for the cann image): no toolkit either.
+DOCTOR_FAILS_ON_SUBSTITUTE = ("cann.toolkit", "cann.env", "cann.libs")
 #: What the host (or cluster) must provide: said at the top of every job script.
 HOST_NEEDS = (f"Ascend driver + firmware, the cards as {facts.NPU_CARD_NODE}N with "
               + ", ".join(n.rsplit("/", 1)[-1] for n in facts.NPU_DEVICE_NODES)

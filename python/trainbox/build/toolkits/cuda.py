@@ -21,6 +21,8 @@ ENV_RECORD_FILE = None
 VISIBLE_DEVICES_VAR = facts.VISIBLE_DEVICES_VAR
 RULES: tuple[str, ...] = ()
 DOCTOR_MODULES = (doctor_cuda,)
+DOCTOR_FAILS_WITHOUT_CARDS = ("cuda.driver", "cuda.visible_devices")
+DOCTOR_FAILS_ON_SUBSTITUTE: tuple[str, ...] = ()
 HOST_NEEDS = "NVIDIA driver and the NVIDIA container toolkit (`--gpus`)"
 # nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04 (any registry or mirror in front of the repository)
 BASE_TAG_RE = re.compile(r"(?:.*/)?" + re.escape(facts.BASE_IMAGE.rsplit("/", 1)[-1]) + r":(\d+\.\d+(?:\.\d+)?)")
