@@ -53,6 +53,8 @@ FACTS = {
     **{f: "runtime/npu.py" for f in npu.NPU_NOSET},
     nvidia.CUDA_HOME: "runtime/nvidia.py",
     nvidia.CUDA_NOSET: "runtime/nvidia.py",
+    nvidia.CTL_NODE: "runtime/nvidia.py",
+    "/usr/local/nvidia/lib64": "runtime/nvidia.py",
 }
 
 

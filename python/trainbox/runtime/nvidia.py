@@ -12,6 +12,9 @@ NVCC = CUDA_HOME + "/bin/nvcc"
 # The base images that ship CUDA: their tag states the version (nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04).
 BASE_IMAGE = "nvidia/cuda"
 VISIBLE_DEVICES_VAR = "CUDA_VISIBLE_DEVICES"
+# The driver's control node (one per host) and where the NVIDIA Container Toolkit puts libcuda.so.1.
+CTL_NODE = "/dev/nvidiactl"
+DRIVER_LIBDIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64")
 # Ray rewrites CUDA_VISIBLE_DEVICES unless this is set.
 CUDA_NOSET = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 

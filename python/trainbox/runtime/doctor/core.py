@@ -13,6 +13,7 @@ from ... import __version__
 from .. import emulation as _emulation
 from ..apply_patches import canon_name
 from ..manifest import ManifestError, load_manifest, manifest_path
+from ..nvidia import CTL_NODE
 from ..npu import NPU_CARD_NODE, NPU_DEVICE_NODES, TOOLKIT_HOMES, TOOLKIT_INSTALL_INFO, VERSIONED_HOMES
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
@@ -163,7 +164,7 @@ class Context:
         # A bare host: judge by what is mounted.
         if self.exists(NPU_DEVICE_NODES[0]) or glob.glob(self.path(NPU_CARD_NODE + "[0-9]*")):
             return "npu", "detected"
-        if self.exists("/dev/nvidiactl"):
+        if self.exists(CTL_NODE):
             return "cuda", "detected"
         return "cpu", "detected"
 
