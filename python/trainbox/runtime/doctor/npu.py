@@ -229,7 +229,7 @@ def check_npu_devices(ctx: Context) -> Result:
     missing = [n for n in NPU_DEVICE_NODES if not ctx.exists(n)]
     data = {"cards": cards, "missing": missing}
     if not cards or missing:
-        what = (["no /dev/davinciN card"] if not cards else []) + missing
+        what = ([f"no {NPU_CARD_NODE}N card"] if not cards else []) + missing
         return Result(FAIL, f"NPU device nodes missing: {', '.join(what)}",
                       f"run the container with {NPU_DOCKER_FLAGS} (trainbox launch adds them); {CPU_ON_PURPOSE}",
                       data)
