@@ -74,12 +74,12 @@ def test_a_record_from_a_base_without_cann_is_ignored(tmp_path):
     assert proc.returncode == 0 and "unreadable" in proc.stderr
 
 
-# ------------------------------------------------ baking the record as ENV (trainbox.build.toolkits.cann; docker side:
+# ------------------------------------------------ baking the record as ENV (trainbox.image.toolkits.cann; docker side:
 # tests/test_cann_bake_docker.py)
 
 
 def test_the_record_becomes_one_env_instruction_quoted_literally():
-    from trainbox.build.toolkits import cann as cann_bake
+    from trainbox.image.toolkits import cann as cann_bake
 
     rec = {"schema": 1, "sourced": ["/usr/local/Ascend/ascend-toolkit/set_env.sh"],
            "env": {"PATH": "/opt/bisheng/bin:/usr/bin", "TB_Q": 'a "b" $c \\d'}}
@@ -95,7 +95,7 @@ def test_the_record_becomes_one_env_instruction_quoted_literally():
     ({"sourced": ["s"], "env": ["PATH"]}, "expected the CANN environment record"),
 ])
 def test_a_record_that_cannot_be_baked_is_refused_naming_the_variable(record, message):
-    from trainbox.build.toolkits import cann as cann_bake
+    from trainbox.image.toolkits import cann as cann_bake
     from trainbox.runtime.errors import TrainboxError
 
     with pytest.raises(TrainboxError, match=message):
@@ -105,8 +105,8 @@ def test_a_record_that_cannot_be_baked_is_refused_naming_the_variable(record, me
 def test_image_build_bakes_npu_images_only_and_a_failed_bake_fails_the_build(monkeypatch):
     from types import SimpleNamespace
 
-    from trainbox.build import run as buildrun
-    from trainbox.build.toolkits import cann as cann_bake
+    from trainbox.image import run as buildrun
+    from trainbox.image.toolkits import cann as cann_bake
     from trainbox.runtime.errors import TrainboxError
 
     calls = []

@@ -1,4 +1,4 @@
-"""One home per toolkit (issue 38): trainbox.build.toolkits.cann / .cuda reach the toolkit's environment record,
+"""One home per toolkit (issue 38): trainbox.image.toolkits.cann / .cuda reach the toolkit's environment record,
 bake, rules, base facts, launch half and doctor checks, and each fact they share with the image's own code is
 spelled once, in trainbox.runtime.npu / trainbox.runtime.nvidia (runtime cannot import a host module)."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainbox.build import toolkits
-from trainbox.build.toolkits import cann, cuda
+from trainbox.image import toolkits
+from trainbox.image.toolkits import cann, cuda
 from trainbox.paths import REPO_ROOT
 from trainbox.runtime import cann_env, npu, nvidia
 
@@ -61,7 +61,7 @@ FACTS = {
 @pytest.mark.parametrize("fact", sorted(FACTS))
 def test_each_moved_fact_is_spelled_in_one_module(fact):
     assert holders(fact) == [FACTS[fact]], (
-        f"{fact!r} is spelled in {holders(fact)}; take it from {FACTS[fact]} (through trainbox.build.toolkits on "
+        f"{fact!r} is spelled in {holders(fact)}; take it from {FACTS[fact]} (through trainbox.image.toolkits on "
         "the host side)")
 
 
@@ -88,7 +88,7 @@ def test_every_toolkit_has_the_one_interface_and_each_device_its_toolkit():
 
 def test_the_cann_toolkit_reaches_its_record_bake_rules_base_launch_and_doctor():
     from trainbox.runtime.doctor.core import CHECKS
-    from trainbox.spec.rules import RULES
+    from trainbox.specs.rules import RULES
 
     assert cann.ENV_RECORD is cann_env and cann.ENV_RECORD_FILE == npu.CANN_ENV_FILE and callable(cann.bake)
     assert set(cann.RULES) <= {r.id for r in RULES}
@@ -109,7 +109,7 @@ def test_the_cann_toolkit_reaches_its_record_bake_rules_base_launch_and_doctor()
 
 
 def test_the_cuda_toolkit_beside_it():
-    from trainbox.build.sbom import _toolkit_components
+    from trainbox.image.sbom import _toolkit_components
 
     assert cuda.ENV_RECORD is None and cuda.host_mounts(2) == [] and cuda.launch_env() == {}
     assert cuda.docker_args([0, 3], 1, None) == ["--gpus", '"device=0,3"']

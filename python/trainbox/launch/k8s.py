@@ -26,10 +26,10 @@ import re
 
 import yaml
 
-from ..build.toolkits import for_device
+from ..image.toolkits import for_device
 from ..runtime.errors import TrainboxError
 from .job import Job
-from .script import oneline, render_script
+from .script import job_script, oneline
 
 SCRIPT_DIR = "/opt/trainbox/job"
 NPU_RESOURCE = "huawei.com/Ascend910"
@@ -200,9 +200,7 @@ def parse_volumes(job: Job, specs) -> dict[str, tuple[str, str | None, str | Non
 
 def mounted_inputs(job: Job) -> dict[str, str]:
     """{input: path} of the recipe's path inputs the job mounts, in the recipe's order."""
-    from .recipe import all_inputs
-
-    return {n: job.sets[n] for n, spec in all_inputs(job.recipe).items()
+    return {n: job.sets[n] for n, spec in job.inputs.items()
             if spec.kind == "path" and spec.mount and job.sets.get(n) in job.mounts}
 
 
@@ -247,7 +245,7 @@ def entrypoint_free_env(job: Job, env: dict[str, str]) -> dict[str, str]:
     entrypoint (ray.io/overwrite-container-cmd), but KubeRay < 1.1 ignores that annotation and starts
     `/bin/bash -c -- ... ray start` itself (ray-operator common/pod.go BuildPod): there the stack's defaults,
     the CPU-mode rule (computed by the entrypoint's own code) and the raylets' NOSET flags still hold, and the
-    CANN environment comes from the image's ENV, which `trainbox image build` bakes (trainbox.build.toolkits.cann)."""
+    CANN environment comes from the image's ENV, which `trainbox image build` bakes (trainbox.image.toolkits.cann)."""
     from ..runtime.entrypoint import apply_defaults
 
     added = dict(env)
@@ -311,7 +309,7 @@ def _meta(job: Job, name: str, labels: dict | None = None, annotations: dict | N
 
 def _configmap(job: Job, name: str, job_name: str) -> dict:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, name, job_name=job_name),
-            "data": {"job.sh": render_script(job.recipe, job.stack, job.sets)}}
+            "data": {"job.sh": job_script(job)}}
 
 
 def _replicas(job: Job, pod_for, restart: str) -> dict:

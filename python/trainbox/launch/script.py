@@ -29,11 +29,11 @@ from .recipe import (
     shell_identifier,
     shell_word,
 )
-from ..build.toolkits import TOOLKITS, cann
+from ..image.toolkits import TOOLKITS, cann
 from ..runtime.errors import TrainboxError
 from ..templating import make_env
 from .recipecheck import entry_words
-from .job import HOST_CONTROL_PATHS, StackInfo, Values, split_sets
+from .job import HOST_CONTROL_PATHS, Job, StackInfo, Values, split_sets
 
 TEMPLATES_DIR = LAUNCHERS_DIR / "templates"
 # Ray rewrites the visible-devices variable per actor unless told not to (older Ray reads the second name).
@@ -119,8 +119,7 @@ def _ray_resources(device: str, n: int) -> str:
     return f"--num-cpus {n}"
 
 
-def _input_rows(recipe: Recipe, vals: Values) -> list[dict]:
-    inputs = all_inputs(recipe)
+def _input_rows(recipe: Recipe, inputs: dict[str, Input], vals: Values) -> list[dict]:
     order = list(recipe.inputs) + [k for k in inputs if k not in recipe.inputs]
     rows = []
     for name in order:
@@ -190,10 +189,20 @@ def _header(recipe: Recipe, stack: StackInfo, in_rows: list[dict], layout: dict[
 
 
 def render_script(recipe: Recipe, stack: StackInfo, sets: dict[str, str] | None = None) -> str:
-    """The launcher script for `recipe`; `sets` fixes inputs (and overrides env keys) at render time."""
-    vals = split_sets(recipe, stack, sets or {})
+    """The launcher script for `recipe`; `sets` fixes inputs (and overrides env keys) at render time.
+    A resolved job renders with `job_script`, which reuses what the job computed."""
+    inputs = all_inputs(recipe)
+    return _render(recipe, stack, split_sets(recipe, stack, sets or {}, inputs), inputs)
+
+
+def job_script(job: Job) -> str:
+    """The launcher script of a resolved job (its inputs and values as `resolve` computed them)."""
+    return _render(job.recipe, job.stack, job.values, job.inputs)
+
+
+def _render(recipe: Recipe, stack: StackInfo, vals: Values, inputs: dict[str, Input]) -> str:
     layout = recipe.layout()
-    in_rows = _input_rows(recipe, vals)
+    in_rows = _input_rows(recipe, inputs, vals)
     words_used: list[str] = []
     sources = []
     for src in recipe.source:

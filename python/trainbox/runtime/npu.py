@@ -1,6 +1,6 @@
 """Facts about CANN and Ascend NPU hosts that both sides need: the entrypoint sources them, the doctor checks
 them in a container, the launcher mounts them on the host, the build bakes them. Each fact is spelled here once:
-the host's one home of the toolkit (trainbox.build.toolkits.cann) takes them from here, since runtime code
+the host's one home of the toolkit (trainbox.image.toolkits.cann) takes them from here, since runtime code
 cannot import a host module. Standard library only (this module ships in every image)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ TOOLKIT_SET_ENV = ("/usr/local/Ascend/ascend-toolkit/set_env.sh", "/usr/local/As
 # Under a toolkit home: its install record (`version=8.5.1`), one per architecture directory.
 TOOLKIT_INSTALL_INFO = "*-linux/ascend_toolkit_install.info"
 NNAL_SET_ENV = "/usr/local/Ascend/nnal/atb/set_env.sh"
-# The base images that ship CANN: their tag states the CANN, chip, OS and Python (trainbox.spec.rules parses it).
+# The base images that ship CANN: their tag states the CANN, chip, OS and Python (trainbox.specs.rules parses it).
 BASE_IMAGE = "quay.io/ascend/cann"
 BASE_TAG_FORM = "<cann>-<chip>-<os><osver>-py<py>"
 # Shared objects that come with the Ascend driver (mounted from the host), not with CANN.
@@ -49,7 +49,7 @@ ASCENDNPU_IR_SET_ENV = "share/info/ascendnpu-ir/bin/set_env.sh"  # relative to t
 ATB_SET_ENV_ARGS = ("--cxx_abi=1",)
 # Where `trainbox image build` records what those scripts export (see trainbox.runtime.cann_env).
 CANN_ENV_FILE = "/etc/trainbox/cann-env.json"
-# `trainbox image build` bakes that record as ENV (trainbox.build.cann_bake); the entrypoint still applies it and
+# `trainbox image build` bakes that record as ENV (trainbox.image.cann_bake); the entrypoint still applies it and
 # names here what the image's ENV lacked, so the doctor can say so (a plain `docker build` image).
 CANN_ENV_APPLIED_VAR = "TRAINBOX_CANN_ENV_APPLIED"
 

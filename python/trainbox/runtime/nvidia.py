@@ -1,5 +1,5 @@
 """Facts about the CUDA toolkit and NVIDIA hosts that both sides need (beside trainbox.runtime.npu): the
-host's one home of the toolkit (trainbox.build.toolkits.cuda) takes them from here, since runtime code cannot
+host's one home of the toolkit (trainbox.image.toolkits.cuda) takes them from here, since runtime code cannot
 import a host module. Standard library only (this module ships in every image)."""
 
 from __future__ import annotations

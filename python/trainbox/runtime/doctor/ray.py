@@ -15,8 +15,8 @@ from .core import (
     WARN,
     Context,
     Result,
-    _parse_ids,
     check,
+    parse_ids,
 )
 
 # ---------------------------------------------------------------------------------------------------
@@ -72,7 +72,7 @@ def check_ray_noset(ctx: Context) -> Result:
                       f"unset {flag} to let Ray manage {visible_var}, or set it to 1 to make the intent plain",
                       data)
     visible = ctx.env.get(visible_var)
-    ids, _ = _parse_ids(visible) if visible else (None, None)
+    ids, _ = parse_ids(visible) if visible else (None, None)
     if ids and ids != list(range(len(ids))):
         return Result(WARN, f"{flag} is set and {visible_var}={visible}: Ray hands out the physical ids "
                             f"{visible}, while torch numbers the same devices 0..{len(ids) - 1}",

@@ -1,5 +1,5 @@
 """The CUDA toolkit's one home on the host (NVIDIA stacks), beside the NPU one and with its interface
-(trainbox.build.toolkits): the facts (trainbox.runtime.nvidia, spelled there once for the image's own code),
+(trainbox.image.toolkits): the facts (trainbox.runtime.nvidia, spelled there once for the image's own code),
 the base (what an nvidia/cuda tag states), the launch half (`--gpus`, the visible-devices variable, Ray's flag)
 and the doctor's half (trainbox.runtime.doctor.cuda). CUDA has no environment record and nothing to bake: its
 base image sets its ENV itself, and the NVIDIA Container Toolkit mounts the driver.

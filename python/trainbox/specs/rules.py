@@ -1,14 +1,14 @@
 """Compatibility rules for stacks (host module). One place, one function per rule.
 
 Each rule has an id and a one-line explanation, and yields findings for a loaded Stack. To add a rule, write a
-function here decorated with @rule("my-rule-id", "why it matters"); trainbox.spec.findings runs them all wherever a stack
+function here decorated with @rule("my-rule-id", "why it matters"); trainbox.specs.findings runs them all wherever a stack
 is used (validate, lock, render, patches verify, image build and its dry run). `error` findings fail; `warning`
 findings fail validation only with --strict; `info` findings never do (they say where something comes from). A rule decides from facts (pins, commits, the tables under
 build/compat/), never from a label a stack file may write freely (`ref:`, `note:`).
 
 A finding that holds on some platforms only names them (`platforms`); `check` folds the same finding on several
 platforms into one. Its message never names the stack, so a stack that inherits the problem from the stack it
-extends has the very same finding, and trainbox.spec.findings reports it once, at the file that holds the pin.
+extends has the very same finding, and trainbox.specs.findings reports it once, at the file that holds the pin.
 """
 
 from __future__ import annotations

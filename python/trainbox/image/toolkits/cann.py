@@ -7,7 +7,7 @@ per toolkit owns its install facts and its runtime half. Every CANN fact and ste
 - the environment record: trainbox.runtime.cann_env captures what the set_env scripts export, in the image build
   (the Dockerfile's step, rendered from ENV_RECORD_STEP);
 - the bake: `bake()` below commits that record as ENV after the build;
-- the rules about CANN pins (torch_npu's CANN line, the base's tag): RULES, in trainbox.spec.rules;
+- the rules about CANN pins (torch_npu's CANN line, the base's tag): RULES, in trainbox.specs.rules;
 - the base: `base_facts(image)` (what a cann base's tag states), `declared_version(manifest)`, `image_labels()`;
 - the launch half (`runtime()` in hpccm's terms): `docker_args`, `host_mounts`, `launch_env`, VISIBLE_DEVICES_VAR,
   HOST_NEEDS;
@@ -36,7 +36,7 @@ from ...runtime import cann_env as env_record, npu as facts
 from ...runtime.doctor import hccl as doctor_hccl, npu as doctor_npu
 from ...runtime.errors import TrainboxError
 from ...runtime.npu import CANN_ENV_FILE
-from ...spec import rules
+from ...specs import rules
 
 NAME = "cann"
 DEVICE = "npu"
@@ -44,7 +44,7 @@ NEEDS = "cann-toolkit"  # what a component's `needs:` names for it (trainbox.run
 ENV_RECORD = env_record
 ENV_RECORD_FILE = CANN_ENV_FILE
 VISIBLE_DEVICES_VAR = facts.VISIBLE_DEVICES_VAR
-#: The spec rules about CANN pins (trainbox.spec.rules registers them; `stack check` runs them).
+#: The spec rules about CANN pins (trainbox.specs.rules registers them; `stack check` runs them).
 RULES = ("torch-npu-cann", "base-reference", "npu-no-cuda-torch")
 #: Where the doctor checks the toolkit, the cards and the driver, and HCCL's settings.
 DOCTOR_MODULES = (doctor_npu, doctor_hccl)
