@@ -1,5 +1,5 @@
 """`trainbox image build` bakes the CANN environment the base's set_env scripts export into the image as ENV
-(trainbox.image.cann_bake), so that a Kubernetes `command:` that bypasses the entrypoint gets it too.
+(trainbox.image.toolkits.cann), so that a Kubernetes `command:` that bypasses the entrypoint gets it too.
 
 Stand-ins (no CANN and no cann base here): a CANN tree of set_env.sh scripts written by this test (the
 toolkit's, BiSheng's / AscendNPU-IR's and ATB's) in an image on the substitute base local/debian:bookworm.
@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from docker_helpers import TEST_LABEL, docker_client
-from trainbox.image import cann_bake
+from trainbox.image.toolkits import cann as cann_bake
 from trainbox.paths import REPO_ROOT
 from trainbox.runtime.errors import TrainboxError
 

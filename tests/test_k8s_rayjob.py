@@ -32,7 +32,7 @@ def _inputs(name: str) -> dict[str, str]:
 
 def _image_env(stack: str) -> dict[str, str]:
     """The ENV of the final stage of the stack's rendered Dockerfile (what `docker build` bakes; the CANN
-    record is baked after the build by trainbox.image.cann_bake and is not in it)."""
+    record is baked after the build by trainbox.image.toolkits.cann and is not in it)."""
     text = (REPO_ROOT / "build/generated" / stack / "Dockerfile").read_text()
     final = text[text.rindex("\nFROM "):]
     env = {"PATH": BASE_PATH}

@@ -19,6 +19,7 @@ from pathlib import Path
 import jinja2
 
 from .. import __version__
+from . import toolkits
 from .base import APT_PYTHON_PACKAGES, RUNTIME_PACKAGES
 from ..specs.grammar import check_env_name, check_image, check_requirement_line, controls
 from ..runtime.errors import TrainboxError
@@ -250,6 +251,14 @@ def _apt_packages(stack: Stack, base: BaseSpec, patching: bool) -> tuple[list[st
     return sorted(system), sorted(build - system)
 
 
+def _env_record(stack: Stack) -> dict | None:
+    """The toolkit's environment record step (CANN's set_env exports, baked after the build), or None."""
+    toolkit = toolkits.for_device(stack.device)
+    if toolkit is None or toolkit.ENV_RECORD is None:
+        return None
+    return {"module": toolkit.ENV_RECORD.__name__, "file": toolkit.ENV_RECORD_FILE}
+
+
 def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str | None = None) -> RenderedStack:
     """The stack's Dockerfile, requirement files and manifest. `native_base`: a cross build's base for the build
     machine (the twin of the stack's base, same Python), which compiles the venv natively (partials/pyc.j2)."""
@@ -301,6 +310,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
             label_lines=[f"{k}={dockerfile_string(v)}" for k, v in _labels(stack).items()],
             trainbox_version=__version__,
             native_base=native_base,
+            env_record=_env_record(stack),
         )
     except jinja2.TemplateError as exc:
         raise TrainboxError(f"{_template_location(exc, template)}: template error: {exc}") from None
@@ -348,11 +358,9 @@ def _labels(stack: Stack) -> dict[str, str]:
     }
     if torch and torch.version:
         labels["io.trainbox.torch"] = torch.version
-    if stack.base.cann:
-        # built on a substitute base (Debian standing in for the CANN image) the image holds no CANN: say
-        # which one the stack declares without claiming it (`trainbox run` reads io.trainbox.cann)
-        key = "io.trainbox.cann.declared" if stack.declared_base else "io.trainbox.cann"
-        labels[key] = stack.base.cann
+    toolkit = toolkits.for_device(stack.device)
+    if toolkit is not None:  # the toolkit's own label (what a substitute-built image declares without holding it)
+        labels.update(toolkit.image_labels(stack.base.cann, bool(stack.declared_base)))
     for key, c in stack.installed_components.items():
         if c.kind.install_args(c):  # provenance of what the build staged: URL, commit, tree, mode, patches
             entry = c.kind.manifest_entry(c, stack)

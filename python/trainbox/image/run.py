@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import GENERATED_DIR, write_atomic
-from . import cann_bake, sbom
+from . import sbom, toolkits
 from .plan import BuildPlan, stage
 from .engine import BuildResult, Client, ConsoleProgress, Step, run_build
 from ..runtime.errors import TrainboxError
@@ -55,7 +55,7 @@ def _skip(plan: BuildPlan, client: Client, report_path: Path, say) -> BuildOutco
     t0 = time.monotonic()
     for t in plan.tags[1:]:
         client.tag(plan.tag, t)
-    baked = bake_cann_env(plan, client, say)  # an image from before the bake, or one whose bake was cut short
+    baked = bake_toolkit_env(plan, client, say)  # an image from before the bake, or one whose bake was cut short
     baked.update(add_sbom(plan, client, report_path, say))  # ... or from before SBOMs
     report = {**common_report(plan, client), **image_facts(client, plan.tag), "ok": True, "skipped": True,
               **baked,
@@ -86,7 +86,7 @@ def run(plan: BuildPlan, client: Client, report_path: Path, *, force: bool = Fal
               "rebuilt_steps": sum(s["status"] == "done" for s in steps if not s["from"])}
     if not result.ok:
         _fail(plan, result, report, report_path, secrets)
-    report.update(bake_cann_env(plan, client, say))
+    report.update(bake_toolkit_env(plan, client, say))
     report.update(add_sbom(plan, client, report_path, say))
     report.update(image_facts(client, plan.tag))
     if before:
@@ -127,14 +127,16 @@ def replaced(client: Client, plan: BuildPlan, before: dict, new_id: str, say) ->
     return {"replaced": {"image_id": old_id, "pushed": [], "kept_as": [], "removed": proc.returncode == 0}}
 
 
-def bake_cann_env(plan: BuildPlan, client: Client, say) -> dict:
-    """NPU images: the CANN environment the build recorded, baked as ENV (trainbox.image.cann_bake)."""
-    if plan.stack.device != "npu":
+def bake_toolkit_env(plan: BuildPlan, client: Client, say) -> dict:
+    """The environment the build recorded for the stack's toolkit, baked as ENV by the toolkit's own module
+    (trainbox.image.toolkits: NPU images get their set_env exports; a CUDA base sets its own ENV)."""
+    toolkit = toolkits.for_device(plan.stack.device)
+    if toolkit is None or toolkit.ENV_RECORD is None:
         return {}
     try:
-        return {"cann_env": cann_bake.bake(client, plan.tags, say)}
+        return {f"{toolkit.NAME}_env": toolkit.bake(client, plan.tags, say)}
     except TrainboxError as exc:  # EngineError included
-        raise BuildFailed(f"{plan.tag}: baking the CANN environment as ENV failed: {exc}") from None
+        raise BuildFailed(f"{plan.tag}: baking the {toolkit.NAME.upper()} environment as ENV failed: {exc}") from None
 
 
 def add_sbom(plan: BuildPlan, client: Client, report_path: Path, say) -> dict:

@@ -225,9 +225,11 @@ def _toolkit_components(inventory: dict, manifest: dict) -> list:
     from cyclonedx.model.component import Component, ComponentType
 
     found = inventory.get("toolkits") or {}
-    declared = {"cann": (manifest.get("base") or {}).get("cann"), "cuda": _cuda_declared(manifest)}
+    from .toolkits import TOOLKITS
+
+    declared = {t.NAME: t.declared_version(manifest) for t in TOOLKITS.values()}
     out = []
-    for name in ("cann", "cuda"):
+    for name in declared:
         f = found.get(name)
         if f:
             version, where = f["version"], f"found in the image: {f['source']}"
@@ -239,11 +241,6 @@ def _toolkit_components(inventory: dict, manifest: dict) -> list:
         out.append(Component(type=ComponentType.FRAMEWORK, name=f"{name}-toolkit", version=version,
                              bom_ref=f"toolkit:{name}", properties=_props(toolkit_source=where)))
     return out
-
-
-def _cuda_declared(manifest: dict) -> str | None:
-    m = re.match(r"(?:.*/)?cuda:(\d+\.\d+(?:\.\d+)?)", (manifest.get("base") or {}).get("image") or "")
-    return m.group(1) if m and manifest.get("device") == "cuda" else None
 
 
 def make_bom(*, manifest: dict, inventory: dict, base: dict, image: str, content_hash: str, platform: str,

@@ -23,19 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import CACHE_DIR
-from ..runtime import npu
+from ..image.toolkits import cann, for_device
 from ..runtime.errors import TrainboxError, describe_os_error
 from .job import Job, resolve
 from .script import job_script
 
 JOB_SCRIPT_IN_IMAGE = "/opt/trainbox/job.sh"
-# docker run pieces (see DESIGN.md, "Domain facts"); the doctor checks for exactly these, so both come from one list
-NPU_CONTROL_DEVICES = npu.NPU_DEVICE_NODES
-NPU_DRIVER_MOUNTS = tuple(npu.NPU_DRIVER_MOUNTS)
-# Jobs over more than one node also need the NIC tool and its configuration (HCCL over RoCE). Required, not
-# probed: the plan is made on one host and run on every node; `--mount` (not -v) makes a node that lacks one
-# fail at `docker run` naming the path, instead of creating an empty directory in its place.
-NPU_MULTINODE_MOUNTS = tuple(npu.NPU_MULTINODE_MOUNTS)
+# docker run pieces (see DESIGN.md, "Domain facts"): the toolkit's (trainbox.image.toolkits.cann), which the doctor
+# checks for too. Jobs over more than one node also need the NIC tool and its configuration (HCCL over RoCE).
+# Required, not probed: the plan is made on one host and run on every node.
+NPU_CONTROL_DEVICES = cann.facts.NPU_DEVICE_NODES
+NPU_DRIVER_MOUNTS = tuple(cann.facts.NPU_DRIVER_MOUNTS)
+NPU_MULTINODE_MOUNTS = tuple(cann.facts.NPU_MULTINODE_MOUNTS)
 # memlock: HCCL / NCCL and RDMA pin host memory. CPU jobs pin nothing and get only the stack limit: some
 # hosts (unprivileged CI sandboxes) cannot raise memlock at all, and docker then refuses to start.
 ULIMITS = {"npu": ("memlock=-1", "stack=67108864"), "cuda": ("memlock=-1", "stack=67108864"),
@@ -105,23 +104,12 @@ def write_job_script(name: str, script: str) -> Path:
 
 
 def device_args(job: Job) -> list[str]:
-    """--device / -v for NPU cards and their driver (plus hccn_tool and hccn.conf on more than one node), --gpus
-    for CUDA, nothing on CPU."""
-    if job.cards is None:
+    """The device toolkit's flags for the job's cards: --device / -v for NPU cards and their driver (plus
+    hccn_tool and hccn.conf on more than one node), --gpus for CUDA, nothing on CPU."""
+    toolkit = for_device(job.device)
+    if job.cards is None or toolkit is None:
         return []
-    if job.device == "cuda":
-        return ["--gpus", '"device=' + ",".join(str(c) for c in job.cards) + '"']
-    args: list[str] = []
-    for c in job.cards:
-        args += ["--device", f"/dev/davinci{c}"]
-    for d in NPU_CONTROL_DEVICES:
-        args += ["--device", d]
-    for m in NPU_DRIVER_MOUNTS:
-        args += ["-v", f"{m}:{m}:ro"]
-    if job.nodes > 1:
-        for m in NPU_MULTINODE_MOUNTS:
-            args += ["--mount", mount_arg(m, m, True)]
-    return args
+    return toolkit.docker_args(job.cards, job.nodes, mount_arg)
 
 
 def doctor_in_image(image: str, doctor_args: list[str]) -> int:

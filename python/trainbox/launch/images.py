@@ -170,7 +170,7 @@ def entrypoint_free_problem(job: Job) -> str | None:
     this engine does not have is not checked."""
     if job.device != "npu":
         return None
-    from ..image.cann_bake import BAKED_LABEL
+    from ..image.toolkits.cann import BAKED_LABEL
 
     try:
         from ..image.engine import find_client

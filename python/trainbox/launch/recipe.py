@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..image.toolkits import TOOLKITS
 from ..runtime.errors import TrainboxError
 from ..paths import LAUNCHERS_DIR
 from ..specs.grammar import ENV_NAME_RE, MAX_DEVICES_PER_NODE, MAX_NODES, check_name, check_text
@@ -36,7 +37,7 @@ IMAGE_LAUNCHERS_DIR = "/opt/trainbox/launchers"
 LAYOUT_VARS = ("TP", "PP", "CP", "EP", "DP", "TRAIN_DEVICES", "ROLLOUT_DEVICES", "ROLLOUT_DEVICES_PER_ENGINE",
                "NNODES", "NPROC_PER_NODE", "WORLD_SIZE")
 # Names the launcher owns: a recipe input or env key may not take them over.
-VISIBLE_DEVICES_VARS = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
+VISIBLE_DEVICES_VARS = {d: t.VISIBLE_DEVICES_VAR for d, t in TOOLKITS.items()}
 
 
 class RecipeError(TrainboxError):

@@ -29,7 +29,7 @@ from .recipe import (
     shell_identifier,
     shell_word,
 )
-from ..runtime import npu
+from ..image.toolkits import TOOLKITS, cann
 from ..runtime.errors import TrainboxError
 from ..templating import make_env
 from .recipecheck import entry_words
@@ -37,15 +37,10 @@ from .job import HOST_CONTROL_PATHS, Job, StackInfo, Values, split_sets
 
 TEMPLATES_DIR = LAUNCHERS_DIR / "templates"
 # Ray rewrites the visible-devices variable per actor unless told not to (older Ray reads the second name).
-NOSET_VARS = {"npu": npu.NPU_NOSET}
+NOSET_VARS = {d: tuple(t.launch_env()) for d, t in TOOLKITS.items() if t.launch_env()}
 ALLOC_VARS = ("PYTORCH_NPU_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 # What the host (or cluster) must provide, by device type: said at the top of every script.
-HOST_NEEDS = {
-    "npu": "Ascend driver + firmware, the cards as /dev/davinciN with davinci_manager, devmm_svm, hisi_hdc, and "
-           "/usr/local/Ascend/driver mounted into the container (`trainbox run` adds them)",
-    "cuda": "NVIDIA driver and the NVIDIA container toolkit (`--gpus`)",
-    "cpu": "nothing beyond the image",
-}
+HOST_NEEDS = {**{d: t.HOST_NEEDS for d, t in TOOLKITS.items()}, "cpu": "nothing beyond the image"}
 
 
 def _comment(text: str) -> str:
@@ -109,6 +104,7 @@ def node_commands(recipe: Recipe, script: str = "job.sh") -> list[str]:
 def _hccl(chip: str | None) -> dict:
     # The same rule trainbox.runtime.dist applies, so a job's script and its processes agree: on Atlas A2
     # (910b) the socket port ranges break MC2 fused operators, so the job gets an HCCL_IF_BASE_PORT block.
+    npu = cann.facts
     return {"if_base": (chip or "").lower() in npu.HCCL_SOCKET_RANGE_CHIPS_EXCLUDED, "chip": chip or "",
             "if_base_port": npu.HCCL_IF_BASE, "if_base_width": npu.HCCL_IF_BASE_WIDTH,
             "host": npu.HCCL_HOST_BASE, "npu": npu.HCCL_NPU_BASE, "width": npu.HCCL_WIDTH,

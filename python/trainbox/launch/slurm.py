@@ -15,7 +15,8 @@ import shlex
 
 from .ports import SLURM_BASES, SLURM_SLOTS
 from ..runtime.errors import TrainboxError
-from .docker import JOB_SCRIPT_IN_IMAGE, NPU_DRIVER_MOUNTS, NPU_MULTINODE_MOUNTS, run_args
+from ..image.toolkits import for_device
+from .docker import JOB_SCRIPT_IN_IMAGE, run_args
 from .job import HOST_CONTROL_PATHS, PORT_INPUTS, PORT_STRIDE, Job
 from .script import HOST_NEEDS, job_script, oneline, render_template
 
@@ -83,9 +84,8 @@ def _header(job: Job, pyxis: bool) -> str:
 def _pyxis_mounts(job: Job) -> list[tuple[str, bool]]:
     """The recipe's path inputs, plus the NPU driver files read-only (and hccn_tool / hccn.conf on more than one
     node; the device nodes themselves need the site's enroot hook for Ascend)."""
-    driver = [(m, True) for m in NPU_DRIVER_MOUNTS] if job.device == "npu" else []
-    if job.device == "npu" and job.nodes > 1:
-        driver += [(m, True) for m in NPU_MULTINODE_MOUNTS]
+    toolkit = for_device(job.device)
+    driver = [(m, True) for m in toolkit.host_mounts(job.nodes)] if toolkit else []
     return driver + sorted(job.mounts.items())
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..image.engine import Client
+from ..image.toolkits import TOOLKITS, for_device
 from .recipe import Input, list_recipes, load_recipe
 from ..runtime.errors import TrainboxError
 from .docker import JOB_SCRIPT_IN_IMAGE, jobs_dir, mount_arg, run_args, write_job_script
@@ -101,10 +102,9 @@ def _values(job: Job) -> dict[str, str]:
 
 
 def _host_has_cards(device: str) -> bool:
-    if device == "npu":
-        return os.path.exists("/dev/davinci_manager")
-    if device == "cuda":
-        return shutil.which("nvidia-smi") is not None
+    toolkit = for_device(device)
+    if toolkit is not None:
+        return toolkit.host_has_cards()
     return False
 
 
@@ -170,8 +170,8 @@ def _free_ports(inputs: dict[str, Input], values: dict[str, str]) -> dict[str, s
 
 def _cpu_job(job: Job) -> Job:
     """The job as CPU mode starts it: no cards, no visible-devices variables, the CPU container options."""
-    env = {k: v for k, v in job.env.items() if k not in ("TRAINBOX_DEVICES", "ASCEND_RT_VISIBLE_DEVICES",
-                                                          "CUDA_VISIBLE_DEVICES")}
+    hidden = {"TRAINBOX_DEVICES"} | {t.VISIBLE_DEVICES_VAR for t in TOOLKITS.values()}
+    env = {k: v for k, v in job.env.items() if k not in hidden}
     stack = StackInfo(job.stack.name, "cpu", job.stack.env, job.stack.cann, job.stack.chip)
     return dataclasses.replace(job, cards=None, env=env, stack=stack)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 
+from trainbox.runtime import npu, nvidia
 from trainbox.runtime.deviceonly import DEVICE_ONLY
 
 # What cannot load without CANN (Ascend) or a GPU driver: the one device-only list, plus the PyPI packages whose
@@ -31,7 +32,7 @@ HIDDEN = (*DEVICE_ONLY, "torchair", "transformer_engine")
 ENV_VAR = "TRAINBOX_DEVICE"
 # TWINKLE_PLATFORM: Twinkle picks its platform from the host's tools (npu-smi means NPU even where torch_npu is
 # hidden); patches/twinkle-* give it a CPU platform that this names.
-FORCED_ENV = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "CUDA_VISIBLE_DEVICES": "", "ASCEND_RT_VISIBLE_DEVICES": "",
+FORCED_ENV = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", nvidia.VISIBLE_DEVICES_VAR: "", npu.VISIBLE_DEVICES_VAR: "",
               "TWINKLE_PLATFORM": "cpu"}
 # After trainbox.pth (which puts the package on sys.path): site reads a directory's .pth files in sorted order.
 PTH_NAME = "trainbox_cpu_mode.pth"

@@ -20,15 +20,14 @@ import os
 import sys
 
 from .apply_patches import canon_name
+from .nvidia import CUDA_VERSION_FILE
+from .npu import TOOLKIT_HOMES, TOOLKIT_INSTALL_INFO, VERSIONED_HOMES
 
 SCHEMA = "trainbox.inventory/1"
 #: Where `trainbox image build` writes the image's CycloneDX SBOM (made on the host: trainbox.image.sbom).
 SBOM_FILE = "/etc/trainbox/sbom.cdx.json"
 #: Where CANN keeps its toolkit's install record (`version=8.5.1`), newest layout last.
-CANN_INFO_GLOBS = ("/usr/local/Ascend/ascend-toolkit/latest/*-linux/ascend_toolkit_install.info",
-                   "/usr/local/Ascend/cann/*-linux/ascend_toolkit_install.info",
-                   "/usr/local/Ascend/cann-*/*-linux/ascend_toolkit_install.info")
-CUDA_VERSION_FILE = "/usr/local/cuda/version.json"
+CANN_INFO_GLOBS = tuple(f"{home}/{TOOLKIT_INSTALL_INFO}" for home in TOOLKIT_HOMES + (VERSIONED_HOMES,))
 canon = canon_name  # PEP 503 normalised name (what pip compares): the package's one rule
 
 

@@ -24,6 +24,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..paths import COMPAT_DIR, PATCHES_DIR
 from ..runtime.errors import TrainboxError
+from ..runtime.npu import BASE_IMAGE as CANN_BASE_IMAGE, BASE_TAG_FORM as CANN_TAG_FORM
 from .platforms import PLATFORM_MACHINE
 from .stack import Stack
 
@@ -300,21 +301,21 @@ def python_tag(stack: Stack) -> Iterator[Finding]:
                       f"{stack.python}; change `python:` or the base tag")
 
 
-# quay.io/ascend/cann:<cann>-<chip>-<os><osver>-py<py>, e.g. 8.5.1-910b-ubuntu22.04-py3.11 (mirrors keep the tag)
+# CANN_BASE_IMAGE:CANN_TAG_FORM (trainbox.runtime.npu), e.g. 8.5.1-910b-ubuntu22.04-py3.11 (mirrors keep the tag)
 CANN_TAG_RE = re.compile(r"^(?P<cann>\d+\.\d+\.[^-]+)-(?P<chip>[^-]+)-(?P<os>[a-z]+\d+(?:\.\d+)?)-py(?P<python>\d\.\d+)$")
 
 
 def cann_tag(image: str) -> dict[str, str] | None:
     """The facts a CANN base image's tag states, or None when the image is not a CANN base reference."""
     repo, _, tag = image.rpartition(":")
-    if not repo or "/" in tag or repo.rsplit("/", 1)[-1] != "cann":
+    if not repo or "/" in tag or repo.rsplit("/", 1)[-1] != CANN_BASE_IMAGE.rsplit("/", 1)[-1]:
         return None
     m = CANN_TAG_RE.match(tag.split("@", 1)[0])
     return m.groupdict() if m else {}
 
 
 @rule("base-reference", "what the stack declares (base.cann, base.chip, base.os, python) must be what its base "
-      "image's tag says (quay.io/ascend/cann:<cann>-<chip>-<os><osver>-py<py>); a CANN other than the one torch_npu "
+      f"image's tag says ({CANN_BASE_IMAGE}:{CANN_TAG_FORM}); a CANN other than the one torch_npu "
       "was built for fails at import or at run time")
 def base_reference(stack: Stack) -> Iterator[Finding]:
     facts = cann_tag(stack.base.image)
@@ -322,7 +323,7 @@ def base_reference(stack: Stack) -> Iterator[Finding]:
         return
     if not facts:
         yield Finding("base-reference", "warning",
-                      f"base.image {stack.base.image}: the tag is not <cann>-<chip>-<os><osver>-py<py> (e.g. "
+                      f"base.image {stack.base.image}: the tag is not {CANN_TAG_FORM} (e.g. "
                       "8.5.1-910b-ubuntu22.04-py3.11), so base.cann/chip/os cannot be checked against it")
         return
     declared = {"cann": stack.base.cann, "chip": stack.base.chip, "os": stack.base.os, "python": stack.python}

@@ -13,7 +13,8 @@ from ... import __version__
 from .. import emulation as _emulation
 from ..apply_patches import canon_name
 from ..manifest import ManifestError, load_manifest, manifest_path
-from ..npu import TOOLKIT_HOMES
+from ..nvidia import CTL_NODE
+from ..npu import NPU_CARD_NODE, NPU_DEVICE_NODES, TOOLKIT_HOMES, TOOLKIT_INSTALL_INFO, VERSIONED_HOMES
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 _RANK = {SKIP: 0, PASS: 0, WARN: 1, FAIL: 2}
@@ -161,9 +162,9 @@ class Context:
         if self.stack_device in DEVICES:
             return self.stack_device, "manifest"
         # A bare host: judge by what is mounted.
-        if self.exists("/dev/davinci_manager") or glob.glob(self.path("/dev/davinci[0-9]*")):
+        if self.exists(NPU_DEVICE_NODES[0]) or glob.glob(self.path(NPU_CARD_NODE + "[0-9]*")):
             return "npu", "detected"
-        if self.exists("/dev/nvidiactl"):
+        if self.exists(CTL_NODE):
             return "cuda", "detected"
         return "cpu", "detected"
 
@@ -431,14 +432,14 @@ def toolkit_home(ctx: Context) -> str | None:
     for home in TOOLKIT_HOMES:
         if os.path.isdir(ctx.path(home)):
             return home
-    versioned = sorted(glob.glob(ctx.path("/usr/local/Ascend/cann-*")))
+    versioned = sorted(glob.glob(ctx.path(VERSIONED_HOMES)))
     if versioned:  # report it as the container sees it, not under the injected root
         return "/" + os.path.relpath(versioned[-1], ctx.path("/"))
     return None
 
 
 def toolkit_version(ctx: Context, home: str) -> str | None:
-    for info in sorted(glob.glob(os.path.join(ctx.path(home), "*-linux", "ascend_toolkit_install.info"))):
+    for info in sorted(glob.glob(os.path.join(ctx.path(home), TOOLKIT_INSTALL_INFO))):
         v = read_kv(info).get("version")
         if v:
             return v

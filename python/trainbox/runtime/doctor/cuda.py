@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..nvidia import CTL_NODE, DRIVER_LIBDIRS
 from .core import (
     CPU_ON_PURPOSE,
     FAIL,
@@ -24,14 +25,14 @@ def check_cuda_driver(ctx: Context) -> Result:
     if skip:
         return skip
     gpus = device_nodes(ctx, "/dev/nvidia[0-9]*", "nvidia")
-    ctl = ctx.exists("/dev/nvidiactl")
+    ctl = ctx.exists(CTL_NODE)
     data = {"gpus": gpus}
     fix = ("run with --gpus all (NVIDIA Container Toolkit), or on Kubernetes request nvidia.com/gpu; "
            + CPU_ON_PURPOSE)
     if not gpus or not ctl:
-        return Result(FAIL, "no NVIDIA GPU visible (" + ("no /dev/nvidiaN" if not gpus else "no /dev/nvidiactl")
+        return Result(FAIL, "no NVIDIA GPU visible (" + ("no /dev/nvidiaN" if not gpus else f"no {CTL_NODE}")
                       + ")", fix, data)
-    libdirs = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64")
+    libdirs = DRIVER_LIBDIRS
     status = lib_status(ctx, ["libcuda.so.1"], libdirs)
     path, err = status["libcuda.so.1"]
     data["libcuda"] = path

@@ -7,13 +7,22 @@ import json
 import os
 
 from ..npu import (
+    BASE_IMAGE,
+    BASE_TAG_FORM,
     CANN_ENV_APPLIED_VAR,
     CANN_ENV_FILE,
+    DRIVER_LIB64,
+    DRIVER_VERSION_INFO,
     NNAL_SET_ENV,
+    NPU_CARD_NODE,
     NPU_DEVICE_NODES,
     NPU_DOCKER_FLAGS,
     NPU_DRIVER_MOUNTS,
+    NPU_SMI,
     TOOLKIT_HOMES,
+    TOOLKIT_INSTALL_INFO,
+    TOOLKIT_SET_ENV,
+    VERSIONED_HOMES,
 )
 from .core import (
     CPU_ON_PURPOSE,
@@ -62,10 +71,10 @@ def check_cann_toolkit(ctx: Context) -> Result:
     home = toolkit_home(ctx)
     want = ((ctx.manifest or {}).get("base") or {}).get("cann")
     if not home:
-        looked = ", ".join(TOOLKIT_HOMES + ("/usr/local/Ascend/cann-*",))
+        looked = ", ".join(TOOLKIT_HOMES + (VERSIONED_HOMES,))
         return Result(FAIL, f"no CANN toolkit found (looked in {looked}){no_cann_reason(ctx)}",
-                      "build the image from a CANN base (quay.io/ascend/cann:<cann>-<chip>-...) or mount the "
-                      f"toolkit at /usr/local/Ascend/ascend-toolkit; {CPU_ON_PURPOSE}", {"expected": want})
+                      f"build the image from a CANN base ({BASE_IMAGE}:{BASE_TAG_FORM}) or mount the "
+                      f"toolkit at {os.path.dirname(TOOLKIT_SET_ENV[0])}; {CPU_ON_PURPOSE}", {"expected": want})
     have = toolkit_version(ctx, home)
     data = {"home": home, "version": have, "expected": want}
     if want and have and not have.lower().startswith(str(want).lower()):
@@ -74,7 +83,7 @@ def check_cann_toolkit(ctx: Context) -> Result:
                       f"with base.cann {have}", data)
     if not have:
         return Result(WARN, f"CANN toolkit at {home}, but its version is unknown (no "
-                            "<arch>-linux/ascend_toolkit_install.info)",
+                            f"{TOOLKIT_INSTALL_INFO})",
                       "reinstall the toolkit package; a partial copy of /usr/local/Ascend misses libraries too",
                       data)
     return Result(PASS, f"CANN toolkit {have} at {home}" + (" as the stack pins" if want else ""), data=data)
@@ -192,7 +201,7 @@ def check_cann_libs(ctx: Context) -> Result:
         fix = (f"the image has no CANN toolkit{no_cann_reason(ctx)}; build it from a CANN base; {CPU_ON_PURPOSE}")
     else:
         fix = (f"source {_set_env_script(home)} so LD_LIBRARY_PATH holds the CANN lib64 dirs, and mount the "
-               "driver (-v /usr/local/Ascend/driver/lib64:/usr/local/Ascend/driver/lib64:ro)")
+               f"driver ({NPU_DRIVER_MOUNTS[DRIVER_LIB64]})")
     detail = "; ".join(e if e.startswith(n) else f"{n}: {e}" for n, e in bad.items())
     return Result(FAIL, f"CANN libraries cannot be loaded: {detail}", fix, data)
 
@@ -220,11 +229,11 @@ def check_npu_devices(ctx: Context) -> Result:
     missing = [n for n in NPU_DEVICE_NODES if not ctx.exists(n)]
     data = {"cards": cards, "missing": missing}
     if not cards or missing:
-        what = (["no /dev/davinciN card"] if not cards else []) + missing
+        what = ([f"no {NPU_CARD_NODE}N card"] if not cards else []) + missing
         return Result(FAIL, f"NPU device nodes missing: {', '.join(what)}",
                       f"run the container with {NPU_DOCKER_FLAGS} (trainbox launch adds them); {CPU_ON_PURPOSE}",
                       data)
-    return Result(PASS, f"{len(cards)} NPU(s): " + ", ".join(f"/dev/davinci{i}" for i in cards)
+    return Result(PASS, f"{len(cards)} NPU(s): " + ", ".join(f"{NPU_CARD_NODE}{i}" for i in cards)
                   + " and the manager nodes", data=data)
 
 
@@ -234,12 +243,12 @@ def check_npu_driver(ctx: Context) -> Result:
     skip = skip_unless(ctx, "npu")
     if skip:
         return skip
-    lib64 = "/usr/local/Ascend/driver/lib64"
+    lib64 = DRIVER_LIB64
     hal = [p for p in (f"{lib64}/libascend_hal.so", f"{lib64}/driver/libascend_hal.so") if ctx.exists(p)]
     missing = [p for p in NPU_DRIVER_MOUNTS if p != lib64 and not ctx.exists(p)]
-    if "/usr/local/bin/npu-smi" in missing and find_command(ctx, "npu-smi"):
-        missing.remove("/usr/local/bin/npu-smi")
-    version = read_kv(ctx.path("/usr/local/Ascend/driver/version.info")).get("version")
+    if NPU_SMI in missing and find_command(ctx, "npu-smi"):
+        missing.remove(NPU_SMI)
+    version = read_kv(ctx.path(DRIVER_VERSION_INFO)).get("version")
     data = {"libascend_hal": hal[0] if hal else None, "driver_version": version, "missing": missing}
     if not hal:
         mounts = [NPU_DRIVER_MOUNTS[lib64]] + [NPU_DRIVER_MOUNTS[p] for p in missing]

@@ -8,6 +8,7 @@ import sys
 
 from ..installed import SBOM_FILE, canon, distributions
 from ..manifest import manifest_path
+from ..npu import TOOLKIT_SET_ENV
 from .core import (
     CPU_ON_PURPOSE,
     DEVICES,
@@ -287,7 +288,7 @@ def explain_import_failure(stderr: str, ctx: Context | None = None) -> tuple[str
         msg = f"`import torch` fails: {who} cannot load {lib}{where}"
         if (ext and "npu" in ext) or lib.startswith(("libhccl", "libascend")):
             fix = ("on an NPU host mount the driver and devices and source CANN (source "
-                   "/usr/local/Ascend/ascend-toolkit/set_env.sh; the trainbox entrypoint does); "
+                   f"{TOOLKIT_SET_ENV[0]}; the trainbox entrypoint does); "
                    "to run without an NPU on purpose set TRAINBOX_DEVICE=cpu or TORCH_DEVICE_BACKEND_AUTOLOAD=0")
         else:
             fix = f"install the package that provides {lib}, or add its directory to LD_LIBRARY_PATH"

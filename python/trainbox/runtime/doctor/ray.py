@@ -6,7 +6,9 @@ import os
 import re
 import sys
 
-from ..npu import CUDA_NOSET, NPU_NOSET
+from .. import npu, nvidia
+from ..npu import NPU_NOSET
+from ..nvidia import CUDA_NOSET
 from .core import (
     PASS,
     SKIP,
@@ -50,9 +52,9 @@ def check_ray_noset(ctx: Context) -> Result:
         return Result(SKIP, "ray is not installed")
     if ctx.device == "npu":
         read = _ray_noset_names(ctx) or [NPU_NOSET[0]]
-        names, visible_var, res = NPU_NOSET, "ASCEND_RT_VISIBLE_DEVICES", "NPU"
+        names, visible_var, res = NPU_NOSET, npu.VISIBLE_DEVICES_VAR, "NPU"
     else:
-        read, names, visible_var, res = [CUDA_NOSET], (CUDA_NOSET,), "CUDA_VISIBLE_DEVICES", "GPU"
+        read, names, visible_var, res = [CUDA_NOSET], (CUDA_NOSET,), nvidia.VISIBLE_DEVICES_VAR, "GPU"
     set_vars = {n: ctx.env[n] for n in names if ctx.env.get(n)}
     data = {"ray": ray, "ray_reads": read, "set": set_vars}
     ignored = [n for n in set_vars if n not in read]
