@@ -37,28 +37,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def _edited_copy(root: Path, edit: str) -> Path:
-    from trainbox.build import image
+    from trainbox.image.plan import copy_inputs
 
-    image.copy_inputs(root)
+    copy_inputs(root)
     target = root / edit
     target.write_text(target.read_text() + f"\n# bench edit {time.time()}\n")
     return root
 
 
 def _timed_build(opts, repo_root: Path | None = None):
-    from trainbox.build import image
+    from trainbox.image import build as image_build
 
     opts.source_root = repo_root
     t0 = time.monotonic()
-    out = image.build(opts)
+    out = image_build.build(opts)
     return out, time.monotonic() - t0
 
 
 def limit_requirements(stack_name: str, sets: dict[str, str] | None = None, plan=None) -> list[bytes]:
-    """requirements.txt and deps.txt for the limit. With `plan` (an image.plan), the very files the build installs:
+    """requirements.txt and deps.txt for the limit. With `plan` (an image_build.plan), the very files the build installs:
     pins moved by `sets` are hashed there as the build hashes them (a moved pin has no hash in the stack's lock)."""
-    from trainbox.build import render
-    from trainbox.spec.stack import load_stack
+    from trainbox.image import render
+    from trainbox.specs.stack import load_stack
 
     if plan is None:
         rendered = render.render_stack(load_stack(stack_name, sets=sets))
@@ -74,12 +74,12 @@ def plain_pip_install(stack_name: str, wheelhouse: str | None, sets: dict[str, s
     pip into a fresh venv, no cache, from the indexes that answer (as the build does) plus the wheelhouse."""
     import subprocess
 
-    from trainbox.build import image
-    from trainbox.spec.stack import load_stack
+    from trainbox.image import build as image_build
+    from trainbox.specs.stack import load_stack
 
     stack = load_stack(stack_name, sets=sets)
     texts = limit_requirements(stack_name, sets, plan)
-    indexes = [u for u in stack.indexes.values() if image._url_answers(u, 6.0)[0]] or ["https://pypi.org/simple"]
+    indexes = [u for u in stack.indexes.values() if image_build.url_answers(u, 6.0)[0]] or ["https://pypi.org/simple"]
     with tempfile.TemporaryDirectory(prefix="trainbox-bench-pip-") as tmp:
         req, deps = Path(tmp, "requirements.txt"), Path(tmp, "deps.txt")
         req.write_bytes(texts[0])
@@ -114,7 +114,7 @@ def workload_inputs(profile: str, stack_name: str) -> tuple[dict[str, str], str]
     `set:` entry for it and the stack's own base.substitute (with those pins applied)."""
     from trainbox.runtime.errors import TrainboxError
     from trainbox.smoke.profile import load_profile
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     sets = dict(load_profile(profile).get("set", {}).get(stack_name) or {})
     if not sets:
@@ -132,13 +132,13 @@ def verdict(took: float, limit: float, goal: float) -> str:
 
 def bench_workload(args, client, created: list[str]) -> dict:
     """The workload stack's cold build on its substitute base against its own plain pip install, same run."""
-    from trainbox.build import image
+    from trainbox.image import build as image_build
 
     sets, base = workload_inputs(args.profile, args.workload)
-    opts = image.BuildOptions(stack=args.workload, base=base, sets=sets, wheelhouse=args.wheelhouse,
+    opts = image_build.BuildOptions(stack=args.workload, base=base, sets=sets, wheelhouse=args.wheelhouse,
                               ca_bundle=args.ca_bundle, tag_latest=False, labels={"trainbox.bench": "1"},
                               report=str(Path(tempfile.gettempdir()) / f"trainbox-bench-{args.workload}.json"))
-    planned = image.plan(opts, client, make_base=True)  # the substitute base, made untimed if missing
+    planned = image_build.plan(opts, client, make_base=True)  # the substitute base, made untimed if missing
     print(f"bench: the limit for {args.workload}: plain pip install of its pinned wheels", file=sys.stderr)
     t_venv, t_pip = plain_pip_install(args.workload, args.wheelhouse, sets, plan=planned)
     limit = t_venv + t_pip
@@ -178,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the figures here (default: build/reports/bench-build.json)")
     args = ap.parse_args(argv)
 
-    from trainbox.build import image
+    from trainbox.image import build as image_build
     from imagescan import scan_image
-    from trainbox.build.engine import find_client
+    from trainbox.image.engine import find_client
     from trainbox.paths import REPO_ROOT
 
     client = find_client()
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         client.run("builder", "prune", "-f", "--filter", "type=exec.cachemount", timeout=600)
 
     def opts(**kw):
-        return image.BuildOptions(stack=args.stack, wheelhouse=args.wheelhouse, ca_bundle=args.ca_bundle,
+        return image_build.BuildOptions(stack=args.stack, wheelhouse=args.wheelhouse, ca_bundle=args.ca_bundle,
                                   tag_latest=False, labels={"trainbox.bench": "1"},
                                   report=str(Path(tempfile.gettempdir()) / f"trainbox-bench-{args.stack}.json"),
                                   **kw)
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     created: list[str] = []
     # "base present": a missing or outdated trainbox base (`trainbox base bootstrap`) is made here, untimed, not
     # inside the timed cold build
-    image.plan(opts(), client, make_base=True)
+    image_build.plan(opts(), client, make_base=True)
     print("bench: the limit: plain pip install of the same pinned wheels into a fresh venv", file=sys.stderr)
     t_venv, t_pip = plain_pip_install(args.stack, args.wheelhouse)
     limit = t_venv + t_pip

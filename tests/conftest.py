@@ -177,7 +177,7 @@ def npu_image() -> str:
 def every_built_image_carries_its_sbom():
     """Every image a test builds through `trainbox image build` is checked once it is built: its SBOM
     (/etc/trainbox/sbom.cdx.json) must list what `pip inspect` in the image lists (docker_helpers.sbom_problems)."""
-    from trainbox.build import run as buildrun
+    from trainbox.image import run as buildrun
 
     real = buildrun.run
     checked: set[str] = set()

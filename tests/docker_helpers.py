@@ -1,6 +1,6 @@
 """Shared helpers for tests that need a real Docker engine (marker `docker`).
 
-The images built here are the product's own builds (`trainbox.build.image.build`), tagged by content hash,
+The images built here are the product's own builds (`trainbox.image.build.build`), tagged by content hash,
 so a second session, or `make image-cpu` before `make test`, reuses them for free. Wire them into
 conftest.py as session fixtures, e.g.::
 
@@ -51,7 +51,7 @@ def _unavailable(msg: str):
 
 @functools.cache
 def _client_or_reason():
-    from trainbox.build.engine import find_client
+    from trainbox.image.engine import find_client
     from trainbox.runtime.errors import TrainboxError
 
     try:
@@ -73,8 +73,8 @@ def docker_client():
 def wheelhouse_dir() -> Path:
     """A directory holding the CPU torch wheel the cpu stack pins: $TRAINBOX_TEST_WHEELHOUSE, else
     pip's configured find-links directories. The product never looks there by itself."""
-    from trainbox.build.image import read_wheelhouse
-    from trainbox.spec.stack import load_stack
+    from trainbox.supply.wheelhouse import read_wheelhouse
+    from trainbox.specs.stack import load_stack
 
     torch = load_stack("cpu").components["torch"]
     want = set(torch.pin_for("linux/amd64").sha256)
@@ -95,7 +95,7 @@ def wheelhouse_dir() -> Path:
 
 
 def _host_bundle() -> Path:
-    from trainbox.build.image import default_ca_bundle
+    from trainbox.image.build import default_ca_bundle
 
     return Path(default_ca_bundle() or "/etc/ssl/certs/ca-certificates.crt")
 
@@ -139,7 +139,7 @@ def secret_needles(image_bundle: bytes = b"") -> dict[str, bytes]:
 
 
 def build_options(**kw):
-    from trainbox.build.image import BuildOptions
+    from trainbox.image.build import BuildOptions
 
     return BuildOptions(**kw)
 
@@ -149,7 +149,7 @@ def ensure_base() -> str:
     import fcntl
     import tempfile
 
-    from trainbox.build.base import DEFAULT_TAG, bootstrap
+    from trainbox.image.base import DEFAULT_TAG, bootstrap
 
     client = docker_client()
     # One bootstrap at a time across the test workers (several docker queues run at once): the second waits and
@@ -223,7 +223,7 @@ def build_npu_template_image() -> str:
 
 def build_cpu_outcome():
     """The cpu stack's image as `make image-cpu` builds it, with secrets to look for later (a marker
-    CA in the bundle, credentials in the index URL). Returns trainbox.build.image.BuildOutcome (.tag, .report)."""
+    CA in the bundle, credentials in the index URL). Returns trainbox.image.build.BuildOutcome (.tag, .report)."""
     out = _cpu_outcome()
     if not docker_client().image_exists(out.tag):  # a test before this one took its name (see build_cpu_image)
         _cpu_outcome.cache_clear()
@@ -233,7 +233,7 @@ def build_cpu_outcome():
 
 @functools.cache
 def _cpu_outcome():
-    from trainbox.build.image import build
+    from trainbox.image.build import build
 
     docker_client()
     ensure_base()
@@ -244,7 +244,7 @@ def _cpu_outcome():
 @functools.cache
 def build_cpu_ray_image() -> str:
     """The cpu-ray stack (cpu + ray[default]) for the Ray recipe; shares the cpu image's first layers."""
-    from trainbox.build.image import build
+    from trainbox.image.build import build
 
     docker_client()
     ensure_base()
@@ -256,8 +256,8 @@ def build_cpu_ray_image() -> str:
 def build_npu_template_outcome():
     """Dockerfile.npu's steps for real: the npu-910b stack with its CANN base replaced by the cpu
     base and pins this machine can reach, through the user-facing overrides (--base, --set,
-    --wheelhouse). Returns trainbox.build.image.BuildOutcome."""
-    from trainbox.build.image import build
+    --wheelhouse). Returns trainbox.image.build.BuildOutcome."""
+    from trainbox.image.build import build
 
     docker_client()
     base = ensure_base()
@@ -311,7 +311,7 @@ def sbom_problems(tag: str) -> list[str]:
     out or extra, another version, or a sha256 that pip recorded (PEP 610 archive_info) and the SBOM lacks."""
     import json
 
-    from trainbox.build import sbom
+    from trainbox.image import sbom
     from trainbox.runtime.installed import canon
 
     doc = json.loads(sbom.read_from_image(docker_client(), tag))

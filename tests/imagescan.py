@@ -14,7 +14,7 @@ import tarfile
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from trainbox.build.engine import Client
+from trainbox.image.engine import Client
 
 
 # -- scanning an image's layers -------------------------------------------------------------------

@@ -157,7 +157,7 @@ def _given(value) -> list[str]:
 
 def _names(args) -> str | None:
     from trainbox.launch.recipe import list_recipes
-    from trainbox.spec.stack import list_stacks
+    from trainbox.specs.stack import list_stacks
 
     stacks, recipes = set(list_stacks()), set(list_recipes())
     stack_names = _given(getattr(args, "stack", None)) + _given(getattr(args, "stacks", None))
@@ -189,7 +189,7 @@ def _recipe_sets(args, recipe_names: list[str], sets: list[str]) -> None:
 
 
 def _stack_sets(args, stack_names: list[str], sets: list[str]) -> None:
-    from trainbox.spec.stack import load_stack, parse_sets
+    from trainbox.specs.stack import load_stack, parse_sets
 
     for name in stack_names:
         mine = []

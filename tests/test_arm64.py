@@ -11,9 +11,9 @@ import zipfile
 
 import pytest
 
-from trainbox.build import inventory, plan as buildplan
-from trainbox.spec import platforms, rules
-from trainbox.spec.stack import load_stack
+from trainbox.image import inventory, plan as buildplan
+from trainbox.specs import platforms, rules
+from trainbox.specs.stack import load_stack
 
 
 def test_tags_and_base_names_per_platform():
@@ -106,7 +106,7 @@ def test_a_cross_build_compiles_the_venv_natively(tmp_path, monkeypatch, stack_n
 
 
 def test_native_twin_is_trainboxs_own_base_for_this_machine(monkeypatch):
-    from trainbox.build import base
+    from trainbox.image import base
 
     class Engine:
         def __init__(self, *have):
@@ -195,17 +195,17 @@ def test_lock_evaluates_markers_for_the_target_machine(tmp_path):
 
 def test_image_build_without_emulation_stops_in_one_line(monkeypatch):
     """No qemu for arm64 here: the build says so, and how to get it, before it looks for an engine."""
-    from trainbox.build import image
+    from trainbox.image import build as image_build
     from trainbox.runtime.errors import TrainboxError
 
-    monkeypatch.setattr(image, "emulation_problem", lambda plat: "no qemu-aarch64 emulator is registered in X")
-    monkeypatch.setattr(image, "find_client", lambda: pytest.fail("must stop before the engine"))
+    monkeypatch.setattr(image_build, "emulation_problem", lambda plat: "no qemu-aarch64 emulator is registered in X")
+    monkeypatch.setattr(image_build, "find_client", lambda: pytest.fail("must stop before the engine"))
     with pytest.raises(TrainboxError) as exc:
-        image.build(image.BuildOptions(stack="cpu", platform="linux/arm64"))
+        image_build.build(image_build.BuildOptions(stack="cpu", platform="linux/arm64"))
     assert exc.value.exit_code == 2 and "\n" not in str(exc.value)
     assert "--platform linux/arm64" in str(exc.value) and "ci/ensure-docker.sh --emulate arm64" in str(exc.value)
     with pytest.raises(TrainboxError, match="supports linux/amd64, linux/arm64"):  # unchanged: bad input first
-        image.build(image.BuildOptions(stack="cpu", platform="linux/s390x"))
+        image_build.build(image_build.BuildOptions(stack="cpu", platform="linux/s390x"))
 
 
 @pytest.mark.parametrize("value", ["linux/s390x", "linux/arm64,linux/arm64", ","])

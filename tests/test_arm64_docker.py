@@ -34,7 +34,7 @@ HANG_S = 3600  # an emulated torch job takes minutes quiet, several times that l
 
 
 def _require_emulation():
-    from trainbox.spec.platforms import EMULATE_HINT, emulation_problem
+    from trainbox.specs.platforms import EMULATE_HINT, emulation_problem
 
     problem = emulation_problem(PLAT)
     if problem:
@@ -43,7 +43,7 @@ def _require_emulation():
 
 @pytest.fixture(scope="module")
 def arm64_base():
-    from trainbox.build.base import bootstrap, PLATFORM_LABEL
+    from trainbox.image.base import bootstrap, PLATFORM_LABEL
 
     client = docker_helpers.docker_client()
     _require_emulation()
@@ -59,7 +59,7 @@ def arm64_wheels():
     """`image wheelhouse cpu --platform linux/arm64`: every arm64 pin and locked dependency, fetched natively and
     hash-checked here (kept between runs), so that the emulated pip only installs."""
     from trainbox.paths import CACHE_DIR
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
     from trainbox.supply.wheelhouse import fill
 
     dest = CACHE_DIR / "test" / "wheels-arm64"
@@ -71,7 +71,7 @@ def arm64_wheels():
 
 @pytest.fixture(scope="module")
 def arm64_cpu(arm64_base, arm64_wheels):
-    from trainbox.build.image import BuildOptions, build
+    from trainbox.image.build import BuildOptions, build
 
     client = docker_helpers.docker_client()
     outcome = build(BuildOptions(stack="cpu", platform=PLAT, labels={"trainbox.test": "1"}, tag_latest=False,
@@ -128,8 +128,8 @@ def test_the_arm64_sbom_names_the_aarch64_pins_hashes(arm64_cpu):
     """Issue 37: the cpu stack pins torch and numpy once per platform (a requirement line under each platform's
     marker). The SBOM keyed those lines by name, so the x86_64 line overwrote the aarch64 one and the arm64 image's
     SBOM called its torch "not hash-pinned". Each distribution now carries the hash of its own platform's pin."""
-    from trainbox.build import sbom
-    from trainbox.spec.stack import load_stack
+    from trainbox.image import sbom
+    from trainbox.specs.stack import load_stack
 
     stack = load_stack("cpu")
     doc = json.loads(sbom.read_from_image(docker_helpers.docker_client(), arm64_cpu.tag))
@@ -144,7 +144,7 @@ def test_the_arm64_sbom_names_the_aarch64_pins_hashes(arm64_cpu):
 
 
 def test_image_ls_shows_the_platform(arm64_cpu):
-    from trainbox.build.inventory import built_images
+    from trainbox.image.inventory import built_images
 
     [img] = [i for i in built_images(["cpu"]) if arm64_cpu.tag in i.tags]
     assert img.platform == PLAT and img.hash_tags == [arm64_cpu.tag]

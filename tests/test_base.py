@@ -1,10 +1,10 @@
-"""trainbox.build.base: `trainbox base bootstrap` and base availability."""
+"""trainbox.image.base: `trainbox base bootstrap` and base availability."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainbox.build import base, engine
+from trainbox.image import base, engine
 from trainbox.runtime.errors import TrainboxError
 
 
@@ -193,15 +193,15 @@ def test_base_available_local_and_unreachable():
 def test_npu_base_unreachable_fails_fast_with_hint(capsys, monkeypatch):
     """`trainbox image build --stack npu-910b` where quay.io cannot be reached: seconds, not minutes,
     and the message names the base and the --base / mirror options."""
-    from trainbox.build import image
+    from trainbox.image import build as image_build
     from trainbox.cli import main
 
-    monkeypatch.setattr(image, "find_client", lambda: StubClient())
+    monkeypatch.setattr(image_build, "find_client", lambda: StubClient())
     monkeypatch.setattr(base, "find_client", lambda: StubClient())
     monkeypatch.setattr(engine, "registry_reachable", lambda ref, timeout=8.0: (False, "stand-in: no route"))
     monkeypatch.setattr(base, "registry_reachable", lambda ref, timeout=8.0: (False, "stand-in: no route"))
-    monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
-    from trainbox.build import run as buildrun
+    monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None: (True, ""))
+    from trainbox.image import run as buildrun
     from hangguard import no_connection
 
     # the answer comes before any long step: no connection (a pull), no build; timing it would judge the machine
@@ -217,7 +217,7 @@ def test_npu_base_unreachable_fails_fast_with_hint(capsys, monkeypatch):
 def test_explicit_local_debian_base_is_bootstrapped_not_pulled(monkeypatch):
     """`--base local/debian:bookworm` (what the unreachable-base hint suggests) on an engine that lacks it:
     bootstrap it first, whatever a registry would answer for that name."""
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     asked = []
     monkeypatch.setattr(base, "base_available", lambda ref, client, **kw: asked.append(ref) or (True, "stand-in"))
@@ -237,7 +237,7 @@ def test_explicit_local_debian_base_is_bootstrapped_not_pulled(monkeypatch):
 def test_outdated_substitute_is_made_again(monkeypatch):
     """The cpu stack's automatic substitute, when an older trainbox made it: bootstrapped again before the build
     (so the build's system stage runs no apt), while a current one is used as it is."""
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     monkeypatch.setattr(base, "base_available", lambda ref, client, **kw: (False, "stand-in: no registry"))
     stack = load_stack("cpu")
@@ -281,7 +281,7 @@ def test_bootstrapped_base_for_real():
 def test_profile_base_one_policy_for_smoke_and_image_build_profile(monkeypatch):
     """`trainbox smoke` and `image build --profile` take the base from base.profile_base: with no engine to ask
     (a dry run on a CPU host) auto plans on the substitute, as the build there would; never keeps the own base."""
-    import trainbox.build.base as b
+    import trainbox.image.base as b
 
     def no_engine(image, client=None, timeout=8.0, **kw):  # not a wait: base_available's signature
         raise b.TrainboxError("no Docker engine answers")
@@ -297,3 +297,42 @@ def test_profile_base_one_policy_for_smoke_and_image_build_profile(monkeypatch):
     monkeypatch.setattr(b, "base_available", lambda image, client=None, timeout=8.0, **kw: (False, "unreachable"))
     c = b.profile_base("auto", "debian:x", "local/debian:bookworm", auto_substitute=True)
     assert (c.decision, c.base, c.substituted) == ("substitute", None, "local/debian:bookworm")
+
+
+@pytest.mark.docker
+def test_a_tree_becomes_an_image_through_the_engine_client(tmp_path):
+    """The bootstrap's import, both ways, through engine.Client (base.py runs no docker itself): numeric owners
+    kept, dev/proc/sys left empty, the changes in the config, the BuildKit way recording the platform asked."""
+    import io
+    import os
+    import tarfile
+    import uuid
+
+    import docker_helpers as dh
+
+    client = dh.docker_client()
+    root = tmp_path / "rootfs"
+    for d in ("etc", "dev", "proc", "sys"):
+        (root / d).mkdir(parents=True)
+    (root / "etc" / "marker").write_text("tree")
+    (root / "dev" / "null-ish").write_text("left out")
+    os.chown(root / "etc" / "marker", 1234, 5678)
+    changes = ['CMD ["bash"]', "LABEL org.trainbox.test.tree=yes"]
+    tags = [f"trainbox-test/tree:{uuid.uuid4().hex[:12]}" for _ in range(2)]
+    try:
+        ids = [base._import(client, root, tags[0], changes),
+               base._import_buildkit(client, root, tmp_path / "context", tags[1], changes, "linux/amd64")]
+        for tag, image_id in zip(tags, ids):
+            assert client.image_id(tag) == image_id
+            assert client.labels(tag)["org.trainbox.test.tree"] == "yes"
+            members = {}
+            with client.save_stream(tag) as stream, tarfile.open(fileobj=stream, mode="r|") as saved:
+                for m in saved:
+                    if m.name.endswith("layer.tar"):
+                        with tarfile.open(fileobj=io.BytesIO(saved.extractfile(m).read())) as layer:
+                            members.update({x.name.lstrip("./"): x for x in layer.getmembers()})
+            assert (members["etc/marker"].uid, members["etc/marker"].gid) == (1234, 5678)
+            assert "dev/null-ish" not in members and "dev" in {n.rstrip("/") for n in members}
+    finally:
+        for tag in tags:
+            client.remove_image(tag, force=True)

@@ -10,7 +10,7 @@ import pytest
 
 from trainbox.runtime.errors import TrainboxError
 from trainbox.smoke.profile import load_profile
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import build as bench  # noqa: E402
@@ -45,11 +45,11 @@ def test_the_workload_limit_installs_the_pins_the_build_gets():
     2.13.0+cpu, which no lock holds) hashed from the wheelhouse as the build hashes them, not the stack's NPU pins."""
     from docker_helpers import wheelhouse_dir
 
-    from trainbox.build import image
+    from trainbox.image import build as image_build
 
     sets, base = bench.workload_inputs(PROFILE, "npu-910b")
-    opts = image.BuildOptions(stack="npu-910b", base=base, sets=sets, wheelhouse=str(wheelhouse_dir()), dry_run=True)
-    req, _deps = bench.limit_requirements("npu-910b", sets, image.plan(opts, None))
+    opts = image_build.BuildOptions(stack="npu-910b", base=base, sets=sets, wheelhouse=str(wheelhouse_dir()), dry_run=True)
+    req, _deps = bench.limit_requirements("npu-910b", sets, image_build.plan(opts, None))
     torch = [ln for ln in req.decode().splitlines() if ln.startswith("torch==")]
     assert len(torch) == 1 and torch[0].startswith("torch==2.13.0+cpu --hash=sha256:"), torch
     # without the plan, the stack's own files cannot give the moved pin a hash: the build's plan is needed

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainbox.build import base
+from trainbox.image import base
 from trainbox.supply import fetch
 from trainbox.cli import main
 from trainbox.paths import REPO_ROOT, STACKS_DIR
@@ -85,7 +85,7 @@ FAKE_DEBOOTSTRAP = textwrap.dedent("""\
 
 DRIVER = textwrap.dedent("""\
     import sys
-    from trainbox.build import base
+    from trainbox.image import base
     from trainbox.cli import main
 
     class Client:  # a stand-in for the engine: the tag does not exist yet

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from trainbox.build.render import render_stack
-from trainbox.spec.stack import list_stacks, load_stack
+from trainbox.image.render import render_stack
+from trainbox.specs.stack import list_stacks, load_stack
 
 SECRET_MOUNT = "id=pip_index_url"
 
@@ -70,11 +70,11 @@ from types import SimpleNamespace  # noqa: E402
 
 import yaml  # noqa: E402
 
-from trainbox.build.run import BuildFailed, _fail, write_report  # noqa: E402
-from trainbox.build.engine import ConsoleProgress, Step  # noqa: E402
+from trainbox.image.run import BuildFailed, _fail, write_report  # noqa: E402
+from trainbox.image.engine import ConsoleProgress, Step  # noqa: E402
 from trainbox.paths import STACKS_DIR  # noqa: E402
 from trainbox.runtime.redact import redact, url_secrets  # noqa: E402
-from trainbox.spec.stack import StackError  # noqa: E402
+from trainbox.specs.stack import StackError  # noqa: E402
 
 TOKEN = "s3cr3t-T0KEN"
 INDEX = f"https://ci-bot:{TOKEN}@pypi.internal.example/simple"
@@ -159,7 +159,7 @@ def test_credentials_in_a_stack_url_are_refused_without_printing_them(tmp_path, 
     ("url", f"https://u:{TOKEN}@files.example/x-1.0.tar.gz"),
 ])
 def test_credentials_in_a_source_url_are_refused(tmp_path, field, value):
-    from trainbox.spec.grammar import check_git_url, check_url
+    from trainbox.specs.grammar import check_git_url, check_url
 
     with pytest.raises(ValueError, match="holds credentials") as exc:
         check_git_url(value) if field == "git" else check_url(value, ("https",))

@@ -10,10 +10,10 @@ import tarfile
 
 import pytest
 
-from trainbox.build import bundle
+from trainbox.image import bundle
 from trainbox.supply import fetch as fetching
 from trainbox.supply.index import IndexUnreachable
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 
 
 def _bundle(path, meta: dict) -> None:

@@ -1,5 +1,5 @@
 """`trainbox image build` bakes the CANN environment the base's set_env scripts export into the image as ENV
-(trainbox.build.cann_bake), so that a Kubernetes `command:` that bypasses the entrypoint gets it too.
+(trainbox.image.toolkits.cann), so that a Kubernetes `command:` that bypasses the entrypoint gets it too.
 
 Stand-ins (no CANN and no cann base here): a CANN tree of set_env.sh scripts written by this test (the
 toolkit's, BiSheng's / AscendNPU-IR's and ATB's) in an image on the substitute base local/debian:bookworm.
@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 from docker_helpers import TEST_LABEL, docker_client
-from trainbox.build import cann_bake
+from trainbox.image.toolkits import cann as cann_bake
 from trainbox.paths import REPO_ROOT
 from trainbox.runtime.errors import TrainboxError
 
@@ -140,7 +140,7 @@ def test_image_build_of_the_npu_stack_bakes_what_the_base_scripts_export(tmp_pat
     the build records the scripts' environment, `image build` bakes it, a bypassing command sees it."""
     from docker_helpers import NPU_OVERRIDES, build_options, kept_base, wheelhouse_dir
 
-    from trainbox.build.image import build
+    from trainbox.image.build import build
 
     client = docker_client()
     # The stand-in CANN base: the substitute Debian with the stand-in tree, and python3-venv because a stack

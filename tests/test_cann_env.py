@@ -74,12 +74,12 @@ def test_a_record_from_a_base_without_cann_is_ignored(tmp_path):
     assert proc.returncode == 0 and "unreadable" in proc.stderr
 
 
-# ------------------------------------------------ baking the record as ENV (trainbox.build.cann_bake; docker side:
+# ------------------------------------------------ baking the record as ENV (trainbox.image.toolkits.cann; docker side:
 # tests/test_cann_bake_docker.py)
 
 
 def test_the_record_becomes_one_env_instruction_quoted_literally():
-    from trainbox.build import cann_bake
+    from trainbox.image.toolkits import cann as cann_bake
 
     rec = {"schema": 1, "sourced": ["/usr/local/Ascend/ascend-toolkit/set_env.sh"],
            "env": {"PATH": "/opt/bisheng/bin:/usr/bin", "TB_Q": 'a "b" $c \\d'}}
@@ -95,7 +95,7 @@ def test_the_record_becomes_one_env_instruction_quoted_literally():
     ({"sourced": ["s"], "env": ["PATH"]}, "expected the CANN environment record"),
 ])
 def test_a_record_that_cannot_be_baked_is_refused_naming_the_variable(record, message):
-    from trainbox.build import cann_bake
+    from trainbox.image.toolkits import cann as cann_bake
     from trainbox.runtime.errors import TrainboxError
 
     with pytest.raises(TrainboxError, match=message):
@@ -105,17 +105,18 @@ def test_a_record_that_cannot_be_baked_is_refused_naming_the_variable(record, me
 def test_image_build_bakes_npu_images_only_and_a_failed_bake_fails_the_build(monkeypatch):
     from types import SimpleNamespace
 
-    from trainbox.build import cann_bake, run as buildrun
+    from trainbox.image import run as buildrun
+    from trainbox.image.toolkits import cann as cann_bake
     from trainbox.runtime.errors import TrainboxError
 
     calls = []
     monkeypatch.setattr(cann_bake, "bake", lambda client, tags, say: calls.append(tags) or {"baked": 3})
     plan = SimpleNamespace(stack=SimpleNamespace(device="npu"), tags=["trainbox/npu-910b:abc", "x:latest"],
                            tag="trainbox/npu-910b:abc")
-    assert buildrun.bake_cann_env(plan, None, print) == {"cann_env": {"baked": 3}}
+    assert buildrun.bake_toolkit_env(plan, None, print) == {"cann_env": {"baked": 3}}
     assert calls == [plan.tags]
     plan.stack.device = "cpu"
-    assert buildrun.bake_cann_env(plan, None, print) == {} and len(calls) == 1
+    assert buildrun.bake_toolkit_env(plan, None, print) == {} and len(calls) == 1
 
     def fails(client, tags, say):
         raise TrainboxError("ASCEND_OPP_PATH is '/elsewhere' in the image's ENV")
@@ -123,7 +124,7 @@ def test_image_build_bakes_npu_images_only_and_a_failed_bake_fails_the_build(mon
     monkeypatch.setattr(cann_bake, "bake", fails)
     plan.stack.device = "npu"
     with pytest.raises(buildrun.BuildFailed, match="baking the CANN environment as ENV failed: ASCEND_OPP_PATH") as e:
-        buildrun.bake_cann_env(plan, None, print)
+        buildrun.bake_toolkit_env(plan, None, print)
     assert e.value.exit_code == 1
 
 

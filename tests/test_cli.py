@@ -82,7 +82,7 @@ def test_group_help_and_top_level(capsys):
 def test_json_outputs_parse_and_carry_a_schema(path, capsys, monkeypatch, tmp_path):
     from tests.test_cli_stack import offline_lock
 
-    from trainbox.build import plan as buildplan
+    from trainbox.image import plan as buildplan
 
     monkeypatch.setattr(lockmod, "lock_stack", offline_lock)  # `stack lock` asks no index here
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")  # where a dry run stages its context
@@ -92,7 +92,7 @@ def test_json_outputs_parse_and_carry_a_schema(path, capsys, monkeypatch, tmp_pa
     rc = main([*argv, "--json"])
     out = capsys.readouterr().out
     doc = json.loads(out)
-    # a version: an int, or a named one such as "trainbox.build-plan/1"
+    # a version: an int, or a named one such as "trainbox.image-plan/1"
     assert isinstance(doc, dict) and isinstance(doc.get("schema"), (int, str)) and doc["schema"] != "", out[:200]
     assert want is None and rc in (0, 1) or rc == want, (rc, out[:400])
     assert "None" not in out.replace('"None"', "")  # JSON null, never a Python repr

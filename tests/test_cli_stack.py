@@ -13,7 +13,7 @@ import yaml
 from trainbox.supply import lock as lockmod
 from trainbox.cli import main
 from trainbox.paths import STACKS_DIR
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 
 
 @pytest.fixture
@@ -159,7 +159,7 @@ def test_lock_check_against_pypi_covers_the_dependants(capsys):
     """The real index (PEP 691): the shipped locks are current, and a derived stack is checked with its parent."""
     rc = main(["stack", "lock", "npu-910b", "--check", "--no-deps", "--json"])
     doc = json.loads(capsys.readouterr().out)
-    from trainbox.spec.stack import dependants
+    from trainbox.specs.stack import dependants
 
     # the parent first, then every stack that extends it (directly or through others), parents before children
     assert [s["stack"] for s in doc["stacks"]] == ["npu-910b", *dependants("npu-910b")]
@@ -169,7 +169,7 @@ def test_lock_check_against_pypi_covers_the_dependants(capsys):
 
 def test_patches_edit_names_a_stale_lock_instead_of_two_identical_pins(stacks, monkeypatch, capsys):
     """Issue 15, item 3: after locking only the parent, `patches edit` met two pins that printed the same."""
-    import trainbox.spec.stack as stackmod
+    import trainbox.specs.stack as stackmod
     from trainbox.supply.patches import PatchSeriesError, resolve_component
 
     monkeypatch.setattr(lockmod, "lock_stack", offline_lock)
@@ -187,8 +187,8 @@ def test_patches_edit_names_a_stale_lock_instead_of_two_identical_pins(stacks, m
 def test_a_build_that_drops_an_unreachable_index_keeps_its_lock():
     """image build drops an index that does not answer (its pins come from the wheelhouse); the lock was computed
     against that index, so the dependency closure stays locked (and the online and --bundle tags agree)."""
-    from trainbox.build import render
-    from trainbox.spec.stack import load_stack
+    from trainbox.image import render
+    from trainbox.specs.stack import load_stack
 
     s = load_stack("cpu")
     assert render.render_stack(s).manifest["deps_locked"]
@@ -315,3 +315,25 @@ def test_lock_runs_the_stacks_side_by_side_sharing_the_index_answers(stacks, cap
     assert [s["stack"] for s in doc["stacks"]] == ["npu-910b", "npu-a3"]
     assert most[0] == 2, "the two locks ran one after the other"
     assert asked and len(asked) == len(set(asked)), sorted(asked)  # npu-a3 asked nothing npu-910b had asked
+
+
+def test_lock_stacks_is_a_library_function_that_returns_its_results(stacks, monkeypatch):
+    """`stack lock` prints what trainbox.supply.lockrun.lock_stacks returns: the parent, then its dependant with
+    it, each said as it starts and as it ends; with check nothing is written and a change fails the run."""
+    from trainbox.supply.lockrun import lock_stacks
+
+    monkeypatch.setattr(lockmod, "lock_stack", offline_lock)
+    edit(stacks / "npu-910b.yaml", lambda d: d["components"]["transformers"].update(version="5.10.3"))
+    before = (stacks / "npu-910b.lock").read_bytes()
+    started, done = [], []
+    run = lock_stacks([str(stacks / "npu-910b.yaml")], check=True,
+                      on_start=lambda st, why: started.append((st.name, why)), on_done=done.append)
+    # two locks may run side by side (pip >= 25.3): each said as it starts, in whichever order they start
+    assert sorted(started) == [("npu-910b", ""), ("npu-a3", " (extends npu-910b, locked with it)")]
+    assert done == run.stacks and [s.stack for s in run.stacks] == ["npu-910b", "npu-a3"]
+    assert run.stacks[0].changes and run.failed and not run.refused and run.stacks[0].written is None
+    assert (stacks / "npu-910b.lock").read_bytes() == before  # check: nothing written
+    assert run.as_dict()["ok"] is False and run.as_dict()["check"] is True
+    run = lock_stacks([str(stacks / "npu-910b.yaml")], dependants=False)
+    assert [s.stack for s in run.stacks] == ["npu-910b"] and run.named == [("npu-a3", "npu-910b")]
+    assert run.stacks[0].written and not run.failed and load_stack(stacks / "npu-910b.yaml").lock_is_fresh()

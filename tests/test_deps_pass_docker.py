@@ -37,17 +37,17 @@ def _unlocked_stack(tmp_path: Path, extra: dict | None = None) -> Path:
 
 
 def _build(tmp_path: Path, stack: Path):
-    from trainbox.build import image
+    from trainbox.image import build as image_build
 
     dh.ensure_base()
-    return image.build(dh.build_options(
+    return image_build.build(dh.build_options(
         stack=str(stack), wheelhouse=str(dh.wheelhouse_dir()), tag_latest=False, force=True,
         labels={"trainbox.test": "1"}, report=str(tmp_path / f"report-{uuid.uuid4().hex[:6]}.json")))
 
 
 def test_unlocked_stack_resolves_its_dependencies_within_the_pins(tmp_path):
-    from trainbox.build.render import render_stack
-    from trainbox.spec.stack import load_stack
+    from trainbox.image.render import render_stack
+    from trainbox.specs.stack import load_stack
 
     from trainbox.supply.index import project_files
 
@@ -83,7 +83,7 @@ def test_unlocked_stack_resolves_its_dependencies_within_the_pins(tmp_path):
 def test_a_dependency_that_would_move_a_pin_fails_the_build(tmp_path):
     """typing-extensions pinned below torch 2.13's floor (>=4.10): unconstrained, the dependency pass would
     upgrade it and `pip check` would find nothing wrong; constrained, the build fails and names it."""
-    from trainbox.build.image import BuildFailed
+    from trainbox.image.run import BuildFailed
     from trainbox.supply.index import project_files
 
     wheel = next(f for f in project_files("pypi", "https://pypi.org/simple", "typing-extensions")

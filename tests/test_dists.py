@@ -1,17 +1,14 @@
-"""trainbox.spec.dists: the one home of distribution file names, PEP 503 names and artifact hashes."""
+"""trainbox.specs.dists: the one home of distribution file names, PEP 503 names and artifact hashes."""
 
 from __future__ import annotations
 
 import hashlib
 
-from trainbox.spec import dists
+from trainbox.specs import dists
 
 
 def test_canon_is_pep503():
     assert dists.canon("Foo.Bar_baz--Qux") == "foo-bar-baz-qux"
-    from trainbox.spec.stack import canon
-
-    assert canon is dists.canon  # the host side has one copy
     from trainbox.runtime.apply_patches import canon_name
 
     assert dists.canon is canon_name  # ... and it is the runtime's
@@ -54,13 +51,13 @@ def test_sha256_file_plain_rereads(tmp_path):
 
 
 def test_no_second_copy_of_the_helpers():
-    """index, lock, sources and image parse names and hash files only through trainbox.spec.dists."""
+    """index, lock, sources and image parse names and hash files only through trainbox.specs.dists."""
     from pathlib import Path
 
     import trainbox
 
     host = Path(trainbox.__file__).parent
-    for mod in ("supply/index.py", "supply/lock.py", "supply/sources.py", "build/image.py", "supply/patches.py", "spec/stack.py"):
+    for mod in ("supply/index.py", "supply/lock.py", "supply/sources.py", "image/build.py", "supply/patches.py", "specs/stack.py"):
         text = (host / mod).read_text()
         for needle in ("parse_wheel_filename", "parse_sdist_filename", "canonicalize_name", "def _sha256_file",
                        "def _canon", "def canon("):

@@ -48,7 +48,7 @@ def image_manifest(image) -> dict:
 def test_image_ls_and_doctor_agree_on_the_substitute(fixture, request):
     """One fact, read twice: `image ls` (the io.trainbox.base.substituted label, which `run` reads too) and the
     doctor in the image (the manifest). The npu image is built with an explicit --base local/debian:bookworm."""
-    from trainbox.build.inventory import built_images
+    from trainbox.image.inventory import built_images
 
     tag = request.getfixturevalue(fixture)
     [img] = [i for i in built_images() if tag in i.tags]

@@ -23,7 +23,7 @@ def _fake_engine(monkeypatch, present: bool):
         return 0
 
     client = SimpleNamespace(require_engine=lambda: None, image_exists=lambda ref: present, attached=attached)
-    monkeypatch.setattr("trainbox.build.engine.find_client", lambda: client)
+    monkeypatch.setattr("trainbox.image.engine.find_client", lambda: client)
     return seen
 
 

@@ -1,4 +1,4 @@
-"""trainbox.build.engine: client detection, BuildKit progress parsing, registry probing, layer scanning."""
+"""trainbox.image.engine: client detection, BuildKit progress parsing, registry probing, layer scanning."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainbox.build import engine
-from trainbox.build.engine import EngineError, ProgressParser
+from trainbox.image import engine
+from trainbox.image.engine import EngineError, ProgressParser
 
 import imagescan
 

@@ -13,7 +13,7 @@ from trainbox.supply.fetch import check_series, fetch_sources, stage
 from trainbox.paths import REPO_ROOT
 from trainbox.runtime.errors import TrainboxError
 from trainbox.supply.sources import SourceError
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 from upstream_helpers import MEGATRON, MINDSPEED, git_env, make_mirrors, stack_file
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainbox.build import plan as buildplan, image
+from trainbox.image import plan as buildplan, build as image_build
 from trainbox.supply import lock as lockmod
 from trainbox.cli import main
 from trainbox.paths import REPO_ROOT, STACKS_DIR
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 from upstream_helpers import MEGATRON, git_env, make_mirrors
 
 OWN_TORCH_NPU = ("npu-910b-megatron", "twinkle", "twinkle-a3", "swift")
@@ -65,7 +65,7 @@ def test_a_wrong_torch_npu_pin_is_one_finding_per_platform_at_npu_910b(stacks, c
         return lockmod.LockReport(lock=dict(stack.lock or {}))  # its lock as it was (a lock is never empty)
 
     monkeypatch.setattr(lockmod, "lock_stack", no_lock)
-    monkeypatch.setattr(image, "find_client", lambda: pytest.fail("a refused build asked for the engine"))
+    monkeypatch.setattr(image_build, "find_client", lambda: pytest.fail("a refused build asked for the engine"))
 
     assert main(["stack", "lock", npu]) == 1
     lock_err = capsys.readouterr().err
@@ -111,10 +111,10 @@ def test_one_exit_status_per_kind_of_problem_from_every_command(stacks, capsys, 
     verify, the dry run and the build, with --json or not; a stack file that does not load exits 2 (invalid
     input) from each of them. validate and lock said 1 and the build 2 for the same finding; validate said 1 and
     the rest 2 for the same schema error."""
-    from trainbox.spec.findings import EXIT_FINDINGS
+    from trainbox.specs.findings import EXIT_FINDINGS
 
     monkeypatch.setattr(lockmod, "lock_stack", lambda *a, **k: pytest.fail("a refused stack was locked"))
-    monkeypatch.setattr(image, "find_client", lambda: pytest.fail("a refused build asked for the engine"))
+    monkeypatch.setattr(image_build, "find_client", lambda: pytest.fail("a refused build asked for the engine"))
     commands = {
         "validate": ["stack", "validate"], "validate --json": ["stack", "validate", "--json"],
         "lock": ["stack", "lock", "--no-dependants"], "lock --json": ["stack", "lock", "--no-dependants", "--json"],
@@ -228,14 +228,14 @@ def test_the_dry_run_hashes_a_moved_pin_as_the_build_does(tmp_path, monkeypatch)
                  "hashes": {"sha256": sha}}]
 
     monkeypatch.setattr(lockmod, "project_files", index_stand_in)
-    monkeypatch.setattr(image, "_url_answers", lambda *a, **k: (True, ""))  # the index probes: answered
+    monkeypatch.setattr(image_build, "url_answers", lambda *a, **k: (True, ""))  # the index probes: answered
     monkeypatch.setattr(lockmod, "_pip_resolve", lambda *a, **k: {})  # the build's closure: not asked here
     torch = "6746dbcbeb526eb61330b76b41ff1b4eb848951103a892eeb080dfa2b264667b"  # cpu.yaml's torch 2.13.0+cpu
     sets = {"torch.version": "2.13.0+cpu", "torch.sha256": torch, "torch-npu.version": "2.13.0",
             "base.cann": "9.2.0"}
-    opts = image.BuildOptions(stack="npu-910b", sets=sets, base="local/debian:bookworm", platform="linux/amd64",
+    opts = image_build.BuildOptions(stack="npu-910b", sets=sets, base="local/debian:bookworm", platform="linux/amd64",
                               dry_run=True)
-    plan = image.plan(opts, client=None, say=lambda m: None)
+    plan = image_build.plan(opts, client=None, say=lambda m: None)
     npu = [f for f in plan.fetch if f["key"] == "torch-npu"]
     assert npu and npu[0]["sha256"] == [sha], plan.fetch
     assert any("the build resolves their dependency closure" in n for n in plan.notes)
@@ -247,7 +247,7 @@ def test_the_dry_run_hashes_a_moved_pin_as_the_build_does(tmp_path, monkeypatch)
     for dry in (True, False):
         with pytest.raises(Exception) as exc:
             if dry:
-                image.plan(image.BuildOptions(stack="npu-910b", sets=sets, base="local/debian:bookworm",
+                image_build.plan(image_build.BuildOptions(stack="npu-910b", sets=sets, base="local/debian:bookworm",
                                               platform="linux/amd64", dry_run=True), client=None, say=lambda m: None)
             else:
                 lockmod.lock_overrides(load_stack("npu-910b", sets=sets), "linux/amd64", [], None, lambda m: None)
@@ -256,8 +256,8 @@ def test_the_dry_run_hashes_a_moved_pin_as_the_build_does(tmp_path, monkeypatch)
 
 
 def test_plan_lists_patch_series_with_hashes(tmp_path):
-    from trainbox.build.plan import source_plan
-    from trainbox.build.render import render_stack
+    from trainbox.image.plan import source_plan
+    from trainbox.image.render import render_stack
 
     st = load_stack("twinkle")
     fetch = source_plan(render_stack(st).manifest)
@@ -294,3 +294,22 @@ def test_locking_a_parent_leaves_a_dependant_that_inherits_its_lock_without_one(
     assert main(["stack", "lock", str(d / "cpu.yaml"), "--json"]) == 0
     assert [s["stack"] for s in json.loads(capsys.readouterr().out)["stacks"]] == ["cpu"]
     assert not (d / "cpu-env.lock").exists() and load_stack(d / "cpu-env.yaml").lock_is_fresh()
+
+
+def test_validate_is_a_library_function_that_returns_its_verdicts(stacks):
+    """`stack validate` prints what trainbox.specs.findings.validate returns: the stack that does not load first,
+    then each stack after the one it extends, the inherited finding placed at the parent's file."""
+    from trainbox.specs.findings import validate
+
+    (stacks / "broken.yaml").write_text("device: cpu\n")
+    result = validate([str(stacks / n) for n in ("npu-a3.yaml", "npu-910b.yaml", "broken.yaml")])
+    assert [v.stack for v in result.stacks] == [str(stacks / "broken.yaml"), "npu-910b", "npu-a3"]  # as named
+    assert result.invalid and result.failed and result.stacks[0].error and not result.stacks[0].ok
+    parent, child = result.stacks[1:]
+    wrong = [r for r in parent.bad if r.finding.rule == "torch-npu-cann"]  # (and its lock is stale now)
+    assert len(wrong) == 1 and wrong[0].inherited_from is None
+    inherited = [r for r in child.bad if r.finding.rule == "torch-npu-cann"]
+    assert [r.inherited_from for r in inherited] == ["npu-910b.yaml"] and str(inherited[0].file) == parent.file
+    doc = result.as_dict()
+    assert doc["ok"] is False and doc["stacks"][0]["findings"][0]["rule"] == "schema"
+    assert validate(["cpu"]).failed is False

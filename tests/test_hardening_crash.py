@@ -21,7 +21,7 @@ from trainbox.paths import REPO_ROOT, STACKS_DIR
 from trainbox.launch.recipe import RecipeError, load_recipe
 from trainbox.runtime.errors import TrainboxError
 from trainbox.smoke import load_profile
-from trainbox.spec.stack import StackError, load_stack
+from trainbox.specs.stack import StackError, load_stack
 from trainbox.yamlfile import parse_yaml
 
 RECIPE = REPO_ROOT / "launchers" / "recipes" / "cpu-ddp.yaml"
@@ -277,7 +277,7 @@ BAD_SBOMS = {
 
 @pytest.mark.parametrize("name", sorted(set(BAD_SBOMS) - {"non-UTF-8"}))  # that one: read_from_image, below
 def test_a_malformed_sbom_document_is_one_line(name):
-    from trainbox.build import sbom
+    from trainbox.image import sbom
 
     raw, words = BAD_SBOMS[name]
     with pytest.raises(TrainboxError) as exc:
@@ -289,7 +289,7 @@ def test_a_malformed_sbom_document_is_one_line(name):
 def test_sbom_values_are_printed_without_their_control_characters():
     """ESC and OSC sequences, newlines, C1 controls and bidi overrides in a document's strings: escaped in the
     table and the heading; the --json text escapes what JSON lets through raw (C1, bidi, DEL)."""
-    from trainbox.build import sbom
+    from trainbox.image import sbom
 
     evil = "numpy\x1b]0;owned\x07\x1b[2J\nok  fake-line\u202e\x9b31m\x7f"
     doc = _good_sbom(name=evil, version="1\r2", properties=[{"name": "trainbox:git-url", "value": "u\x1b[1m"}])
@@ -453,8 +453,8 @@ def test_trainbox_cache_naming_a_file(value, args):
 # rest of `fetch --bundle` (manifest, stack files, sums, the tar, the disk) is the real code.
 NO_FETCHING = """
 import sys, types
-import trainbox.build.bundle, trainbox.supply.fetch
-trainbox.build.bundle._pypi_pins = trainbox.build.bundle._build_pins = lambda stack, plat: []
+import trainbox.image.bundle, trainbox.supply.fetch
+trainbox.image.bundle._pypi_pins = trainbox.image.bundle._build_pins = lambda stack, plat: []
 trainbox.supply.fetch.fetch_sources = lambda stack, cache_dir=None, say=print: types.SimpleNamespace(stack=stack, fetched={})
 from trainbox.cli import main
 sys.exit(main(sys.argv[1:]))
@@ -525,7 +525,7 @@ sys.exit(0)
 
 RUN_WITH_FAKE_DOCKER = """
 import sys
-import trainbox.build.engine as engine
+import trainbox.image.engine as engine
 client = engine.Client(docker=sys.argv[1], version="stand-in", mode="buildx")
 engine.find_client = lambda refresh=False: client
 engine.Client.image_exists = lambda self, ref: True
@@ -712,10 +712,10 @@ def test_an_unreadable_ca_bundle_is_one_line(tmp_path, target):
 
 BUGGY = """
 import sys
-import trainbox.spec.stack
+import trainbox.specs.stack
 def broken(*a, **k):
     raise TypeError("a stand-in bug\\nover two lines")
-trainbox.spec.stack.load_stack = broken
+trainbox.specs.stack.load_stack = broken
 from trainbox.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -774,7 +774,7 @@ def test_stacks_load_in_several_threads_at_once(tmp_path):
     in several threads at once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from trainbox.spec.findings import Review
+    from trainbox.specs.findings import Review
 
     top = _stack_chain(tmp_path, 6)
     names = [top, "cpu", "cpu-ray", "twinkle-a3", "swift", top.with_name("s3.yaml")]

@@ -16,14 +16,14 @@ import yaml
 from trainbox.cli import main as cli
 from trainbox.paths import REPO_ROOT, STACKS_DIR
 from trainbox.launch.recipe import RecipeError, load_recipe
-from trainbox.build.render import drift, render_all, write_set
-from trainbox.spec.rules import check as rule_check
+from trainbox.image.render import drift, render_all, write_set
+from trainbox.specs.rules import check as rule_check
 from trainbox.runtime.errors import TrainboxError
 from trainbox.smoke import load_profile
 from trainbox.supply.fetch import fetch
 from trainbox.supply.pins import Pin
 from trainbox.supply.sources import SourceError
-from trainbox.spec.stack import StackError, load_stack
+from trainbox.specs.stack import StackError, load_stack
 
 ENTRYPOINT = [sys.executable, "-m", "trainbox.runtime.entrypoint"]
 
@@ -318,7 +318,7 @@ def test_an_image_name_past_the_registry_limit_is_one_line(registry, capsys, mon
     """Issue 37: a registry path that makes REG/trainbox/STACK longer than the 255 characters a reference may have
     went to the engine's tag call, outside any try, and came back as an HTTP 500 traceback. Refused before the
     engine is asked, one line, exit 2 (invalid input), no tag made."""
-    from trainbox.build import push as pushmod
+    from trainbox.image import push as pushmod
 
     monkeypatch.setattr(pushmod, "sdk", lambda: pytest.fail("an over-long name reached the engine"))
     assert cli(["image", "push", "cpu", "--registry", registry]) == 2

@@ -25,9 +25,9 @@ import yaml
 from trainbox.launch import StackInfo, check_script, render_script
 from trainbox.paths import STACKS_DIR
 from trainbox.launch.recipe import RecipeError, load_recipe
-from trainbox.build.render import render_stack
+from trainbox.image.render import render_stack
 from trainbox.runtime.errors import TrainboxError
-from trainbox.spec.stack import StackError, load_stack
+from trainbox.specs.stack import StackError, load_stack
 
 SEED = int(os.environ.get("TRAINBOX_FUZZ_SEED", "14"))
 N = int(os.environ.get("TRAINBOX_FUZZ_N", "12"))

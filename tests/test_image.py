@@ -1,4 +1,4 @@
-"""trainbox.build.image without an engine: input checks (each one clear message, non-zero exit, fast),
+"""trainbox.image.build without an engine: input checks (each one clear message, non-zero exit, fast),
 the content hash, the staged context and the wheelhouse rules."""
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from trainbox.build import engine, image, plan as buildplan, run as buildrun
+import trainbox.paths
+from trainbox.image import engine, build as image_build, plan as buildplan, run as buildrun
 from trainbox.cli import main
 from trainbox.paths import REPO_ROOT
 from trainbox.runtime.errors import TrainboxError
+from trainbox.supply import wheelhouse as wheels_mod
 from trainbox.supply.pins import Pin
 
 DATA = Path(__file__).parent / "data"
@@ -92,11 +94,11 @@ def test_ca_file_with_a_broken_certificate(tmp_path):
     bad = tmp_path / "ca.pem"
     bad.write_text("-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n")
     with pytest.raises(TrainboxError, match="OpenSSL cannot load it"):
-        image.check_ca_bundle(bad)
+        image_build.check_ca_bundle(bad)
 
 
 def test_ca_bundle_accepts_real_pem():
-    assert image.check_ca_bundle(DATA / "marker-ca.pem") == DATA / "marker-ca.pem"
+    assert image_build.check_ca_bundle(DATA / "marker-ca.pem") == DATA / "marker-ca.pem"
 
 
 def test_missing_ca_file(capsys, no_engine, tmp_path):
@@ -143,7 +145,7 @@ def test_unsupported_platform(capsys, no_engine):
 
 def test_no_engine(capsys, no_engine, monkeypatch):
     # valid input, every index answers (stand-in probe); only the engine is missing
-    monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
+    monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None: (True, ""))
     rc, err = _cli(capsys, "image", "build", "cpu")
     assert rc == 2
     assert "no Docker engine answers" in err and "ci/ensure-docker.sh" in err
@@ -153,7 +155,7 @@ def test_no_engine(capsys, no_engine, monkeypatch):
 def answering_engine(monkeypatch):
     """A stand-in client whose engine answers and holds only the bootstrapped base; registries are
     unreachable (as on these machines)."""
-    from trainbox.build import base
+    from trainbox.image import base
 
     class Stub(engine.Client):
         def __init__(self):
@@ -172,13 +174,13 @@ def answering_engine(monkeypatch):
             labels = {"org.trainbox.base.suite": "bookworm", base.INCLUDE_LABEL: ",".join(base.DEFAULT_INCLUDE)}
             return {"Id": self.image_id(ref), "Config": {"Labels": labels}} if self.image_exists(ref) else None
 
-    monkeypatch.setattr(image, "find_client", Stub)
+    monkeypatch.setattr(image_build, "find_client", Stub)
     monkeypatch.setattr(base, "registry_reachable", lambda ref, timeout=8.0: (False, "stand-in: no route"))
 
 
 def test_unreachable_index_without_wheelhouse(capsys, answering_engine, monkeypatch):
     # the index serving the CPU torch does not answer (as on these machines, or forced here)
-    monkeypatch.setattr(image, "_url_answers",
+    monkeypatch.setattr(image_build, "url_answers",
                         lambda url, timeout, cafile=None: (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
     from trainbox.supply import pipconfig
 
@@ -191,7 +193,7 @@ def test_unreachable_index_without_wheelhouse(capsys, answering_engine, monkeypa
 # -- pieces ----------------------------------------------------------------------------------------
 
 def test_parse_sets():
-    from trainbox.spec.stack import parse_sets
+    from trainbox.specs.stack import parse_sets
 
     assert parse_sets(["torch.version=2.1", "numpy.install=false"]) == \
         {"torch.version": "2.1", "numpy.install": "false"}
@@ -202,15 +204,15 @@ def test_parse_sets():
 
 def test_check_wheelhouse_serves_pinned(tmp_path):
     sha = _fake_wheel(tmp_path, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
-    wheels = image.read_wheelhouse(tmp_path)
+    wheels = wheels_mod.read_wheelhouse(tmp_path)
     pins = [Pin("torch", "pypi", "torch", "2.13.0+cpu", "pytorch-cpu", "https://download.pytorch.org/whl/cpu", (sha,)),
             Pin("numpy", "pypi", "numpy", "2.3.5", sha256=("0" * 64,))]
-    served = image.check_wheelhouse(wheels, pins, str(tmp_path))
+    served = wheels_mod.check_wheelhouse(wheels, pins, str(tmp_path))
     assert [p.key for p in served] == ["torch"]
 
 
 def test_sha256_memo_notices_changes(tmp_path, monkeypatch):
-    from trainbox.spec import dists
+    from trainbox.specs import dists
 
     monkeypatch.setattr(dists, "CACHE_DIR", tmp_path / "cache")
     f = tmp_path / "a.whl"
@@ -229,15 +231,15 @@ def _ctx(tmp_path, files: dict[str, bytes], mode: int = 0o644) -> Path:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
         p.chmod(mode)
-    (ctx / image.WHEELHOUSE_DIR).mkdir(exist_ok=True)
+    (ctx / buildplan.WHEELHOUSE_DIR).mkdir(exist_ok=True)
     return ctx
 
 
 def test_content_hash_covers_every_input(tmp_path):
-    from trainbox.build.plan import tree_files
+    from trainbox.image.plan import tree_files
 
     def ch(ctx, wheels, extra):
-        return image.content_hash(tree_files(ctx), wheels, extra)
+        return buildplan.content_hash(tree_files(ctx), wheels, extra)
 
     base = {"Dockerfile": b"FROM x\n", "python/trainbox/a.py": b"print(1)\n", "launchers/r.yaml": b"a: 1\n"}
     h0 = ch(_ctx(tmp_path / "0", base), [], {"base": "sha256:1"})
@@ -249,10 +251,10 @@ def test_content_hash_covers_every_input(tmp_path):
     assert ch(_ctx(tmp_path / "r", renamed), [], {"base": "sha256:1"}) != h0
     assert ch(_ctx(tmp_path / "x", base, 0o755), [], {"base": "sha256:1"}) != h0
     assert ch(_ctx(tmp_path / "b", base), [], {"base": "sha256:2"}) != h0
-    wheel = image.WheelFile("torch-1-py3-none-any.whl", 10, "a" * 64, Path("/nonexistent"))
+    wheel = wheels_mod.WheelFile("torch-1-py3-none-any.whl", 10, "a" * 64, Path("/nonexistent"))
     h_w = ch(_ctx(tmp_path / "w", base), [wheel], {"base": "sha256:1"})
     assert h_w != h0
-    other = image.WheelFile(wheel.name, 10, "b" * 64, wheel.path)
+    other = wheels_mod.WheelFile(wheel.name, 10, "b" * 64, wheel.path)
     assert ch(_ctx(tmp_path / "w2", base), [other], {"base": "sha256:1"}) != h_w
 
 
@@ -261,7 +263,7 @@ def test_staged_context_holds_inputs_and_links_wheels(tmp_path, monkeypatch):
     whdir = tmp_path / "wh"
     whdir.mkdir()
     _fake_wheel(whdir, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
-    wheels = image.read_wheelhouse(whdir)
+    wheels = wheels_mod.read_wheelhouse(whdir)
     files = {**buildplan.input_files(), "build/generated/cpu/stack.json": b"{}",
              "build/generated/cpu/Dockerfile": b"FROM x\n"}
     ctx = tmp_path / "cache" / "build" / "cpu" / "context"
@@ -273,20 +275,20 @@ def test_staged_context_holds_inputs_and_links_wheels(tmp_path, monkeypatch):
     staged = ctx / "wheelhouse" / wheels[0].name
     assert staged.is_file() and staged.stat().st_ino == wheels[0].path.stat().st_ino  # a hard link
     # the staged tree hashes as the file map it was made from
-    assert image.content_hash(buildplan.tree_files(ctx, [i for i in buildplan.CONTEXT_ITEMS + ["build"]
-                                                         if (ctx / i).exists()]), wheels, {}) == \
-        image.content_hash(files, wheels, {})
+    staged_items = [i for i in buildplan.CONTEXT_ITEMS + ["build"] if (ctx / i).exists()]
+    assert buildplan.content_hash(buildplan.tree_files(ctx, staged_items), wheels, {}) == \
+        buildplan.content_hash(files, wheels, {})
 
 
 def test_content_hash_covers_what_the_build_uses_and_nothing_else(tmp_path):
     """An edit to a launcher changes the hash (and so the tag); an edit to the README, which .dockerignore keeps
     out of every context, does not."""
     root = tmp_path / "repo"
-    image.copy_inputs(root)
+    buildplan.copy_inputs(root)
     (root / "README.md").write_text("# trainbox\n")
 
     def digest() -> str:
-        return image.content_hash(buildplan.input_files(root), [], {})
+        return buildplan.content_hash(buildplan.input_files(root), [], {})
 
     before = digest()
     (root / "README.md").write_text("# trainbox, edited\n")
@@ -300,7 +302,7 @@ def test_content_hash_covers_what_the_build_uses_and_nothing_else(tmp_path):
 
 
 def test_dockerfile_order():
-    from trainbox.build.engine import Step
+    from trainbox.image.engine import Step
 
     df = "FROM a AS system\nRUN x\nFROM system AS builder\nRUN y\nFROM system AS final\nCOPY z /z\n"
     steps = [Step(3, "[final 1/1] COPY z /z", "final", 1, 1), Step(2, "[builder 1/1] RUN y", "builder", 1, 1),
@@ -335,9 +337,9 @@ def test_dry_run_prints_plan_and_a_command_that_runs_as_is(capsys, monkeypatch, 
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("TRAINBOX_DOCKER", str(fake))
     monkeypatch.setattr(engine, "_CLIENT", None)
-    monkeypatch.setattr(image, "REPORTS_DIR", tmp_path / "reports")
+    monkeypatch.setattr(trainbox.paths, "REPORTS_DIR", tmp_path / "reports")
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
-    monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
+    monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None: (True, ""))
     rc = main(["image", "build", "cpu", "--base", "local/debian:bookworm", "--dry-run",
                "--pip-index-url", "https://user:pw@mirror.example/simple", "--platform", "linux/amd64"])
     out, err = capsys.readouterr()
@@ -373,7 +375,7 @@ def test_dry_run_offline_without_an_engine(capsys, monkeypatch, tmp_path, engine
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(engine, "_CLIENT", None)
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
-    monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (False, "stand-in: offline"))
+    monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None: (False, "stand-in: offline"))
     from trainbox.supply import pipconfig
 
     monkeypatch.setattr(pipconfig, "pip_config", pipconfig.PipConfig)  # a host whose pip has no wheel directory
@@ -383,7 +385,7 @@ def test_dry_run_offline_without_an_engine(capsys, monkeypatch, tmp_path, engine
     # _cli read stderr; the plan went to stdout: run it again to read it (the staged context is reused)
     assert main(["image", "build", "cpu", "--dry-run", "--json", "--platform", "linux/amd64"]) == 1
     plan = json.loads(capsys.readouterr().out)
-    assert plan["schema"] == "trainbox.build-plan/1" and plan["would_stop"] is True
+    assert plan["schema"] == "trainbox.image-plan/1" and plan["would_stop"] is True
     assert plan["tag"].startswith("trainbox/cpu:") and plan["base"]["image_id"] is None
     assert "no engine answers" in plan["base"]["note"]
     assert any("would stop here" in n and "torch==2.13.0+cpu" in n for n in plan["notes"])
@@ -396,7 +398,7 @@ def test_plan_is_pure(monkeypatch, tmp_path):
     import subprocess
     import urllib.request
 
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     def refuse(*a, **k):
         raise AssertionError("make_plan must not run processes or reach the network")
@@ -422,7 +424,7 @@ def test_plan_is_pure(monkeypatch, tmp_path):
     assert manifest["base"]["substituted"] == "local/debian:bookworm"
     assert sub.labels["io.trainbox.base.substituted"] == "local/debian:bookworm"
     d = sub.as_dict()
-    assert d["schema"] == "trainbox.build-plan/1" and d["argv"][-1] == str(sub.context)
+    assert d["schema"] == "trainbox.image-plan/1" and d["argv"][-1] == str(sub.context)
 
 
 def test_profile_gives_pins_wheelhouse_and_the_substitute_base(no_engine, tmp_path, capsys):
@@ -430,7 +432,7 @@ def test_profile_gives_pins_wheelhouse_and_the_substitute_base(no_engine, tmp_pa
     stack's own base cannot be probed, so the plan is on its base.substitute); the command line wins."""
     from trainbox.commands.image import _apply_profile
     from trainbox.cli import build_parser
-    from trainbox.spec.stack import parse_sets
+    from trainbox.specs.stack import parse_sets
 
     prof = tmp_path / "p.yaml"
     prof.write_text(f"set:\n  npu-910b: {{torch.version: 2.13.0+cpu, torch-npu.version: '2.13.0'}}\n"
@@ -452,11 +454,11 @@ def test_profile_gives_pins_wheelhouse_and_the_substitute_base(no_engine, tmp_pa
 def test_a_given_base_is_a_substitute_in_the_label_the_manifest_and_the_plan(tmp_path, monkeypatch):
     """`--base local/debian:bookworm` on an NPU stack: `image ls` and `run` read the label, `doctor` the manifest;
     both say substitute (the label used to be set only when the build fell back by itself)."""
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     stack = load_stack("npu-910b", base="local/debian:bookworm")
-    base = image.choose_base(stack, None, lambda _msg: None, dry_run=True)
+    base = image_build.choose_base(stack, None, lambda _msg: None, dry_run=True)
     plan = buildplan.make_plan(stack, base, buildplan.PlanInputs(platform="linux/amd64"))
     manifest = json.loads(plan.files["build/generated/npu-910b/stack.json"])
     assert manifest["base"]["substituted"] == "local/debian:bookworm"
@@ -468,7 +470,7 @@ def test_a_given_base_is_a_substitute_in_the_label_the_manifest_and_the_plan(tmp
 
 
 def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheelhouse):
-    """image.plan resolves more on its way to make_plan (a pin --set moved, the build's one platform, an index
+    """image_build.plan resolves more on its way to make_plan (a pin --set moved, the build's one platform, an index
     that does not answer dropped): each on a new stack, so the stack loading returned is read, never written."""
     import copy
 
@@ -476,20 +478,20 @@ def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheel
 
     monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
     monkeypatch.setattr(lockmod, "CACHE_DIR", tmp_path / "cache")  # no override lock remembered: resolved afresh
-    monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None:
+    monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None:
                         (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
     _fake_wheel(wheelhouse, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
     numpy_sha = _fake_wheel(wheelhouse, "numpy-2.3.4-cp311-cp311-manylinux_2_27_x86_64.whl", b"stand-in numpy")
-    opts = image.BuildOptions(stack="cpu", sets={"numpy.version": "2.3.4"}, wheelhouse=str(wheelhouse),
+    opts = image_build.BuildOptions(stack="cpu", sets={"numpy.version": "2.3.4"}, wheelhouse=str(wheelhouse),
                               platform="linux/amd64", dry_run=True, check_wheelhouse=False)
-    stack, inp = image._check_inputs(opts)
+    stack, inp = image_build._check_inputs(opts)
 
     def snapshot(s):
         return (s.model_dump(), copy.deepcopy(s.resolution),
                 {k: (copy.deepcopy(c.locked), c._tree_id) for k, c in s.components.items()})
 
     before = snapshot(stack)
-    p = image.plan(opts, None, lambda msg: None, checked=(stack, inp))
+    p = image_build.plan(opts, None, lambda msg: None, checked=(stack, inp))
     assert snapshot(stack) == before
     # the plan's stack did resolve more: the moved pin is pinned to the wheelhouse's file, the index dropped
     assert stack.components["numpy"].sha256 == [] and p.stack.components["numpy"].sha256 == [numpy_sha]
@@ -499,8 +501,8 @@ def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheel
 
 
 def test_dry_run_names_what_a_wheelhouse_lacks(tmp_path):
+    from trainbox.specs.stack import load_stack
     from trainbox.supply import wheelhouse
-    from trainbox.spec.stack import load_stack
 
     stack = load_stack("cpu")
     torch_sha = stack.components["torch"].pin_for("linux/amd64").sha256[0]
@@ -516,7 +518,7 @@ def test_dry_run_names_what_a_wheelhouse_lacks(tmp_path):
 
 def test_json_of_a_real_build_is_its_report_and_nothing_on_failure(capsys, no_engine, monkeypatch):
     # issue 15: --json on image build, dry run or not (a real build prints its report: tests/test_cli_docker.py)
-    monkeypatch.setattr(image, "_url_answers", lambda url, timeout, cafile=None: (True, ""))
+    monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None: (True, ""))
     assert main(["image", "build", "cpu", "--json"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "no Docker engine answers" in err  # no half a JSON document on stdout

@@ -34,7 +34,7 @@ def _cat(tag: str, path: str) -> str:
 # -- the cpu image -----------------------------------------------------------------------------------
 
 def test_cpu_labels_and_manifest_match_the_stack(cpu_build):
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     stack = load_stack("cpu")
     client = dh.docker_client()
@@ -117,13 +117,13 @@ def test_cpu_container_runs_torch_under_tini(cpu_build):
 def test_cpu_image_holds_the_runtime_half_and_no_host_module(cpu_build):
     proc = dh.run_in_image(
         cpu_build.tag, "sh", "-c",
-        "python3 -c 'import trainbox.build.render' 2>&1; echo rc=$?; "
+        "python3 -c 'import trainbox.image.render' 2>&1; echo rc=$?; "
         "python3 -m trainbox.runtime.doctor --quick --json | grep -c '\"schema\": 1'; "
         "trainbox doctor --quick | grep -c '^summary: '; echo cli; ls /opt/trainbox/python/trainbox",
         timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "No module named 'trainbox.build.render'" in out and "rc=1" in out
+    assert "No module named 'trainbox.image.render'" in out and "rc=1" in out
     lines = out.splitlines()
     assert lines[lines.index("rc=1") + 1:][:2] == ["1", "1"], out  # both doctor entry points ran and reported (a FAIL on this host is fine)
     assert sorted(out.split("\ncli\n", 1)[1].split()) == ["__init__.py", "__pycache__", "cli.py", "commands",
@@ -174,7 +174,7 @@ def test_npu_template_torch_npu_fails_like_a_host_without_cann(npu_build):
 
 def test_rebuild_without_change_answers_from_the_hash_tag(cpu_build):
     """Answered from the content-hash tag: no build ran (its time is bench/build.py's "no-change rebuild")."""
-    from trainbox.build.image import build
+    from trainbox.image.build import build
 
     again = build(dh.build_options(stack="cpu", wheelhouse=str(dh.wheelhouse_dir()),
                                    ca_bundle=str(dh.marker_ca_bundle()), report=str(dh._report_path("cpu-again"))))
@@ -184,10 +184,10 @@ def test_rebuild_without_change_answers_from_the_hash_tag(cpu_build):
 
 def _edited_repo(tmp_path: Path, edit: str) -> Path:
     """A copy of the checkout's build inputs with one file changed (the checkout itself is not touched)."""
-    from trainbox.build import image
+    from trainbox.image.plan import copy_inputs
 
     root = tmp_path / "repo"
-    image.copy_inputs(root)
+    copy_inputs(root)
     target = root / edit
     # unique each run: BuildKit's cache outlives the test, and a repeated edit would be answered from it
     target.write_text(target.read_text() + f"\n# edited by test_image_docker {uuid.uuid4().hex}\n")
@@ -210,7 +210,7 @@ def _steps_after(report: dict, marker: str, files_marker: str) -> tuple[list[dic
     ("python/trainbox/__init__.py", "COPY --from=files /out/package/", "source=python/trainbox"),
 ])
 def test_edit_rebuilds_only_later_steps(cpu_build, tmp_path, monkeypatch, edit, first_rebuilt, files_marker):
-    from trainbox.build import image
+    from trainbox.image import build as image_build
     from trainbox.paths import REPO_ROOT
 
     if edit == "launchers":
@@ -222,9 +222,9 @@ def test_edit_rebuilds_only_later_steps(cpu_build, tmp_path, monkeypatch, edit, 
     # The unedited tree built again just before (all cached, unless something dropped its cache): the cpu image
     # may have been built long ago, and the docker queues beside this one build the same first steps meanwhile,
     # some with --no-cache, which re-points BuildKit's cache index at their own results.
-    unedited = image.build(dh.build_options(**opts, force=True, report=str(tmp_path / "unedited.json")))
+    unedited = image_build.build(dh.build_options(**opts, force=True, report=str(tmp_path / "unedited.json")))
     assert unedited.tag != cpu_build.tag  # its label gives it its own tag: removing it below leaves the cpu image
-    out = image.build(dh.build_options(**opts, source_root=_edited_repo(tmp_path, edit),
+    out = image_build.build(dh.build_options(**opts, source_root=_edited_repo(tmp_path, edit),
                                        report=str(tmp_path / "report.json")))
     try:
         assert not out.skipped and out.tag not in (cpu_build.tag, unedited.tag)
@@ -242,7 +242,8 @@ def test_edit_rebuilds_only_later_steps(cpu_build, tmp_path, monkeypatch, edit, 
 def test_substituted_wheel_fails_the_build_in_hash_checking_mode(tmp_path, cpu_build):
     """With the early wheelhouse check turned off, pip itself must refuse a wheel whose bytes are
     not the pinned ones (a substituted file under the right name)."""
-    from trainbox.build.image import BuildFailed, build
+    from trainbox.image.build import build
+    from trainbox.image.run import BuildFailed
 
     wh = tmp_path / "wh"
     wh.mkdir()
@@ -277,13 +278,13 @@ def test_dry_run_command_builds_as_printed(cpu_build, tmp_path):
     image the plan names: the same content-hash tag and label."""
     import subprocess
 
-    from trainbox.build import image
+    from trainbox.image import build as image_build
 
     dh.docker_client()
-    out = image.build(dh.build_options(
+    out = image_build.build(dh.build_options(
         stack="cpu", wheelhouse=str(dh.wheelhouse_dir()), dry_run=True, tag_latest=False,
         labels={"trainbox.test": "1", "trainbox.test.dry-run": uuid.uuid4().hex[:8]}))
-    assert out.report["schema"] == "trainbox.build-plan/1" and out.report["base"]["image_id"]
+    assert out.report["schema"] == "trainbox.image-plan/1" and out.report["base"]["image_id"]
     client = dh.docker_client()
     assert not client.image_exists(out.tag)  # the dry run built nothing
     try:

@@ -32,7 +32,7 @@ def _inputs(name: str) -> dict[str, str]:
 
 def _image_env(stack: str) -> dict[str, str]:
     """The ENV of the final stage of the stack's rendered Dockerfile (what `docker build` bakes; the CANN
-    record is baked after the build by trainbox.build.cann_bake and is not in it)."""
+    record is baked after the build by trainbox.image.toolkits.cann and is not in it)."""
     text = (REPO_ROOT / "build/generated" / stack / "Dockerfile").read_text()
     final = text[text.rindex("\nFROM "):]
     env = {"PATH": BASE_PATH}
@@ -102,7 +102,7 @@ class _Client:
 
 
 def test_an_npu_rayjob_on_an_image_without_the_baked_cann_env_is_flagged(monkeypatch):
-    import trainbox.build.engine as engine
+    import trainbox.image.engine as engine
     from trainbox.commands.launch import _image_reachable
     from trainbox.launch.images import entrypoint_free_problem
     from trainbox.runtime.errors import TrainboxError

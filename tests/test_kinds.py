@@ -3,16 +3,18 @@ validation with the file and key named, never listed in the manifest as installe
 
 from __future__ import annotations
 
+import ast
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from trainbox.spec.kinds import KINDS
+from trainbox.specs import kinds
+from trainbox.specs.kinds import KINDS, PinnedComponent, PlatformPinView, StackView
 from trainbox.paths import STACKS_DIR
-from trainbox.build.render import render_stack
+from trainbox.image.render import render_stack
 from trainbox.runtime.errors import TrainboxError
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 
 SHA = "c" * 64
 COMMIT = "d0d5809d4323eb908f89e87958de254465eb57b4"
@@ -38,6 +40,28 @@ def rendered(tmp_path: Path, component: str):
 
 def test_every_kind_is_covered_here():
     assert set(KINDS) == {"pypi", "url", "git"}
+
+
+def _members(proto: type) -> set[str]:
+    return {n for n in vars(proto) if not n.startswith("_")}
+
+
+def test_the_model_is_what_the_kinds_say_they_read():
+    """kinds.py names the component and stack it reads as Protocols (the model imports the kinds, so the kinds
+    cannot import the model): the shipped model satisfies them, and the kinds read nothing the Protocols leave out."""
+    stack = load_stack(STACKS_DIR / "cpu.yaml")
+    assert isinstance(stack, StackView)
+    for c in stack.components.values():
+        assert isinstance(c, PinnedComponent)
+        assert isinstance(c.pin_for(stack.platforms[0]), PlatformPinView)
+    read: dict[str, set[str]] = {"c": set(), "stack": set(), "pin": set()}
+    for node in ast.walk(ast.parse(Path(kinds.__file__).read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in read:
+            read[node.value.id].add(node.attr)
+    read["c"] |= {f for k in KINDS.values() for f in k.foreign}  # read by name: getattr(c, f)
+    assert read["c"] and read["c"] <= _members(PinnedComponent), read["c"] - _members(PinnedComponent)
+    assert read["stack"] and read["stack"] <= _members(StackView), read["stack"] - _members(StackView)
+    assert read["pin"] and read["pin"] <= _members(PlatformPinView), read["pin"] - _members(PlatformPinView)
 
 
 def test_pypi_installs_hash_checked(tmp_path):
@@ -131,8 +155,8 @@ def test_a_pypi_sdist_that_needs_a_toolkit_is_built_in_its_own_step_after_the_pi
 
 @pytest.mark.parametrize("component, toolkit", [(KERNELS, "cann-toolkit"), (TE_SDIST, "cuda-toolkit")])
 def test_on_a_substitute_base_a_component_that_needs_a_toolkit_is_left_out_and_named(tmp_path, component, toolkit):
-    from trainbox.build.plan import render_for
-    from trainbox.build.image import BuildBase
+    from trainbox.image.plan import render_for
+    from trainbox.image.plan import BuildBase
 
     stack = load_stack(stack_with(tmp_path, component))
     r = render_for(stack, BuildBase(requested=stack.base.image, used="local/debian:bookworm",
@@ -144,8 +168,8 @@ def test_on_a_substitute_base_a_component_that_needs_a_toolkit_is_left_out_and_n
 
 
 def test_the_cuda_stack_builds_transformer_engines_pytorch_binding_and_a_substitute_leaves_it_out():
-    from trainbox.build.plan import render_for
-    from trainbox.build.image import BuildBase
+    from trainbox.image.plan import render_for
+    from trainbox.image.plan import BuildBase
 
     stack = load_stack("cuda")
     run = _run_of(render_stack(stack).dockerfile, "transformer-engine-torch")

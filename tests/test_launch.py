@@ -265,3 +265,19 @@ def test_check_command(tmp_path, capsys):
     assert main(["launch", "check", "cpu-ddp", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "FAIL " + str(bad) in err and "${NOPE} is not defined here" in err
+
+
+def test_launch_check_is_a_library_function_that_returns_its_results(tmp_path):
+    """`launch check` prints what trainbox.launch.lint.check_recipes returns, one result per recipe as it is made."""
+    from trainbox.launch.lint import CheckOptions, check_recipes
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("description: x\nstack: cpu\nlauncher: exec\ndevices_per_node: 1\ncommand: [\"run ${NOPE}\"]\n")
+    seen = []
+    run = check_recipes(["cpu-ddp", str(bad)], CheckOptions(targets=("slurm",), nodes=2), None, on_result=seen.append)
+    assert seen == run.recipes and [r.status for r in run.recipes] == ["ok", "fail"] and run.failed == 1
+    assert run.recipes[0].ok and run.recipes[0].problems == [] and run.recipes[0].summary == "cpu-ddp"
+    assert any("${NOPE} is not defined here" in p for p in run.recipes[1].problems)
+    doc = run.as_dict()
+    assert doc["ok"] is False and doc["shellcheck"] is False and doc["not_checked"] == []
+    assert [r["recipe"] for r in doc["recipes"]] == ["cpu-ddp", str(bad)] and "args" not in doc["recipes"][0]

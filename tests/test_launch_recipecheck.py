@@ -14,12 +14,12 @@ import pytest
 import yaml
 from upstream_helpers import checkout, find_shared_upstream
 
-from trainbox.spec.kinds import TREE_ROOT
+from trainbox.specs.kinds import TREE_ROOT
 from trainbox.launch.recipecheck import plan
 from trainbox.launch.job import resolve
 from trainbox.launch.recipe import RecipeError, list_recipes, load_recipe
 from trainbox.runtime.errors import TrainboxError
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 
 SPECFORGE = "specforge-domino-qwen35-4b-npu"
 
@@ -337,7 +337,7 @@ def test_args_check_without_the_image_names_it_and_the_command_that_builds_it(mo
     is a stand-in that holds nothing (or only a hash-tagged substitute build)."""
     from types import SimpleNamespace
 
-    from trainbox.build import engine, inventory
+    from trainbox.image import engine, inventory
     from trainbox.cli import main
 
     monkeypatch.setattr(engine, "find_client", lambda: SimpleNamespace(image_exists=lambda ref: False))

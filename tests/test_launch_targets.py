@@ -129,7 +129,7 @@ class _FakeClient:
 
 @pytest.mark.parametrize("device_recipe", ["relax-qwen3-4b-4npu-colocate"])
 def test_substitute_built_image_is_never_taken_silently(device_recipe, monkeypatch):
-    import trainbox.build.engine as engine
+    import trainbox.image.engine as engine
 
     job = resolve(device_recipe, sets=RELAX, check_paths=False)
     monkeypatch.setattr(engine, "find_client", lambda: _FakeClient({"io.trainbox.base.substituted": "local/debian"}))

@@ -2,7 +2,7 @@
 standard library and itself at import time (torch and friends only lazily, inside functions); the host side
 imports runtime, never the reverse; the image holds the runtime half plus the thin CLI and no host module.
 Imports flow one way: no circle among the package's modules, imports inside functions counted too; and the host
-side's stages in order (spec <- supply <- build <- launch <- smoke <- commands <- cli), none importing a later one."""
+side's stages in order (specs <- supply <- image <- launch <- smoke <- commands <- cli), none importing a later one."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ LAZY_OK = {"torch", "torch_npu", "ray", "mindspeed", "megatron", "numpy", "trito
 #: The host side's stages, in the order the pipeline runs them: a module may import its own stage and the ones
 #: before it, never a later one. `ground` is what every stage stands on; `runtime` is apart (any stage may import
 #: it, and it imports only itself: the test above).
-STAGES = ("ground", "spec", "supply", "build", "launch", "smoke", "commands", "cli")
+STAGES = ("ground", "specs", "supply", "image", "launch", "smoke", "commands", "cli")
 GROUND = {"trainbox", "trainbox.paths", "trainbox.yamlfile", "trainbox.templating"}
 #: Every host module, dotted (what an image must not hold).
 HOST_MODULES = sorted(".".join(p.relative_to(PKG.parent).with_suffix("").parts) for p in PKG.rglob("*.py")
@@ -59,7 +59,7 @@ def _imports(path: Path, root: Path = PKG):
 def import_graph(root: Path) -> dict[str, set[str]]:
     """Module -> the package's modules it imports, at module level or inside functions alike.
 
-    `root` is a package directory; names are dotted from its parent (`trainbox.build.image`). Importing `a.b.c` also runs
+    `root` is a package directory; names are dotted from its parent (`trainbox.image.build`). Importing `a.b.c` also runs
     `a/__init__` and `a/b/__init__`, so those count too, except the importer's own enclosing packages, which are
     already being imported when it runs (an explicit `from . import NAME` of a package-level name still counts)."""
     base = root.parent
@@ -162,14 +162,14 @@ def test_import_rule_catches_a_host_import(tmp_path):
     copy = tmp_path / "trainbox"
     shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__"))
     probe = copy / "runtime" / "_layout_probe.py"
-    probe.write_text("import os\nimport json\nfrom ..build.render import render_stack\nfrom ..build import render\n"
-                     "import yaml\nimport torch\n\n\ndef later():\n    import torch\n    from trainbox.build import image\n"
-                     "    from . import device\n    return torch, image, device\n")
+    probe.write_text("import os\nimport json\nfrom ..image.render import render_stack\nfrom ..image import render\n"
+                     "import yaml\nimport torch\n\n\ndef later():\n    import torch\n    from trainbox.image import build\n"
+                     "    from . import device\n    return torch, build, device\n")
     bad = runtime_import_problems(probe, copy)
-    assert bad == ["trainbox.build.render (a host module: runtime must not import the host side)",
-                   "trainbox.build.render (a host module: runtime must not import the host side)",
+    assert bad == ["trainbox.image.render (a host module: runtime must not import the host side)",
+                   "trainbox.image.render (a host module: runtime must not import the host side)",
                    "yaml (at import time)", "torch (at import time)",
-                   "trainbox.build.image (a host module: runtime must not import the host side)"], bad
+                   "trainbox.image.build (a host module: runtime must not import the host side)"], bad
     assert runtime_import_problems(copy / "runtime" / "device.py", copy) == []
     assert not (RUNTIME / "_layout_probe.py").exists()
 
@@ -208,29 +208,29 @@ def stage_problems(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_imports_follow_the_stages():
-    """spec <- supply <- build <- launch <- smoke <- commands <- cli: no stage imports a later one (the model
-    never reaches the network, the build never the launchers), imports inside functions counted too."""
+    """specs <- supply <- image <- launch <- smoke <- commands <- cli: no stage imports a later one (the model
+    never reaches the network, the image build never the launchers), imports inside functions counted too."""
     bad = stage_problems(import_graph(PKG))
     assert not bad, "imports against the stages: " + "; ".join(bad)
 
 
 def test_stage_rule_catches_an_import_against_the_direction(tmp_path):
-    """The rule can fail: in a copy of the package, a spec module that imports supply inside a function, and a
-    build module that imports launch, are both reported; the copy's own imports pass as the real ones do."""
+    """The rule can fail: in a copy of the package, a spec module that imports supply inside a function, and an
+    image module that imports launch, are both reported; the copy's own imports pass as the real ones do."""
     import shutil
 
     copy = tmp_path / "trainbox"
     shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__"))
     assert stage_problems(import_graph(copy)) == []
-    with (copy / "spec" / "kinds.py").open("a") as f:
+    with (copy / "specs" / "kinds.py").open("a") as f:
         f.write("\n\ndef _probe():\n    from ..supply import sources\n    return sources\n")
-    with (copy / "build" / "plan.py").open("a") as f:
+    with (copy / "image" / "plan.py").open("a") as f:
         f.write("\nfrom trainbox.launch import job  # noqa\n")
     assert stage_problems(import_graph(copy)) == [
-        "trainbox.build.plan (build) imports trainbox.launch (launch)",
-        "trainbox.build.plan (build) imports trainbox.launch.job (launch)",
-        "trainbox.spec.kinds (spec) imports trainbox.supply (supply)",
-        "trainbox.spec.kinds (spec) imports trainbox.supply.sources (supply)"]
+        "trainbox.image.plan (image) imports trainbox.launch (launch)",
+        "trainbox.image.plan (image) imports trainbox.launch.job (launch)",
+        "trainbox.specs.kinds (specs) imports trainbox.supply (supply)",
+        "trainbox.specs.kinds (specs) imports trainbox.supply.sources (supply)"]
 
 
 def _write_tree(root: Path, files: dict[str, str]) -> None:
@@ -306,8 +306,8 @@ def test_image_tree_holds_runtime_and_thin_cli_but_no_host_module(tmp_path):
         "import trainbox.runtime as r\n"
         "for m in pkgutil.walk_packages(r.__path__, 'trainbox.runtime.'):\n"
         "    if not m.name.endswith('__main__'): importlib.import_module(m.name)\n"
-        "try:\n    import trainbox.build.render\nexcept ImportError:\n    pass\n"
-        "else:\n    sys.exit('trainbox.build.render imported')\n"
+        "try:\n    import trainbox.image.render\nexcept ImportError:\n    pass\n"
+        "else:\n    sys.exit('trainbox.image.render imported')\n"
         "from trainbox.cli import main\n"
         "sys.exit(main(['doctor', '--quick', '--json']))\n"
     )
@@ -326,3 +326,33 @@ def test_runtime_doctor_runs_as_a_module():
     bad = subprocess.run([sys.executable, "-m", "trainbox.runtime.doctor", "--bogus"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unrecognized arguments" in bad.stderr
+
+
+def private_imports(root: Path) -> list[str]:
+    """`path:line imports _name from module` for every import, in the package at `root`, of a name another module
+    keeps to itself (one `_` in front; dunders are Python's)."""
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(root.name)):
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        bad.append(f"{path.relative_to(root)}:{node.lineno} imports {a.name} from "
+                                   f"{'.' * node.level}{node.module or ''}")
+    return bad
+
+
+def test_no_import_of_another_modules_private_name():
+    """A name that starts with `_` is its module's own: another module importing it reaches past the module's face
+    (make it public where two modules need it)."""
+    bad = private_imports(PKG)
+    assert not bad, "; ".join(bad)
+
+
+def test_private_import_rule_catches_one_made_on_purpose(tmp_path):
+    root = tmp_path / "pkg"
+    _write_tree(root, {"__init__.py": "", "a.py": "_secret = 1\n__all__ = []\n",
+                       "b.py": "from .a import _secret\nfrom .a import __all__\n",
+                       "c.py": "from pkg.a import _secret as s\n", "d.py": "from os import _exit\n"})
+    assert private_imports(root) == ["b.py:1 imports _secret from .a", "c.py:1 imports _secret from pkg.a"]

@@ -10,7 +10,7 @@ import yaml
 from trainbox.cli import main
 from trainbox.supply.lock import lock_stack
 from trainbox.paths import STACKS_DIR
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 
 pytestmark = pytest.mark.network
 

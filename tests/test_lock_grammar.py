@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from trainbox.cli import main
-from trainbox.spec.grammar import check_requirement_line
-from trainbox.spec.component import DIGEST_KEY, check_lock, intact, seal
+from trainbox.specs.grammar import check_requirement_line
+from trainbox.specs.component import DIGEST_KEY, check_lock, intact, seal
 from trainbox.paths import STACKS_DIR
-from trainbox.build.render import render_stack
-from trainbox.spec.stack import StackError, load_stack
+from trainbox.image.render import render_stack
+from trainbox.specs.stack import StackError, load_stack
 
 EVIL = "evilpkg @ http://203.0.113.9/x.whl"
 SHA = "a" * 64

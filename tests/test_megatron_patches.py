@@ -23,7 +23,7 @@ from trainbox.supply import patches
 from trainbox.paths import REPO_ROOT
 from trainbox.supply.fetch import fetch, pin_from_component
 from trainbox.supply.sources import unpack
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from trainbox.build.image import BuildFailed
+from trainbox.image.run import BuildFailed
 from trainbox.supply.patches import applied_patches
 from trainbox.paths import PATCHES_DIR
 
@@ -38,7 +38,7 @@ def test_npu_template_image_carries_the_patched_megatron(npu_image):
 def test_moved_pin_fails_the_image_build_at_the_patch_step():
     from docker_helpers import NPU_OVERRIDES, build_options, ensure_base, wheelhouse_dir
 
-    from trainbox.build.image import build
+    from trainbox.image.build import build
 
     sets = dict(NPU_OVERRIDES, **{"megatron-core.version": "0.16.0"})
     with pytest.raises(BuildFailed) as ei:

@@ -8,7 +8,7 @@ import hashlib
 
 import pytest
 
-from trainbox.build import image
+from trainbox.image import build as image_build
 from trainbox.supply import pipconfig, sources
 from trainbox.supply.pins import Pin
 from trainbox.runtime.errors import TrainboxError
@@ -79,16 +79,16 @@ def test_build_options_take_pips_wheelhouse_and_index_and_say_so(tmp_path, monke
     monkeypatch.setattr(pipconfig, "pip_config", lambda: pipconfig.parse("\n".join([
         f"global.find-links='{tmp_path / 'links'}'",
         "global.index-url='https://user:s3cret@mirror.example/simple'"])))
-    opts = image.BuildOptions(stack="cpu")
-    assert image._from_pip_config(opts) is True
+    opts = image_build.BuildOptions(stack="cpu")
+    assert image_build._from_pip_config(opts) is True
     assert opts.wheelhouse == str(tmp_path / "links")
     assert opts.pip_index_url == "https://user:s3cret@mirror.example/simple"
     err = capsys.readouterr().err
     assert f"wheelhouse {tmp_path / 'links'}: pip's find-links (pip config global.find-links)" in err
     assert "user:***@mirror.example" in err and "s3cret" not in err
     # the command line wins
-    opts = image.BuildOptions(stack="cpu", wheelhouse="/given", pip_index_url="https://given.example/simple")
-    assert image._from_pip_config(opts) is False
+    opts = image_build.BuildOptions(stack="cpu", wheelhouse="/given", pip_index_url="https://given.example/simple")
+    assert image_build._from_pip_config(opts) is False
     assert (opts.wheelhouse, opts.pip_index_url) == ("/given", "https://given.example/simple")
 
 

@@ -31,7 +31,7 @@ def _rendered_refs(target: str, image: str) -> list[str]:
 
 
 def test_push_pull_by_digest_run(registry, tmp_path):
-    from trainbox.build.push import push
+    from trainbox.image.push import push
 
     outcome = dh.build_cpu_outcome()
     lines: list[str] = []
@@ -53,7 +53,7 @@ def _check_records(pushed, outcome) -> list[str]:
     """The digest is in the build report, in `image ls` (PUSHED), and in what the cluster targets render, which
     then no longer warn that the image is a local tag (but that its registry is on a loopback address). Returns
     the rendered references."""
-    from trainbox.build.inventory import built_images
+    from trainbox.image.inventory import built_images
     from trainbox.launch.targets import resolve_for, unpullable
 
     report = json.loads(outcome.report_path.read_text())
@@ -69,7 +69,7 @@ def _check_records(pushed, outcome) -> list[str]:
 
 
 def test_push_refuses_a_bad_registry_before_the_engine(tmp_path):
-    from trainbox.build.push import check_registry
+    from trainbox.image.push import check_registry
     from trainbox.runtime.errors import TrainboxError
 
     for bad in ("https://registry.example.com", "registry example", "Registry.Example.com/UPPER", ""):
@@ -137,7 +137,7 @@ def test_a_failed_push_gives_a_name_it_moved_back(tmp_path):
     """REG/trainbox/cpu:HASH named another image (an earlier build pushed there): a push that fails leaves it on
     that image, as a push that did not happen must."""
     from registry_helpers import free_port
-    from trainbox.build.push import PushFailed, push
+    from trainbox.image.push import PushFailed, push
 
     tag = dh.build_cpu_image()
     reg = f"127.0.0.1:{free_port()}"
@@ -171,8 +171,8 @@ def test_a_forced_rebuild_keeps_a_pushed_image_by_digest_and_leaves_no_untagged_
     (all cached), so no other test's image moves."""
     import uuid
 
-    from trainbox.build import image
-    from trainbox.build.push import push
+    from trainbox.image import build as image_build
+    from trainbox.image.push import push
 
     client = dh.docker_client()
     dh.ensure_base()
@@ -183,7 +183,7 @@ def test_a_forced_rebuild_keeps_a_pushed_image_by_digest_and_leaves_no_untagged_
     report = tmp_path / "report.json"
 
     def build(force: bool):
-        return image.build(dh.build_options(stack=str(stack), wheelhouse=str(dh.wheelhouse_dir()), tag_latest=False,
+        return image_build.build(dh.build_options(stack=str(stack), wheelhouse=str(dh.wheelhouse_dir()), tag_latest=False,
                                             force=force, labels={"trainbox.test": "1"}, report=str(report)))
 
     def untagged() -> list[str]:

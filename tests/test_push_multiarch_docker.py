@@ -24,13 +24,13 @@ LIST_TYPES = ("application/vnd.docker.distribution.manifest.list.v2+json, "
 @pytest.fixture
 def two_builds(tmp_path, monkeypatch):
     """trainbox/STACK:HASH (linux/amd64) and trainbox/STACK:HASH-arm64 (linux/arm64), each with its build report."""
-    import trainbox.build.image
+    import trainbox.paths
 
     client = dh.docker_client()
     stack = f"pushtest-{uuid.uuid4().hex[:8]}"
     reports = tmp_path / "reports"
     reports.mkdir()
-    monkeypatch.setattr(trainbox.build.image, "REPORTS_DIR", reports)
+    monkeypatch.setattr(trainbox.paths, "REPORTS_DIR", reports)
     made, paths = [], {}
     for plat, suffix in (("linux/amd64", ""), ("linux/arm64", "-arm64")):
         ctx = tmp_path / plat.replace("/", "-")
@@ -52,7 +52,7 @@ def two_builds(tmp_path, monkeypatch):
 
 def test_push_platforms_publishes_one_manifest_list(registry, two_builds):
     from trainbox.launch.images import pinned
-    from trainbox.build.push import push_platforms
+    from trainbox.image.push import push_platforms
 
     stack, (amd_tag, arm_tag), reports = two_builds
     client = dh.docker_client()

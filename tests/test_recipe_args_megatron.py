@@ -1,6 +1,6 @@
 """The Megatron-line recipes against their upstreams at the pinned commits (../shared/upstream).
 
-ms-swift (v4.1.3, c6875ef6): the recipe starts the module that `megatron sft` dispatches to, and its rendered
+ms-swift (4.2.0, the swift stack's sdist): the recipe starts the module that `megatron sft` dispatches to, and its rendered
 arguments parse with ms-swift's own parser (HfArgumentParser over MegatronSftArguments) in the swift image, whose
 Python holds what that parser imports; a bogus flag fails. ms-swift's parse needs transformers, megatron-core and
 mcore-bridge for real, which this host lacks, so the parse runs in the image (docker).
@@ -20,8 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 from docker_helpers import docker_client, wheelhouse_dir
+from trainbox.supply.fetch import fetch, pin_from_component
 from trainbox.paths import REPO_ROOT
 from trainbox.smoke import load_profile
+from trainbox.supply.sources import unpack
+from trainbox.specs.stack import load_stack
 from upstream_helpers import checkout, find_shared_upstream, git_env, mirror
 
 pytestmark = pytest.mark.skipif(find_shared_upstream() is None, reason="../shared/upstream is missing")
@@ -38,7 +41,15 @@ SWIFT_STUBS = ["torch_npu"]
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory):
     root = tmp_path_factory.mktemp("up")
-    return {name: checkout(name, root) for name in ("ms-swift", "twinkle")}
+    return {name: checkout(name, root) for name in ("twinkle",)}
+
+
+@pytest.fixture(scope="module")
+def ms_swift(tmp_path_factory):
+    """The swift stack's ms-swift as pinned (PyPI's 4.2.0 sdist, hash-checked)."""
+    stack = load_stack("swift")
+    return unpack(fetch(pin_from_component(stack.components["ms-swift"], stack)),
+                  tmp_path_factory.mktemp("ms-swift") / "tree")
 
 
 def recipe(name: str) -> dict:
@@ -47,10 +58,11 @@ def recipe(name: str) -> dict:
 
 # -- ms-swift ------------------------------------------------------------------------------------------------
 
-def test_swift_recipe_checks_the_module_megatron_sft_dispatches_to(upstream):
+@pytest.mark.network  # the sdist from PyPI (once; then the cache)
+def test_swift_recipe_checks_the_module_megatron_sft_dispatches_to(ms_swift):
     """setup.py: megatron = swift.cli._megatron.main:cli_main; its ROUTE_MAPPING sends `sft` to the module that
     parses (swift.cli.main re-executes it under torch.distributed.run), which the recipe's check names."""
-    swift = upstream["ms-swift"]
+    swift = ms_swift
     assert "'megatron=swift.cli._megatron.main:cli_main'" in (swift / "setup.py").read_text()
     main = ast.parse((swift / "swift" / "cli" / "_megatron" / "main.py").read_text())
     routes = next(ast.literal_eval(n.value) for n in ast.walk(main)
@@ -76,7 +88,7 @@ def test_swift_check_runs_the_entry_strictly_on_the_rendered_arguments():
 def swift_image(mirrors_root: Path) -> tuple[str, bool]:
     """The swift image as the smoke profile builds it (reused when its content-hash tag exists); its git sources
     come through mirrors of ../shared/upstream."""
-    env = git_env({f"{n}.git": mirror(n, mirrors_root) for n in ("MindSpeed", "Megatron-LM", "ms-swift")})
+    env = git_env({f"{n}.git": mirror(n, mirrors_root) for n in ("MindSpeed", "Megatron-LM")})
     docker_client()
     args = [sys.executable, "-m", "trainbox.cli", "image", "build", "swift", "--json", "--base", "local/debian:bookworm",
             "--wheelhouse", str(wheelhouse_dir())] + [a for s in SMOKE_SETS for a in ("--set", s)]
@@ -111,7 +123,7 @@ def test_swift_recipe_parses_with_ms_swifts_parser_and_a_bogus_flag_fails(swift_
     args = row["args"]["args"]
     assert args["parser"] == "sft.py" and sorted(args["stubbed"]) == sorted(SWIFT_STUBS)
     ns = args["namespace"]
-    assert ns["tuner_type"] == "'full'" and ns["pipeline_model_parallel_size"] == "2" and ns["padding_free"] == "False"
+    assert ns["tuner_type"] == "'full'" and ns["pipeline_model_parallel_size"] == "2" and ns["padding_free"] == "True"
 
     def variant(name: str, edit) -> Path:
         data = recipe(SWIFT_RECIPE)
@@ -122,7 +134,7 @@ def test_swift_recipe_parses_with_ms_swifts_parser_and_a_bogus_flag_fails(swift_
     bogus = variant("swift-bogus", lambda d: d["command"].append("--bogus_flag 1"))
     rc, err, _ = launch_check(bogus, swift_img)
     assert rc == 1 and "swift-bogus: args: unrecognized arguments: --bogus_flag 1" in err
-    # what the recipe said before (ms-swift 3.x names) is refused by 4.1.3's parser
+    # what the recipe said before (ms-swift 3.x names) is refused by 4.2.0's parser
     old = variant("swift-old", lambda d: d["command"].append("--max_epochs 1"))
     rc, err, _ = launch_check(old, swift_img)
     assert rc == 1 and "swift-old: args: unrecognized arguments: --max_epochs 1" in err

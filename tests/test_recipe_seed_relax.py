@@ -181,7 +181,7 @@ def _tms_preload_problem(name: str, env: dict, stack_name: str, kernel: tuple | 
 
 
 def _kernel(recipe) -> tuple | None:
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     kernel = load_stack(recipe.stack).components.get("sgl-kernel-npu")
     return (kernel.commit, kernel.patches) if kernel is not None else None
@@ -235,7 +235,7 @@ def test_the_relax_stack_backports_23519771_whole_and_then_relax_s_patch():
 
     from trainbox.paths import REPO_ROOT
     from trainbox.runtime.apply_patches import load_series
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
     from upstream_helpers import find_shared_upstream
 
     kernel = load_stack("relax").components["sgl-kernel-npu"]

@@ -93,7 +93,7 @@ def test_relax_gpu_twins_carry_no_npu_flags():
 def test_relax_gpu_twins_hold_relax_s_requirements():
     """The GPU twins' stack holds what the NPU stack does of Relax's own needs (issue 35 item 7): Relax's tree, the
     TransferQueue fork, and Relax's requirements at 93e989e (gpustat aside, named in both stacks)."""
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     npu, gpu = load_stack("relax").components, load_stack("relax-cuda").components
     for key in ("relax", "transferqueue"):

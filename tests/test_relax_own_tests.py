@@ -11,7 +11,7 @@ import yaml
 from test_cpu_mode_docker import _image
 from test_relax_imports import RELAX_REPOS
 from docker_helpers import run_in_image
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 from upstream_helpers import find_shared_upstream
 
 DATA = yaml.safe_load((Path(__file__).parent / "data" / "relax-cpu-tests.yaml").read_text())

@@ -8,12 +8,12 @@ import subprocess
 
 import pytest
 
-from trainbox.build import render as render_mod
+from trainbox.image import render as render_mod
 from trainbox.cli import main
 from trainbox.runtime.errors import TrainboxError
 from trainbox.paths import REPO_ROOT
-from trainbox.build.render import DEFAULT_DOCKERFILES, render_all, render_stack
-from trainbox.spec.stack import list_stacks, load_stack
+from trainbox.image.render import DEFAULT_DOCKERFILES, render_all, render_stack
+from trainbox.specs.stack import list_stacks, load_stack
 
 
 def test_render_check_passes_on_committed_files(capsys):
@@ -85,7 +85,7 @@ def test_builder_stage_only_where_build_only_work_happens():
 def test_system_stage_skips_apt_on_a_bootstrapped_base():
     """The system stage's packages for an apt Python are exactly what `trainbox base bootstrap` includes, so on
     that base the stage runs no apt; on any other base (debian:bookworm-slim) apt installs them."""
-    from trainbox.build import base
+    from trainbox.image import base
 
     text = render_stack(load_stack("cpu")).dockerfile
     system = text[text.index("AS system"):text.index("AS final")]
@@ -215,8 +215,8 @@ def test_hadolint_ignores_have_reasons():
 
 def test_a_substitute_built_image_does_not_claim_its_cann():
     """Issue 15: an npu image built on the Debian substitute has no CANN; its label must not say it has."""
-    from trainbox.build.render import render_stack
-    from trainbox.spec.stack import load_stack
+    from trainbox.image.render import render_stack
+    from trainbox.specs.stack import load_stack
 
     real = render_stack(load_stack("npu-910b")).dockerfile
     assert "io.trainbox.cann=" in real

@@ -53,7 +53,7 @@ def _layers_by_step(ref: str) -> dict[str, str]:
 
 
 def test_two_cold_builds_give_the_same_layers(tmp_path):
-    from trainbox.build.image import build
+    from trainbox.image.build import build
 
     client = dh.docker_client()
     base = dh.cold_base()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from trainbox.build.engine import Client
+from trainbox.image.engine import Client
 
 
 def test_attached_keeps_both_streams_in_the_log_and_returns_the_exit_code(tmp_path, capfd):

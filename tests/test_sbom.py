@@ -1,4 +1,4 @@
-"""The image SBOM (trainbox.build.sbom) from an inventory and a manifest, without an engine: schema-valid CycloneDX,
+"""The image SBOM (trainbox.image.sbom) from an inventory and a manifest, without an engine: schema-valid CycloneDX,
 every part the issue asks for, the same bytes for the same inputs; and the runtime inventory and doctor check."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("cyclonedx")
 
-from trainbox.build import sbom  # noqa: E402
+from trainbox.image import sbom  # noqa: E402
 from trainbox.runtime import installed as inventory  # noqa: E402
 from trainbox.runtime.doctor import Context  # noqa: E402
 from trainbox.runtime.doctor.packages import check_sbom  # noqa: E402
@@ -166,7 +166,7 @@ def test_doctor_sbom_check(tmp_path):
 def test_source_date_epoch_reaches_the_build_and_the_sbom(monkeypatch):
     from pathlib import Path
 
-    from trainbox.build.plan import PlanInputs, _args
+    from trainbox.image.plan import PlanInputs, _args
     from trainbox.runtime.errors import TrainboxError
 
     def args():
@@ -210,12 +210,12 @@ def test_each_platform_gets_the_hash_of_its_own_requirement_line():
     """Issue 37: the cpu stack pins torch (and numpy) once per platform, each line under its platform_machine
     marker. Keyed by name alone, the x86_64 line overwrote the aarch64 one, so the arm64 SBOM called its torch
     "not hash-pinned". Each platform's SBOM names the hash of the line pip installed there."""
-    from trainbox.build.render import render_stack
-    from trainbox.spec.stack import load_stack
+    from trainbox.image.render import render_stack
+    from trainbox.specs.stack import load_stack
 
     stack = load_stack("cpu")
     rendered = render_stack(stack)
-    reqs = [rendered.requirements, rendered.deps]  # what for_plan reads from the plan's files
+    reqs = [rendered.requirements, rendered.deps]  # what run.sbom_for_plan reads from the plan's files
     assert any("platform_machine" in t for t in reqs), "the cpu stack no longer pins per platform"
     for plat in ("linux/amd64", "linux/arm64"):
         torch = stack.components["torch"].pin_for(plat)

@@ -29,7 +29,7 @@ def test_cpu_image_sbom_matches_pip_inspect():
     assert doc["bomFormat"] == "CycloneDX" and doc["metadata"]["component"]["version"] == out.report["content_hash"]
     comps = {c["bom-ref"]: c for c in doc["components"]}
     torch = comps["pypi:torch"]
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     pin = load_stack("cpu").components["torch"].pin_for("linux/amd64").sha256
     assert [h["content"] for h in torch["hashes"]] == [pin[0]]
@@ -46,7 +46,7 @@ def test_cpu_image_sbom_matches_pip_inspect():
 
 def test_an_sbom_that_leaves_a_distribution_out_is_caught(tmp_path):
     """The check above and the doctor's packages.sbom go red on an image whose SBOM lacks numpy."""
-    from trainbox.build import sbom
+    from trainbox.image import sbom
 
     out = dh.build_cpu_outcome()
     client = dh.docker_client()

@@ -132,7 +132,7 @@ def test_the_nodes_pull_the_pushed_image_by_digest_and_run_it(slurm_env, registr
     import docker_helpers as dh
     from registry_helpers import docker_cli, names_restored, remove_all_names
 
-    from trainbox.build.push import push
+    from trainbox.image.push import push
 
     outcome = dh.build_cpu_outcome()
     pushed = push("cpu", registry, say=lambda _line: None, report=outcome.report_path)

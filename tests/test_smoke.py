@@ -436,10 +436,10 @@ class FakeBuild:
 
 
 def test_substitute_base_is_chosen_explicitly_and_recorded(tmp_path, monkeypatch):
-    import trainbox.build.base
+    import trainbox.image.base
 
     # Stand-in registry probe: the stack's own base cannot be pulled.
-    monkeypatch.setattr(trainbox.build.base, "base_available", lambda image, client=None, timeout=8.0, platform=None: (False, "registry unreachable"))
+    monkeypatch.setattr(trainbox.image.base, "base_available", lambda image, client=None, timeout=8.0, platform=None: (False, "registry unreachable"))
     fake = FakeBuild()
     s = smoke.Smoke(options(tmp_path, wheelhouse="/wh"), run=fake, say=lambda m: None)
     sr = stack_result(overrides={"torch.version": "2.13.0+cpu"})
@@ -456,9 +456,9 @@ def test_substitute_base_is_chosen_explicitly_and_recorded(tmp_path, monkeypatch
 
 
 def test_substitute_base_never_and_image(tmp_path, monkeypatch):
-    import trainbox.build.base
+    import trainbox.image.base
 
-    monkeypatch.setattr(trainbox.build.base, "base_available", lambda image, client=None, timeout=8.0, platform=None: (False, "unreachable"))
+    monkeypatch.setattr(trainbox.image.base, "base_available", lambda image, client=None, timeout=8.0, platform=None: (False, "unreachable"))
     info = {"base": {"image": "quay.io/x:1", "substitute": "local/debian:bookworm"}}
     fake = FakeBuild()
     sr = stack_result()
@@ -474,9 +474,9 @@ def test_substitute_base_never_and_image(tmp_path, monkeypatch):
 
 
 def test_build_failure_names_the_dockerfile_step(tmp_path, monkeypatch):
-    import trainbox.build.base
+    import trainbox.image.base
 
-    monkeypatch.setattr(trainbox.build.base, "base_available", lambda image, client=None, timeout=8.0, platform=None: (True, "present locally"))
+    monkeypatch.setattr(trainbox.image.base, "base_available", lambda image, client=None, timeout=8.0, platform=None: (True, "present locally"))
     sr = stack_result()
     res = smoke.Smoke(options(tmp_path), run=FakeBuild(ok=False), say=lambda m: None).step_build(
         sr, {"base": {"image": "debian:x"}})
@@ -511,12 +511,12 @@ def test_set_and_profile(tmp_path):
 
 
 def test_offline_profile_in_ci_is_valid():
-    from trainbox.spec.stack import list_stacks
+    from trainbox.specs.stack import list_stacks
 
     prof = smoke.load_profile(REPO / "ci" / "smoke-offline.yaml")
     assert set(prof["stacks"]) <= set(list_stacks())
     assert prof["set"]["npu-910b"]["torch.version"].startswith("2.13.0")
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     # every npu stack it builds (the workload stacks too) gets the CPU torch this runner has and its torch_npu pair
     npu = [s for s in prof["stacks"] if load_stack(s).device == "npu"]
@@ -550,7 +550,7 @@ def _wheelhouse() -> str | None:
 @pytest.mark.docker
 @pytest.mark.slow
 def test_cpu_stack_end_to_end(tmp_path):
-    from trainbox.build.engine import find_client
+    from trainbox.image.engine import find_client
 
     client = find_client()
     before = set(client.run("images", "-q", "--no-trunc", "trainbox/cpu", check=False).stdout.split())
@@ -586,9 +586,9 @@ def test_cpu_stack_end_to_end(tmp_path):
 
 
 def test_build_cache_is_passed_and_rotated(tmp_path, monkeypatch):
-    import trainbox.build.base
+    import trainbox.image.base
 
-    monkeypatch.setattr(trainbox.build.base, "base_available", lambda image, client=None, timeout=8.0, platform=None: (True, "present locally"))
+    monkeypatch.setattr(trainbox.image.base, "base_available", lambda image, client=None, timeout=8.0, platform=None: (True, "present locally"))
 
     class CachingBuild(FakeBuild):
         # Stand-in for an `image build` that has --cache-from/--cache-to: exports a cache like BuildKit does.
@@ -626,7 +626,7 @@ def test_ci_definitions_use_real_stacks_options_and_recipes():
 
     from trainbox.cli import build_parser
     from trainbox.launch.recipe import load_recipe
-    from trainbox.spec.stack import list_stacks
+    from trainbox.specs.stack import list_stacks
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices["smoke"]

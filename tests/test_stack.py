@@ -10,8 +10,8 @@ import yaml
 
 from trainbox.cli import main
 from trainbox.runtime.errors import TrainboxError
-from trainbox.spec.rules import RULES, check
-from trainbox.spec.stack import list_stacks, load_stack
+from trainbox.specs.rules import RULES, check
+from trainbox.specs.stack import list_stacks, load_stack
 
 SHA = "a" * 64
 
@@ -280,7 +280,7 @@ def test_rule_torch_npu_checks_python_and_unknown_releases(tmp_path):
 
 
 def test_shipped_npu_stacks_pass_the_pairing_rule():
-    from trainbox.spec.stack import list_stacks
+    from trainbox.specs.stack import list_stacks
     for name in list_stacks():
         s = load_stack(name)
         assert not [x for x in check(s) if x.rule == "torch-npu-cann"], name

@@ -15,7 +15,7 @@ MAX_FUNCTION_LINES = 80
 # one fails.
 KNOWN_LONG: set[str] = set()
 #: stage packages whose modules the module map lists one by one
-STAGE_ROWS = ("spec", "supply", "build")
+STAGE_ROWS = ("specs", "supply", "image")
 
 
 def _product_modules() -> list[Path]:
@@ -52,9 +52,12 @@ def test_module_map_matches_the_tree():
         cell = row.split("|")[1]
         for name in re.findall(r"`([^`]+)`", cell):
             named.add(name.rstrip("/").removesuffix("/*"))
-    # the stage packages' modules each have a row (`spec/stack`); the other packages one row each (`launch/`)
+    # the stage packages' modules each have a row (`specs/stack`), their subpackages too, the package and each of its
+    # modules (`image/toolkits`, `image/toolkits/cann`); the other packages one row each (`launch/`)
     tree = {p.stem for p in PKG.glob("*.py") if p.stem != "__init__"} | \
         {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists() and p.name not in STAGE_ROWS} | \
-        {f"{d}/{p.stem}" for d in STAGE_ROWS for p in (PKG / d).glob("*.py") if p.stem != "__init__"}
+        {p.relative_to(PKG).with_suffix("").as_posix() for d in STAGE_ROWS for p in (PKG / d).rglob("*.py")
+         if p.stem != "__init__"} | \
+        {p.parent.relative_to(PKG).as_posix() for d in STAGE_ROWS for p in (PKG / d).glob("*/__init__.py")}
     assert tree - named == set(), f"modules without a row in docs/design/architecture.md's module map: {sorted(tree - named)}"
     assert named - tree == set(), f"module map rows for modules that do not exist: {sorted(named - tree)}"

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainbox.build.bundle import _build_pins
+from trainbox.image.bundle import _build_pins
 from trainbox.paths import REPO_ROOT
-from trainbox.build.render import render_stack
-from trainbox.spec.stack import StackError, load_stack
+from trainbox.image.render import render_stack
+from trainbox.specs.stack import StackError, load_stack
 from upstream_helpers import DATA, hostile_setuptools_wheel, stack_file
 
 LOCK = DATA / "stacks" / "cpu-sources.lock"

@@ -143,7 +143,7 @@ def test_the_bundle_holds_the_locked_build_requirements(bundle):
     """The MindSpeed wheel's build requirements are in the bundle as the lock pins them (by sha256), so the
     offline build installs them --require-hashes."""
     stack_path, good, _ = bundle
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     stack = load_stack(stack_path)
     sums = member(good, "SHA256SUMS").decode()

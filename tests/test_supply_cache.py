@@ -21,7 +21,7 @@ import pytest
 from trainbox.supply.fetch import fetch_sources, stage
 from trainbox.paths import REPO_ROOT
 from trainbox.supply.sources import SourceError, git_cache_repo
-from trainbox.spec.stack import load_stack
+from trainbox.specs.stack import load_stack
 from upstream_helpers import MEGATRON, MINDSPEED, git, git_env, make_mirrors, rewrite_blob, stack_file
 
 

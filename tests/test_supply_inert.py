@@ -20,8 +20,8 @@ import yaml
 
 from trainbox.cli import main
 from trainbox.paths import STACKS_DIR
-from trainbox.build.render import render_stack
-from trainbox.spec.stack import StackError, load_stack
+from trainbox.image.render import render_stack
+from trainbox.specs.stack import StackError, load_stack
 
 ISSUE_URL = "https://pypi.org/simple;/path/to/script;"
 
@@ -214,7 +214,7 @@ def test_the_index_url_is_one_quoted_word_in_every_install_step(tmp_path):
 
 def test_a_control_character_is_refused_whatever_template_prints_it(tmp_path):
     """The environment's finalize: even a field that bypassed the grammar cannot put a newline into a build file."""
-    from trainbox.build.render import _env
+    from trainbox.image.render import _env
     from trainbox.runtime.errors import TrainboxError
 
     tpl = _env().from_string("RUN echo {{ value }}\n")

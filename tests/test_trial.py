@@ -78,6 +78,19 @@ def test_a_fixed_world_size_is_kept(tmp_path):
         "scaling: {world_size: fixed, mesh: the script's DeviceMesh}\ntrial: {why: x, ranks: 2}\n"
     with pytest.raises(RecipeError, match="fixes its world size at 4"):
         overlay_of(load_recipe(_recipe(tmp_path, "t-fixed", text)))
+    # a remesh said without code edits that would make it is refused too
+    with pytest.raises(RecipeError, match="say how in trial.remesh"):
+        overlay_of(load_recipe(_recipe(tmp_path, "t-said", text.replace("ranks: 2}", "ranks: 2, remesh: m}"))))
+
+
+def test_a_fixed_world_size_is_remeshed_by_code_edits_that_say_so():
+    """Twinkle's SP script fixes a 4-rank mesh; its overlay re-cuts it for 2 ranks in the script's own constants."""
+    recipe = load_recipe(TWINKLE_SP)
+    ov = overlay_of(recipe)
+    assert recipe.scaling.world_size == "fixed" and recipe.world_size == 4 and ov.ranks == 2
+    edits = ov.code["cookbook/transformers/sp_fsdp_dense.py"]
+    assert ov.remesh and edits["nproc_per_node=4,"] == "nproc_per_node=2,"
+    assert edits["mesh=np.arange(4).reshape(2, 2),"] == "mesh=np.arange(2).reshape(1, 2),"
 
 
 def test_replace_args_changes_values_only():

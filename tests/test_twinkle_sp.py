@@ -102,7 +102,7 @@ def test_sp_recipe_runs_the_image_tree_at_the_pr_merge():
     """twinkle-a3 pins Twinkle at the PR's merge, and the recipe's default is that tree's script, with the
     script's own layout (4 ranks: DeviceGroup ranks 0-3, torchrun --nproc_per_node=4)."""
     from trainbox.launch.recipe import load_recipe
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     stack = load_stack("twinkle-a3")
     assert stack.components["twinkle"].commit == TWINKLE_SP

@@ -15,8 +15,8 @@ import os
 import sys
 
 from . import __version__
-from .commands._args import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_PROBLEMS, EXIT_USAGE, Parser, finish
-from .runtime.errors import TrainboxError, describe_os_error
+from .commands._args import Parser, finish
+from .runtime.errors import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_PROBLEMS, EXIT_USAGE, TrainboxError, describe_os_error
 from .runtime.redact import redact
 
 # Order here is the order of `trainbox --help`.

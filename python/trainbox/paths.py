@@ -15,6 +15,11 @@ TEMPLATES_DIR = REPO_ROOT / "build" / "templates"
 COMPAT_DIR = REPO_ROOT / "build" / "compat"
 PATCHES_DIR = REPO_ROOT / "patches"
 LAUNCHERS_DIR = REPO_ROOT / "launchers"
+# What `image build` writes: build reports (read by push and by the launchers' image choice), the smoke's records.
+# Modules read it as `paths.REPORTS_DIR` when they run, so a test that moves it moves it for all of them.
+REPORTS_DIR = REPO_ROOT / "build" / "reports"
+# Where the rendered Dockerfiles and their files live, relative to the checkout (and to a build context).
+GENERATED_DIR = "build/generated"
 CACHE_DIR = Path(os.environ.get("TRAINBOX_CACHE") or Path.home() / ".cache" / "trainbox")
 
 

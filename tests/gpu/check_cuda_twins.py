@@ -15,7 +15,7 @@ nvcc on PATH). What only a GPU host can show, one PASS/FAIL/SKIP line each:
                    this host: `launch check --code` needs Docker), after the entry's import closure, nothing
                    stood in (sglang's CUDA build loads)
   args.swift       the same for swift-megatron-qwen35-8gpu (swift.cli._megatron.sft, strict) with an ms-swift
-                   v4.1.3 checkout: mcore_bridge loads on the real transformer_engine (the substitute base has none)
+                   4.2.0 tree (its sdist, unpacked): mcore_bridge loads on the real transformer_engine (the substitute base has none)
 
 Exits 0 when nothing failed, 1 when a check failed, 2 when no GPU is usable.
 """
@@ -98,7 +98,7 @@ def check_args(name: str, recipe: str, code: str | None) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--specforge", metavar="DIR", help="SpecForge checkout at 61f9cb01 (patches/specforge applied)")
-    ap.add_argument("--swift", metavar="DIR", help="ms-swift checkout at v4.1.3")
+    ap.add_argument("--swift", metavar="DIR", help="ms-swift 4.2.0 tree (the swift stacks' sdist, unpacked)")
     args = ap.parse_args()
     try:
         import torch

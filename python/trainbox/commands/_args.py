@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..runtime.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PIPE, EXIT_PROBLEMS, EXIT_USAGE  # noqa: F401
+from ..runtime.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
 
 JSON_SCHEMA = 1
 _ALIAS_PREFIX = "_alias__"

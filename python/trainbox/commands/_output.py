@@ -11,7 +11,7 @@ import sys
 from typing import Any, Sequence
 
 from ._args import JSON_SCHEMA
-from ..runtime.redact import printable  # noqa: F401 - the commands' one spelling of it
+from ..runtime.redact import printable
 
 
 def json_doc(doc: dict[str, Any], schema: int = JSON_SCHEMA) -> str:

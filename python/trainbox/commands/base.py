@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _bootstrap(args: argparse.Namespace) -> int:
-    from trainbox.build import base
+    from trainbox.image import base
 
     base.bootstrap(tag=args.tag, suite=args.suite, mirror=args.mirror, security_mirror=args.security_mirror,
                    force=args.force, include=args.include or None, verbose=args.verbose, platform=args.platform)

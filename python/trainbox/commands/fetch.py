@@ -58,7 +58,7 @@ def _bundle(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from trainbox.build.bundle import write_bundle
+    from trainbox.image.bundle import write_bundle
     from trainbox.runtime.errors import TrainboxError
 
     if len(args.stacks) != 1:

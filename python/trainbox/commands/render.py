@@ -26,7 +26,7 @@ def cmd_render(args) -> int:
     from pathlib import Path
 
     from ..paths import REPO_ROOT
-    from ..build.render import GENERATED_FILES, drift, render_all, stale_generated, write_set
+    from ..image.render import GENERATED_FILES, drift, render_all, stale_generated, write_set
 
     found = _findings(args.stacks)  # an error finding refuses, before anything is rendered or written
     outputs = render_all(args.stacks or None)  # everything in memory first: a template error writes nothing
@@ -66,8 +66,8 @@ def cmd_render(args) -> int:
 def _findings(names: list[str] | None) -> list[dict]:
     """The findings pass over the stacks rendered: errors refuse; warnings are said once each (stderr). The lock's
     state is left to `stack validate` and `stack lock` (a render of a stack whose pin moved fails on the pin)."""
-    from ..spec.findings import LOCK_RULES, Review, refuse_errors, unique_lines
-    from ..spec.stack import list_stacks, load_stack
+    from ..specs.findings import LOCK_RULES, Review, refuse_errors, unique_lines
+    from ..specs.stack import list_stacks, load_stack
 
     review = Review(skip=LOCK_RULES)
     found = [r for name in names or list_stacks() for r in review.stack(load_stack(name))]

@@ -82,7 +82,7 @@ def _lock_state(stack) -> str:
 
 def cmd_list(args) -> int:
     from ..runtime.errors import TrainboxError
-    from ..spec.stack import list_stacks, load_stack
+    from ..specs.stack import list_stacks, load_stack
 
     rows, failed = [], False
     for name in list_stacks():
@@ -104,46 +104,31 @@ def cmd_list(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from ..spec.findings import Review, exit_status
-    from ..runtime.errors import TrainboxError
-    from ..spec.stack import list_stacks, load_stack, stack_path
+    from ..specs.findings import exit_status, validate
 
-    names = args.stacks or list_stacks()
-    for name in names:
-        stack_path(name)  # a name that is no stack is a usage error (2), not a finding
-    loaded, report, failed, invalid = [], [], False, False
-    for name in names:
-        try:
-            loaded.append(load_stack(name))
-        except TrainboxError as exc:
-            # a stack file that does not load is invalid input (2), as for every other command; the rules' error
-            # findings below are problems a check found (1), as for every other command (findings.exit_status)
-            failed = invalid = True
-            report.append({"stack": name, "ok": False, "findings": [{"rule": "schema", "level": "error",
-                                                                      "message": str(exc)}]})
-            if not args.json:
-                print(f"FAIL {name}\n{exc}", file=sys.stderr)
-    review, shown = Review(with_info=True), set()
-    in_run = {str(st.source_file) for st in loaded}
-    for stack in _parents_first(loaded):
-        found = review.stack(stack)
-        bad = [r for r in found if r.level == "error" or (args.strict and r.level != "info")]
-        failed |= bool(bad)
-        report.append({"stack": stack.name, "ok": not bad, "file": str(stack.source_file),
-                       "findings": [r.as_dict() for r in found]})
-        if args.json:
-            continue
-        # a finding inherited from a stack of this run is shown there, once; the dependant only counts it
-        elsewhere = [r for r in found if r.inherited_from and str(r.file) in in_run]
-        count = f": {len(elsewhere)} finding{'s' if len(elsewhere) != 1 else ''} inherited from {', '.join(sorted({r.inherited_from for r in elsewhere}))} " \
-                "(shown there)" if elsewhere else ""
-        print(f"{'FAIL' if bad else 'ok  '} {stack.name} ({stack.source_file}){count}",
-              file=sys.stderr if bad else sys.stdout)
-        _print_findings([r for r in found if r not in elsewhere and r.where not in shown], bad)
-        shown |= {r.where for r in found}
+    result = validate(args.stacks, strict=args.strict)
     if args.json:
-        emit_json({"ok": not failed, "strict": args.strict, "stacks": report})
-    return EXIT_USAGE if invalid else exit_status(failed)
+        emit_json(result.as_dict())
+    else:
+        _print_validation(result)
+    return EXIT_USAGE if result.invalid else exit_status(result.failed)
+
+
+def _print_validation(result) -> None:
+    """A line per stack (FAIL on stderr), then its findings; a finding inherited from a stack of this run is shown
+    there, once, and the dependant only counts it."""
+    in_run = {v.file for v in result.stacks if v.file}
+    shown: set = set()
+    for v in result.stacks:
+        if v.error is not None:
+            print(f"FAIL {v.stack}\n{v.error}", file=sys.stderr)
+            continue
+        elsewhere = [r for r in v.found if r.inherited_from and str(r.file) in in_run]
+        count = (f": {len(elsewhere)} finding{'s' if len(elsewhere) != 1 else ''} inherited from "
+                 f"{', '.join(sorted({r.inherited_from for r in elsewhere}))} (shown there)" if elsewhere else "")
+        print(f"{'FAIL' if v.bad else 'ok  '} {v.stack} ({v.file}){count}", file=sys.stderr if v.bad else sys.stdout)
+        _print_findings([r for r in v.found if r not in elsewhere and r.where not in shown], v.bad)
+        shown |= {r.where for r in v.found}
 
 
 _LEVELS = {"error": 0, "warning": 1, "info": 2}
@@ -164,23 +149,6 @@ def _print_findings(found: list, bad: list) -> None:
         print(f"  {group[0].line()}{more}")
 
 
-def _parents_first(stacks: list) -> list:
-    """`stacks` with each one after the stacks of the list it extends (otherwise in the order given)."""
-    by_name = {st.name: st for st in stacks}
-    out: list = []
-
-    def visit(st) -> None:
-        if st in out:
-            return
-        if st.extends in by_name:
-            visit(by_name[st.extends])
-        out.append(st)
-
-    for st in stacks:
-        visit(st)
-    return out
-
-
 def _rows(stack):
     rows = []
     for key, c in sorted(stack.components.items()):
@@ -197,7 +165,7 @@ def _rows(stack):
 
 
 def cmd_show(args) -> int:
-    from ..spec.stack import load_stack
+    from ..specs.stack import load_stack
 
     stack = load_stack(args.stack)
     rows = _rows(stack)
@@ -219,8 +187,8 @@ def cmd_show(args) -> int:
 def cmd_diff(args) -> int:
     import json
 
-    from ..spec.stack import load_stack
-    from ..spec.stackdiff import diff_stacks
+    from ..specs.stack import load_stack
+    from ..specs.stackdiff import diff_stacks
 
     a, b = load_stack(args.a), load_stack(args.b)
     changes = diff_stacks(a, b)
@@ -245,77 +213,53 @@ def cmd_diff(args) -> int:
 def cmd_lock(args) -> int:
     from pathlib import Path
 
-    from ..spec.findings import LOCK_RULES, Review, exit_status
-    from ..supply import lock as lockmod
-    from ..supply.lock import lock_plan, lock_stacks, write_lock
-    from ..spec.stack import list_stacks
+    from ..specs.findings import exit_status
+    from ..specs.stack import list_stacks
+    from ..supply.lockrun import lock_stacks
 
     if args.all and args.stacks:
         args._cmd_parser.error("give stack names or --all, not both")
     if not (args.all or args.stacks):
         args._cmd_parser.error("the following arguments are required: STACK (or --all)")
-    plan, named = lock_plan(list_stacks() if args.all else args.stacks, dependants=not args.no_dependants)
     out = sys.stderr if args.json else sys.stdout
-    results, failed, refused = [], False, False
-    review, shown = Review(skip=LOCK_RULES), set()  # the lock's own state is what locking repairs
-    bads = {stack.name: [r for r in review.stack(stack) if r.level == "error"] for stack, _ in plan}
-    whys = dict((stack.name, why) for stack, why in plan)
 
-    def starting(stack) -> None:
-        print(f"locking {stack.name}{whys[stack.name]} for Python {stack.python} on {', '.join(stack.platforms)} ...",
-              file=sys.stderr, flush=True)
+    def started(stack, why) -> None:
+        print(f"locking {stack.name}{why} for Python {stack.python} on {', '.join(stack.platforms)} ...",
+              file=sys.stderr)
 
-    # the stacks' locks run side by side (each is mostly pip waiting on the index); said in the plan's order
-    lockmod.PROGRESS = lambda m: print(m, file=sys.stderr, flush=True)  # each step as it starts, timed
-    locks = lock_stacks([st for st, _ in plan if not bads[st.name]], Path(args.wheelhouse) if args.wheelhouse
-                        else None, resolve_deps=not args.no_deps, start=starting)
-    try:
-        for stack, why in plan:
-            bad = bads[stack.name]
-            if bad:  # a pin the rules refuse is not locked (nor written into a lock), each finding said once
-                for r in bad:
-                    if r.where not in shown:
-                        shown.add(r.where)
-                        print(r.line(), file=sys.stderr)
-                where = sorted({r.inherited_from for r in bad if r.inherited_from})
-                print(f"{stack.name}: not locked: {len(bad)} error finding{'s' if len(bad) != 1 else ''}"
-                      + (f" (inherited from {', '.join(where)})" if where else ""), file=sys.stderr)
-                refused = True
-                results.append({"stack": stack.name, "changes": [], "problems": [r.line() for r in bad],
-                                "unreachable": [], "incomplete": [], "written": None,
-                                "findings": [r.as_dict() for r in bad]})
-                continue
-            rep = next(locks).result()
-            for kind in ("unreachable", "problems", "incomplete"):
-                for line in getattr(rep, kind):
-                    print(f"{stack.name}: {kind.rstrip('s') if kind == 'problems' else kind}: {line}", file=sys.stderr)
-            for line in rep.changes:
-                print(f"{stack.name}: changed: {line}", file=out)
-            if not rep.changes:
-                print(f"{stack.name}: no change", file=out)
-            written = None
-            if not rep.problems and not args.check:
-                written = str(write_lock(stack, rep.lock))
-                print(f"{stack.name}: wrote {written}", file=out)
-            failed |= bool(rep.problems) or (args.check and bool(rep.changes))
-            results.append({"stack": stack.name, "changes": rep.changes, "problems": rep.problems,
-                            "unreachable": rep.unreachable, "incomplete": rep.incomplete, "written": written,
-                            "findings": []})
-    finally:
-        locks.close()  # a stack that failed: the locks not started are not started
-        lockmod.PROGRESS = None
-    for name, parent in named:
+    def done(res) -> None:
+        if res.refused:
+            for r in res.said_first:
+                print(r.line(), file=sys.stderr)
+            where = sorted({r.inherited_from for r in res.refused if r.inherited_from})
+            print(f"{res.stack}: not locked: {len(res.refused)} error finding{'s' if len(res.refused) != 1 else ''}"
+                  + (f" (inherited from {', '.join(where)})" if where else ""), file=sys.stderr)
+            return
+        for kind in ("unreachable", "problems", "incomplete"):
+            for line in getattr(res, kind):
+                print(f"{res.stack}: {kind.rstrip('s') if kind == 'problems' else kind}: {line}", file=sys.stderr)
+        for line in res.changes:
+            print(f"{res.stack}: changed: {line}", file=out)
+        if not res.changes:
+            print(f"{res.stack}: no change", file=out)
+        if res.written:
+            print(f"{res.stack}: wrote {res.written}", file=out)
+
+    run = lock_stacks(list_stacks() if args.all else args.stacks, dependants=not args.no_dependants,
+                      wheelhouse=Path(args.wheelhouse) if args.wheelhouse else None, resolve_deps=not args.no_deps,
+                      check=args.check, on_start=started, on_done=done,
+                      progress=lambda m: print(m, file=sys.stderr, flush=True))
+    for name, parent in run.named:
         print(f"{name} extends {parent}: its lock may now be stale; run `trainbox stack lock {name}` "
               "(or lock without --no-dependants)", file=sys.stderr)
     if args.json:
-        emit_json({"ok": not (failed or refused), "check": args.check, "stacks": results,
-                   "not_locked_dependants": [{"stack": n, "extends": p} for n, p in named]})
+        emit_json(run.as_dict())
     # a refused stack exits as validate and build exit on the same finding; a pin that cannot be locked is 1 too
-    return exit_status(refused) or (EXIT_PROBLEMS if failed else 0)
+    return exit_status(run.refused) or (EXIT_PROBLEMS if run.failed else 0)
 
 
 def cmd_rules(args) -> int:
-    from ..spec.rules import RULES
+    from ..specs.rules import RULES
 
     if args.json:
         emit_json({"rules": [{"id": r.id, "explanation": r.explanation} for r in RULES]})

@@ -24,7 +24,7 @@ from .docker import (
     write_job_script,
 )
 from .job import Job, StackInfo, Values, load_stack_info, parse_devices, parse_sets, resolve, split_sets
-from .script import check_script, node_commands, render_script
+from .script import check_script, job_script, node_commands, render_script
 
 
 def render(recipe_name: str, sets: dict[str, str] | None = None, stack_name: str | None = None,
@@ -32,12 +32,12 @@ def render(recipe_name: str, sets: dict[str, str] | None = None, stack_name: str
     """(recipe, stack, the docker target's bash script)."""
     job = resolve(recipe_name, sets=sets, stack_name=stack_name, nodes=nodes, nproc_per_node=nproc_per_node,
                   devices=devices, check_paths=False, require_inputs=False, host_paths=False)
-    return job.recipe, job.stack, render_script(job.recipe, job.stack, job.sets)
+    return job.recipe, job.stack, job_script(job)
 
 
 __all__ = [
     "JOB_SCRIPT_IN_IMAGE", "NPU_CONTROL_DEVICES", "NPU_DRIVER_MOUNTS", "Job", "RunPlan", "StackInfo",
-    "TrainboxError", "Values", "check_script", "csv_field", "execute", "format_argv", "format_plan", "jobs_dir",
-    "load_stack_info", "mount_arg", "node_commands", "parse_devices", "parse_sets", "plan_run", "render",
+    "TrainboxError", "Values", "check_script", "csv_field", "execute", "format_argv", "format_plan", "job_script",
+    "jobs_dir", "load_stack_info", "mount_arg", "node_commands", "parse_devices", "parse_sets", "plan_run", "render",
     "render_script", "resolve", "split_sets", "write_job_script",
 ]

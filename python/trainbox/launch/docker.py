@@ -9,7 +9,7 @@ the same thing inside and outside the container.
 Device numbering: inside a container that was given /dev/davinci4..7 (or `--gpus device=4,5,6,7`), the
 runtime numbers the cards 0..3 (Ascend documents container logical ids; NVIDIA renumbers), so the
 visible-devices variable is set to 0..n-1 and the host's card numbers travel as TRAINBOX_DEVICES.
-Docker itself is reached only through trainbox.build.engine's client.
+Docker itself is reached only through trainbox.image.engine's client.
 """
 
 from __future__ import annotations
@@ -23,19 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import CACHE_DIR
-from ..runtime import npu
+from ..image.toolkits import cann, for_device
 from ..runtime.errors import TrainboxError, describe_os_error
 from .job import Job, resolve
-from .script import render_script
+from .script import job_script
 
 JOB_SCRIPT_IN_IMAGE = "/opt/trainbox/job.sh"
-# docker run pieces (see DESIGN.md, "Domain facts"); the doctor checks for exactly these, so both come from one list
-NPU_CONTROL_DEVICES = npu.NPU_DEVICE_NODES
-NPU_DRIVER_MOUNTS = tuple(npu.NPU_DRIVER_MOUNTS)
-# Jobs over more than one node also need the NIC tool and its configuration (HCCL over RoCE). Required, not
-# probed: the plan is made on one host and run on every node; `--mount` (not -v) makes a node that lacks one
-# fail at `docker run` naming the path, instead of creating an empty directory in its place.
-NPU_MULTINODE_MOUNTS = tuple(npu.NPU_MULTINODE_MOUNTS)
+# docker run pieces (see DESIGN.md, "Domain facts"): the toolkit's (trainbox.image.toolkits.cann), which the doctor
+# checks for too. Jobs over more than one node also need the NIC tool and its configuration (HCCL over RoCE).
+# Required, not probed: the plan is made on one host and run on every node.
+NPU_CONTROL_DEVICES = cann.facts.NPU_DEVICE_NODES
+NPU_DRIVER_MOUNTS = tuple(cann.facts.NPU_DRIVER_MOUNTS)
+NPU_MULTINODE_MOUNTS = tuple(cann.facts.NPU_MULTINODE_MOUNTS)
 # memlock: HCCL / NCCL and RDMA pin host memory. CPU jobs pin nothing and get only the stack limit: some
 # hosts (unprivileged CI sandboxes) cannot raise memlock at all, and docker then refuses to start.
 ULIMITS = {"npu": ("memlock=-1", "stack=67108864"), "cuda": ("memlock=-1", "stack=67108864"),
@@ -105,30 +104,19 @@ def write_job_script(name: str, script: str) -> Path:
 
 
 def device_args(job: Job) -> list[str]:
-    """--device / -v for NPU cards and their driver (plus hccn_tool and hccn.conf on more than one node), --gpus
-    for CUDA, nothing on CPU."""
-    if job.cards is None:
+    """The device toolkit's flags for the job's cards: --device / -v for NPU cards and their driver (plus
+    hccn_tool and hccn.conf on more than one node), --gpus for CUDA, nothing on CPU."""
+    toolkit = for_device(job.device)
+    if job.cards is None or toolkit is None:
         return []
-    if job.device == "cuda":
-        return ["--gpus", '"device=' + ",".join(str(c) for c in job.cards) + '"']
-    args: list[str] = []
-    for c in job.cards:
-        args += ["--device", f"/dev/davinci{c}"]
-    for d in NPU_CONTROL_DEVICES:
-        args += ["--device", d]
-    for m in NPU_DRIVER_MOUNTS:
-        args += ["-v", f"{m}:{m}:ro"]
-    if job.nodes > 1:
-        for m in NPU_MULTINODE_MOUNTS:
-            args += ["--mount", mount_arg(m, m, True)]
-    return args
+    return toolkit.docker_args(job.cards, job.nodes, mount_arg)
 
 
 def doctor_in_image(image: str, doctor_args: list[str]) -> int:
     """`trainbox doctor --image IMAGE`: the doctor in a throwaway container of IMAGE (network off, a CPU job's
     shared memory and ulimits), through the image's own entrypoint, or docker's init in front of it for an image
     of another platform (emulation_args); its output streams through, its exit status is the doctor's."""
-    from ..build.engine import find_client
+    from ..image.engine import find_client
     from .images import emulation_args
 
     client = find_client()
@@ -205,7 +193,7 @@ def plan_run(recipe_name: str, *, sets: dict[str, str] | None = None, image: str
         from .lifecycle import new_name
 
         name = new_name(job.name, name)
-    script = render_script(job.recipe, job.stack, job.sets)
+    script = job_script(job)
     script_path = write_job_script(job.name, script)
     exe = docker or os.environ.get("TRAINBOX_DOCKER") or "docker"
     base = run_args(job, shm_size=shm_size, labels=labels, name=name)
@@ -256,7 +244,7 @@ def format_plan(plan: RunPlan) -> str:
 
 def execute(plan: RunPlan, node_rank: int = 0) -> int:
     """Run one node's container in the foreground (logs stream through) and return its exit code."""
-    from ..build.engine import find_client
+    from ..image.engine import find_client
 
     if not 0 <= node_rank < len(plan.argv_per_node):
         raise TrainboxError(f"--node-rank {node_rank}: recipe {plan.recipe.name} has nodes 0-{plan.recipe.nodes - 1}")
@@ -275,7 +263,7 @@ def execute(plan: RunPlan, node_rank: int = 0) -> int:
                     node_rank=node_rank, nodes=len(plan.argv_per_node))
     print(f"trainbox run {plan.recipe.name}: job {name} ({plan.image}, script {plan.script_path}, log {log}); "
           f"`trainbox status|logs|cancel {name}`", file=sys.stderr)
-    from ..build.engine import Interrupted
+    from ..image.engine import Interrupted
 
     rc = 1
     try:

@@ -4,13 +4,14 @@ device stack; `trainbox run` says which image it took and why."""
 
 from __future__ import annotations
 
+from ..image.engine import Client
 from ..runtime.errors import TrainboxError
 from .job import Job
 
 SUBSTITUTE_LABEL = "io.trainbox.base.substituted"
 
 
-def _labels(client, ref: str) -> dict[str, str] | None:
+def _labels(client: Client, ref: str) -> dict[str, str] | None:
     try:
         return client.labels(ref)
     except Exception:  # noqa: BLE001 - an engine that does not answer: treat the image as unknown
@@ -26,7 +27,7 @@ def choose_image(job: Job, image: str | None, *, allow_substitute: bool = False,
         return image, f"image {image} (--image)"
     latest = f"trainbox/{job.stack.name}:latest"
     try:
-        from ..build.engine import find_client
+        from ..image.engine import find_client
 
         client = find_client()
         labels = _labels(client, latest) if client.image_exists(latest) else None
@@ -51,10 +52,10 @@ def emulation_args(image: str) -> tuple[list[str], str | None]:
     through qemu), and why; ([], None) otherwise. The image's PID 1 is `tini -s`, and qemu-user (7.2) does not
     implement prctl(PR_SET_CHILD_SUBREAPER), so tini stops at once ("PR_SET_CHILD_SUBREAPER is unavailable"):
     the engine's own init (docker-init, the host's tini) is PID 1 instead, in front of trainbox's entrypoint."""
-    from ..spec.platforms import host_platform, platform_of
+    from ..specs.platforms import host_platform, platform_of
 
     try:
-        from ..build.engine import find_client
+        from ..image.engine import find_client
 
         plat = platform_of(find_client().image_info(image))
     except TrainboxError:
@@ -81,7 +82,7 @@ def pinned(image: str) -> tuple[str, str | None]:
     if "@sha256:" in image:
         return image, None
     try:
-        from ..build.engine import find_client
+        from ..image.engine import find_client
 
         data = find_client().inspect(image)
     except Exception:  # noqa: BLE001 - not here, or no engine: the tag as given
@@ -97,11 +98,11 @@ def pinned(image: str) -> tuple[str, str | None]:
 def _listed(ref: str) -> str | None:
     """The newest manifest list (`image push --platform A,B`) that holds the pushed image `ref`: nodes of every
     platform pull that one name and each gets its own image."""
+    from .. import paths
     from ..yamlfile import json_loads
-    from ..build.image import REPORTS_DIR
 
     lists = []
-    for path in REPORTS_DIR.glob("*.json"):
+    for path in paths.REPORTS_DIR.glob("*.json"):
         try:
             lists += json_loads(path.read_text()).get("manifest_lists") or []
         except (OSError, ValueError, AttributeError):
@@ -113,11 +114,11 @@ def _listed(ref: str) -> str | None:
 
 def _last_pushed(refs: list[str]) -> list[str]:
     """Those of `refs` in the order of the build reports' push records, newest first."""
+    from .. import paths
     from ..yamlfile import json_loads
-    from ..build.image import REPORTS_DIR
 
     pushed = []
-    for path in REPORTS_DIR.glob("*.json"):
+    for path in paths.REPORTS_DIR.glob("*.json"):
         try:
             pushed += json_loads(path.read_text()).get("pushed") or []
         except (OSError, ValueError, AttributeError):
@@ -131,7 +132,7 @@ def loopback_problem(image: str) -> str | None:
     address (127.0.0.1, localhost, ::1) is, on every other node, that node's own (where the image is not)."""
     import ipaddress
 
-    from ..build.engine import registry_of
+    from ..image.engine import registry_of
 
     host = image.split("#", 1)[0] if "#" in image else registry_of(image)  # enroot's REG#IMAGE, or docker's
     name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") else host
@@ -152,7 +153,7 @@ def pull_problem(image: str) -> str | None:
     resolves to Docker Hub on every other node, where trainbox's images are not; enroot's REG#IMAGE names one."""
     if "#" in image or image.startswith("/"):
         return None  # enroot's registry form, or a squashfs path the site provides
-    from ..build.engine import registry_of
+    from ..image.engine import registry_of
 
     if registry_of(image) != "registry-1.docker.io":
         return None
@@ -169,10 +170,10 @@ def entrypoint_free_problem(job: Job) -> str | None:
     this engine does not have is not checked."""
     if job.device != "npu":
         return None
-    from ..build.cann_bake import BAKED_LABEL
+    from ..image.toolkits.cann import BAKED_LABEL
 
     try:
-        from ..build.engine import find_client
+        from ..image.engine import find_client
 
         client = find_client()
         labels = _labels(client, job.image) if client.image_exists(job.image) else None

@@ -1,5 +1,8 @@
 """The resolved job: a recipe, its stack and the user's values, computed once (host module).
 
+`resolve` computes the recipe's inputs (`all_inputs`), the cards and the ports once and the `Job` carries them:
+the targets read them from the job instead of computing them again.
+
 Everything a target needs comes from here: the docker script and argv (trainbox.launch.docker), the sbatch
 script (.slurm) and the Kubernetes manifests (.k8s). Precedence of the job's environment, lowest first:
 the stack's env, the recipe's env, `--set KEY=VALUE`, then what the launcher owns (visible devices).
@@ -13,11 +16,11 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from ..spec import grammar
-from .recipe import VISIBLE_DEVICES_VARS, Recipe, all_inputs, check_value, load_recipe, refs
+from ..specs import grammar
+from .recipe import VISIBLE_DEVICES_VARS, Input, Recipe, all_inputs, check_value, load_recipe, refs
 from ..runtime.errors import TrainboxError
 from .ports import RUN_BASES, STRIDE
-from ..spec.sets import parse_assignments
+from ..specs.sets import parse_assignments
 
 # Host paths a bind mount must not cover inside the container.
 _PROTECTED_TARGETS = {"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
@@ -40,7 +43,7 @@ class StackInfo:
 
 
 def load_stack_info(name: str) -> StackInfo:
-    from ..spec.stack import load_stack
+    from ..specs.stack import load_stack
 
     stack = load_stack(name)
     base = getattr(stack, "base", None)
@@ -58,8 +61,10 @@ class Values:
     env: dict[str, str]  # env keys overridden with --set (literal values)
 
 
-def split_sets(recipe: Recipe, stack: StackInfo, sets: dict[str, str]) -> Values:
-    inputs = all_inputs(recipe)
+def split_sets(recipe: Recipe, stack: StackInfo, sets: dict[str, str],
+               inputs: dict[str, Input] | None = None) -> Values:
+    """--set values split into inputs and env keys, checked; `inputs`: the recipe's, when already computed."""
+    inputs = all_inputs(recipe) if inputs is None else inputs
     vals = Values({}, {})
     for key, value in sets.items():
         if key in inputs:
@@ -81,7 +86,7 @@ def split_sets(recipe: Recipe, stack: StackInfo, sets: dict[str, str]) -> Values
 
 
 def parse_devices(spec: str) -> list[int]:
-    """'0-3' / '0,2,4-5' -> sorted card numbers (bounded and checked by trainbox.spec.grammar)."""
+    """'0-3' / '0,2,4-5' -> sorted card numbers (bounded and checked by trainbox.specs.grammar)."""
     try:
         return grammar.parse_devices(spec)
     except ValueError as exc:
@@ -100,6 +105,8 @@ class Job:
     env: dict[str, str]  # the container's environment (literal values only)
     mounts: dict[str, bool]  # host path -> read-only, bind-mounted at the same path
     create: list[str]  # host directories to create before the run
+    inputs: dict[str, Input]  # all_inputs(recipe), computed once: the targets read it from here
+    ports: dict[str, str]  # the recipe's port inputs (MASTER_PORT, RAY_PORT ...) -> their value in this job
     image: str = ""
     image_note: str = ""  # why this image
     image_id: str | None = None  # the local image's id, when the engine here has it
@@ -148,21 +155,23 @@ def _cards(recipe: Recipe, stack: StackInfo, devices: str | None) -> list[int] |
     return cards
 
 
-def _derive_ports(recipe: Recipe, sets: dict[str, str], cards: list[int] | None) -> None:
+def _derive_ports(inputs: dict[str, Input], sets: dict[str, str], cards: list[int] | None) -> dict[str, str]:
     """Two jobs on one host with disjoint cards get disjoint ports: each port input the user did not set
-    moves by PORT_STRIDE per slot, the slot being the job's first card (0 for cards 0-3, 4 for 4-7)."""
+    moves by PORT_STRIDE per slot, the slot being the job's first card (0 for cards 0-3, 4 for 4-7).
+    Returns the job's port inputs and their values (set, derived or the default)."""
     slot = min(cards) if cards else 0
-    inputs = all_inputs(recipe)
     for name, base in PORT_INPUTS.items():
         if slot and name in inputs and name not in sets and str(inputs[name].default) == str(base):
             sets[name] = str(base + PORT_STRIDE * slot)
+    return {n: str(sets.get(n, spec.default)) for n, spec in inputs.items()
+            if spec.kind == "port" and sets.get(n, spec.default) not in (None, "")}
 
 
-def _mounts(recipe: Recipe, vals: Values, sets: dict[str, str], check_paths: bool):
+def _mounts(recipe: Recipe, inputs: dict[str, Input], vals: Values, sets: dict[str, str], check_paths: bool):
     """Path inputs that are mounted: absolute, so the same path works on both sides of the mount."""
     mounts: dict[str, bool] = {}
     create: list[str] = []
-    for n, spec in all_inputs(recipe).items():
+    for n, spec in inputs.items():
         value = vals.inputs.get(n) or (spec.default if n in recipe.inputs else "")
         if spec.kind != "path" or not spec.mount or not value:
             continue
@@ -226,10 +235,10 @@ def _given_as(recipe: Recipe, vals: Values, name: str, value: str) -> str:
     return f"recipe {recipe.name}: input {name} (its default {value}; give --set {name}=DIR to choose another)"
 
 
-def _refuse_control_inputs(recipe: Recipe, vals: Values) -> None:
+def _refuse_control_inputs(recipe: Recipe, inputs: dict[str, Input], vals: Values) -> None:
     """Mounted path inputs that name a host control path, checked as written for every target (a script rendered
     here may run elsewhere: it checks again when it runs); `_mounts` also resolves links and finds sockets."""
-    for n, spec in all_inputs(recipe).items():
+    for n, spec in inputs.items():
         value = vals.inputs.get(n) or (spec.default if n in recipe.inputs else "")
         if spec.kind != "path" or not spec.mount or not value or not str(value).startswith("/"):
             continue
@@ -244,8 +253,7 @@ def _control_message(given: str, why: str) -> str:
             "read-only or not). Use a directory of your own")
 
 
-def _require_inputs(recipe: Recipe, vals: Values, provided: tuple[str, ...]) -> None:
-    inputs = all_inputs(recipe)
+def _require_inputs(recipe: Recipe, inputs: dict[str, Input], vals: Values, provided: tuple[str, ...]) -> None:
     missing = [n for n, spec in inputs.items()
                if spec.required and not vals.inputs.get(n) and n != "NODE_RANK" and n not in provided]
     if missing:
@@ -286,16 +294,18 @@ def resolve(recipe_name: str, *, sets: dict[str, str] | None = None, stack_name:
         if count != recipe.devices_per_node:
             recipe = load_recipe(recipe_name, nodes=nodes, nproc_per_node=count)
     _check_stack(recipe, stack, stack_name)
+    inputs = all_inputs(recipe)  # the one computation of the job's inputs: everything below reads this
     sets = dict(sets or {})
-    vals = split_sets(recipe, stack, sets)
+    vals = split_sets(recipe, stack, sets, inputs)
     if require_inputs:
-        _require_inputs(recipe, vals, provided)
+        _require_inputs(recipe, inputs, vals, provided)
     cards = _cards(recipe, stack, devices)
-    _derive_ports(recipe, sets, cards)
-    _refuse_control_inputs(recipe, vals)
-    mounts, create = _mounts(recipe, vals, sets, check_paths) if host_paths else ({}, [])
-    vals = split_sets(recipe, stack, sets)
-    return Job(recipe, stack, sets, vals, cards, container_env(recipe, stack, vals, cards), mounts, create)
+    ports = _derive_ports(inputs, sets, cards)
+    _refuse_control_inputs(recipe, inputs, vals)
+    mounts, create = _mounts(recipe, inputs, vals, sets, check_paths) if host_paths else ({}, [])
+    vals = split_sets(recipe, stack, sets, inputs)
+    return Job(recipe, stack, sets, vals, cards, container_env(recipe, stack, vals, cards), mounts, create,
+               inputs, ports)
 
 
 __all__ = ["Job", "StackInfo", "Values", "load_stack_info", "parse_devices", "parse_sets", "resolve", "split_sets",

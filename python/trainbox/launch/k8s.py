@@ -26,10 +26,10 @@ import re
 
 import yaml
 
-from ..runtime import npu
+from ..image.toolkits import for_device
 from ..runtime.errors import TrainboxError
 from .job import Job
-from .script import oneline, render_script
+from .script import job_script, oneline
 
 SCRIPT_DIR = "/opt/trainbox/job"
 NPU_RESOURCE = "huawei.com/Ascend910"
@@ -200,9 +200,7 @@ def parse_volumes(job: Job, specs) -> dict[str, tuple[str, str | None, str | Non
 
 def mounted_inputs(job: Job) -> dict[str, str]:
     """{input: path} of the recipe's path inputs the job mounts, in the recipe's order."""
-    from .recipe import all_inputs
-
-    return {n: job.sets[n] for n, spec in all_inputs(job.recipe).items()
+    return {n: job.sets[n] for n, spec in job.inputs.items()
             if spec.kind == "path" and spec.mount and job.sets.get(n) in job.mounts}
 
 
@@ -213,11 +211,8 @@ def _volumes(job: Job, configmap: str, volumes: dict | None = None) -> tuple[lis
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM[job.device]}}]
     mounts = [{"name": "trainbox-job", "mountPath": SCRIPT_DIR, "readOnly": True},
               {"name": "dshm", "mountPath": "/dev/shm"}]
-    host = []
-    if job.device == "npu":
-        host += list(npu.NPU_DRIVER_MOUNTS)
-        if job.nodes > 1:
-            host += list(npu.NPU_MULTINODE_MOUNTS)  # HCCL's NIC tool + config
+    toolkit = for_device(job.device)
+    host = toolkit.host_mounts(job.nodes) if toolkit else []  # the driver (+ HCCL's NIC tool and config)
     for i, path in enumerate(host):
         vols.append({"name": f"host-{i}", "hostPath": {"path": path}})
         mounts.append({"name": f"host-{i}", "mountPath": path, "readOnly": True})
@@ -250,14 +245,14 @@ def entrypoint_free_env(job: Job, env: dict[str, str]) -> dict[str, str]:
     entrypoint (ray.io/overwrite-container-cmd), but KubeRay < 1.1 ignores that annotation and starts
     `/bin/bash -c -- ... ray start` itself (ray-operator common/pod.go BuildPod): there the stack's defaults,
     the CPU-mode rule (computed by the entrypoint's own code) and the raylets' NOSET flags still hold, and the
-    CANN environment comes from the image's ENV, which `trainbox image build` bakes (trainbox.build.cann_bake)."""
+    CANN environment comes from the image's ENV, which `trainbox image build` bakes (trainbox.image.toolkits.cann)."""
     from ..runtime.entrypoint import apply_defaults
 
     added = dict(env)
     apply_defaults(added, {"env": dict(job.stack.env)})
-    if job.device == "npu":
-        for flag in npu.NPU_NOSET:
-            added.setdefault(flag, "1")
+    toolkit = for_device(job.device)
+    for flag, value in (toolkit.launch_env() if toolkit else {}).items():
+        added.setdefault(flag, value)
     return {k: v for k, v in added.items() if k not in env}
 
 
@@ -314,7 +309,7 @@ def _meta(job: Job, name: str, labels: dict | None = None, annotations: dict | N
 
 def _configmap(job: Job, name: str, job_name: str) -> dict:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, name, job_name=job_name),
-            "data": {"job.sh": render_script(job.recipe, job.stack, job.sets)}}
+            "data": {"job.sh": job_script(job)}}
 
 
 def _replicas(job: Job, pod_for, restart: str) -> dict:
@@ -407,8 +402,8 @@ def rayjob(job: Job, name: str, accelerator: str | None, asked: dict, volumes: d
                                         "minReplicas": job.nodes - 1, "maxReplicas": job.nodes - 1,
                                         "rayStartParams": params, "template": worker}]
     env_vars = {k: v for k, v in job.env.items() if k != "TRAINBOX_DEVICES"}
-    if job.device == "npu":
-        env_vars.update({v: "1" for v in npu.NPU_NOSET})
+    toolkit = for_device(job.device)
+    env_vars.update(toolkit.launch_env() if toolkit else {})
     # KubeRay copies a RayJob's labels and annotations to the RayCluster it creates; with its batch scheduler
     # on (--batch-scheduler=volcano) ray.io/scheduler-name makes it a Volcano PodGroup, so the pods start together
     labels = {**_ring(job), **({"ray.io/scheduler-name": "volcano"} if job.device == "npu" else {})}

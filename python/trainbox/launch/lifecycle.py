@@ -25,6 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ..paths import write_atomic
 from ..runtime.errors import TrainboxError
 
 STOP_SECONDS = 20  # docker stop's grace, the same the sbatch steps give their containers
@@ -65,10 +66,7 @@ def new_name(recipe: str, name: str | None = None) -> str:
 def save(record: dict) -> dict:
     d = runs_dir()
     d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{record['name']}.json"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    write_atomic(d / f"{record['name']}.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
 
 

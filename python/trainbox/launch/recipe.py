@@ -18,10 +18,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..image.toolkits import TOOLKITS
 from ..runtime.errors import TrainboxError
 from ..paths import LAUNCHERS_DIR
-from ..spec.grammar import ENV_NAME_RE, MAX_DEVICES_PER_NODE, MAX_NODES, check_name, check_text
-from ..spec.documents import MAX_EXTENDS_DEPTH, extends_too_deep, format_validation, merge, named_file, read_yaml
+from ..specs.grammar import ENV_NAME_RE, MAX_DEVICES_PER_NODE, MAX_NODES, check_name, check_text
+from ..specs.documents import MAX_EXTENDS_DEPTH, extends_too_deep, format_validation, merge, named_file, read_yaml
 from .ports import RUN_BASES
 
 RECIPES_DIR = LAUNCHERS_DIR / "recipes"
@@ -36,7 +37,7 @@ IMAGE_LAUNCHERS_DIR = "/opt/trainbox/launchers"
 LAYOUT_VARS = ("TP", "PP", "CP", "EP", "DP", "TRAIN_DEVICES", "ROLLOUT_DEVICES", "ROLLOUT_DEVICES_PER_ENGINE",
                "NNODES", "NPROC_PER_NODE", "WORLD_SIZE")
 # Names the launcher owns: a recipe input or env key may not take them over.
-VISIBLE_DEVICES_VARS = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
+VISIBLE_DEVICES_VARS = {d: t.VISIBLE_DEVICES_VAR for d, t in TOOLKITS.items()}
 
 
 class RecipeError(TrainboxError):
@@ -144,7 +145,7 @@ class Code(_Strict):
 
     @property
     def image_path(self) -> str:
-        from ..spec.kinds import TREE_ROOT
+        from ..specs.kinds import TREE_ROOT
 
         return f"{TREE_ROOT}/{self.component}"
 
@@ -533,7 +534,7 @@ def _drop_nulls(merged: dict, child: dict) -> None:
             _drop_nulls(merged[key], value)
 
 
-def _raw_recipe(path: Path, recipes_dir: Path | None, seen: tuple[Path, ...] = ()) -> dict:
+def merged_yaml(path: Path, recipes_dir: Path | None = None, seen: tuple[Path, ...] = ()) -> dict:
     """The recipe's mapping with `extends: PARENT` applied like stacks do: mappings (inputs, env, parallel,
     ...) merge key by key, anything else (command, source, preflight, upstream) is replaced whole. The chain is
     walked without recursion, at most MAX_EXTENDS_DEPTH files deep."""
@@ -569,7 +570,7 @@ def load_recipe(name_or_path: str | Path, recipes_dir: Path | None = None, nodes
     """Load and validate a recipe. `nodes` / `nproc_per_node` run it on another node count or another
     number of devices (processes on CPU) per node: the layout's dp scales, everything else must still fit."""
     path = recipe_path(name_or_path, recipes_dir)
-    data = _raw_recipe(path, recipes_dir)
+    data = merged_yaml(path, recipes_dir)
     if "name" in data and data["name"] != path.stem:
         raise RecipeError(f"{path}: name: expected {path.stem!r} (the file name), got {data['name']!r}")
     data["name"] = path.stem
@@ -617,7 +618,7 @@ def _check_scaling(name: str, scaling, own: tuple, given: tuple) -> None:
 
 def check_references(recipe: Recipe, path: Path) -> None:
     """Every ${NAME} must name something the script defines by the time it is used."""
-    inputs = set(all_inputs(recipe))
+    inputs = set(builtin_inputs(recipe)) | set(recipe.inputs)  # names only: the job merges the specs once
     layout = set(recipe.layout())
     arrays = {a for s in recipe.source for a in s.arrays}
 

@@ -17,7 +17,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from .recipe import REF_RE, Recipe, all_inputs, parse_words
+from .recipe import REF_RE, Recipe, parse_words
 from ..runtime.errors import TrainboxError
 from .job import Job
 
@@ -78,7 +78,7 @@ def _values(job: Job, code_dir: str | None) -> dict[str, str]:
     """Every name a command word may reference: inputs (given, default or a stand-in), the layout, the env."""
     recipe = job.recipe
     values = {**job.stack.env, **job.env}
-    for name, spec in all_inputs(recipe).items():
+    for name, spec in job.inputs.items():
         given = job.sets.get(name)
         values[name] = str(given if given is not None else spec.default if spec.default is not None
                            else _STAND_IN.get(spec.kind, "stand-in").format(name=name.lower()))
@@ -205,7 +205,7 @@ CHECK_PYTHON = "/opt/trainbox-check/python"
 def _container(image: str, check: ArgsCheck, opts: list[str], stub_missing: bool, timeout: float):
     """run_one for _run_checks: argcheck in a throwaway container (no network, no capabilities), the image's own
     entrypoint in front."""
-    from ..build.engine import find_client
+    from ..image.engine import find_client
 
     client = find_client()
     opts = ["run", "--rm", "--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
@@ -235,7 +235,7 @@ def run_with_code(check: ArgsCheck, code_dir: str, image: str | None = None, stu
     beside it, the network off. Never on this host: the recipe's environment (a PYTHONPATH it chooses, and so a
     sitecustomize.py) and the checkout's code run only in there. `stub_missing`: modules the image lacks become
     stand-ins too (the parser stays the framework's own)."""
-    from ..build.base import DEFAULT_TAG
+    from ..image.base import DEFAULT_TAG
     from ..paths import REPO_ROOT
 
     image = image or DEFAULT_TAG
@@ -251,7 +251,7 @@ def run_with_code(check: ArgsCheck, code_dir: str, image: str | None = None, stu
     skip = "--stub-missing: the image lacks the workload's packages" if stub_missing else None
     if not (check.imports and not skip) and not check.parse:
         return {**_run_checks(check, None, skip), "image": image}  # nothing to run: no engine needed
-    from ..build.engine import find_client
+    from ..image.engine import find_client
 
     if not find_client().image_exists(image):
         raise TrainboxError(f"--code runs the parser in a container: no image {image}; make it with `trainbox base "

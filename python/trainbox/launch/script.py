@@ -29,23 +29,18 @@ from .recipe import (
     shell_identifier,
     shell_word,
 )
-from ..runtime import npu
+from ..image.toolkits import TOOLKITS, cann
 from ..runtime.errors import TrainboxError
 from ..templating import make_env
 from .recipecheck import entry_words
-from .job import HOST_CONTROL_PATHS, StackInfo, Values, split_sets
+from .job import HOST_CONTROL_PATHS, Job, StackInfo, Values, split_sets
 
 TEMPLATES_DIR = LAUNCHERS_DIR / "templates"
 # Ray rewrites the visible-devices variable per actor unless told not to (older Ray reads the second name).
-NOSET_VARS = {"npu": npu.NPU_NOSET}
+NOSET_VARS = {d: tuple(t.launch_env()) for d, t in TOOLKITS.items() if t.launch_env()}
 ALLOC_VARS = ("PYTORCH_NPU_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 # What the host (or cluster) must provide, by device type: said at the top of every script.
-HOST_NEEDS = {
-    "npu": "Ascend driver + firmware, the cards as /dev/davinciN with davinci_manager, devmm_svm, hisi_hdc, and "
-           "/usr/local/Ascend/driver mounted into the container (`trainbox run` adds them)",
-    "cuda": "NVIDIA driver and the NVIDIA container toolkit (`--gpus`)",
-    "cpu": "nothing beyond the image",
-}
+HOST_NEEDS = {**{d: t.HOST_NEEDS for d, t in TOOLKITS.items()}, "cpu": "nothing beyond the image"}
 
 
 def _comment(text: str) -> str:
@@ -109,6 +104,7 @@ def node_commands(recipe: Recipe, script: str = "job.sh") -> list[str]:
 def _hccl(chip: str | None) -> dict:
     # The same rule trainbox.runtime.dist applies, so a job's script and its processes agree: on Atlas A2
     # (910b) the socket port ranges break MC2 fused operators, so the job gets an HCCL_IF_BASE_PORT block.
+    npu = cann.facts
     return {"if_base": (chip or "").lower() in npu.HCCL_SOCKET_RANGE_CHIPS_EXCLUDED, "chip": chip or "",
             "if_base_port": npu.HCCL_IF_BASE, "if_base_width": npu.HCCL_IF_BASE_WIDTH,
             "host": npu.HCCL_HOST_BASE, "npu": npu.HCCL_NPU_BASE, "width": npu.HCCL_WIDTH,
@@ -123,8 +119,7 @@ def _ray_resources(device: str, n: int) -> str:
     return f"--num-cpus {n}"
 
 
-def _input_rows(recipe: Recipe, vals: Values) -> list[dict]:
-    inputs = all_inputs(recipe)
+def _input_rows(recipe: Recipe, inputs: dict[str, Input], vals: Values) -> list[dict]:
     order = list(recipe.inputs) + [k for k in inputs if k not in recipe.inputs]
     rows = []
     for name in order:
@@ -194,10 +189,20 @@ def _header(recipe: Recipe, stack: StackInfo, in_rows: list[dict], layout: dict[
 
 
 def render_script(recipe: Recipe, stack: StackInfo, sets: dict[str, str] | None = None) -> str:
-    """The launcher script for `recipe`; `sets` fixes inputs (and overrides env keys) at render time."""
-    vals = split_sets(recipe, stack, sets or {})
+    """The launcher script for `recipe`; `sets` fixes inputs (and overrides env keys) at render time.
+    A resolved job renders with `job_script`, which reuses what the job computed."""
+    inputs = all_inputs(recipe)
+    return _render(recipe, stack, split_sets(recipe, stack, sets or {}, inputs), inputs)
+
+
+def job_script(job: Job) -> str:
+    """The launcher script of a resolved job (its inputs and values as `resolve` computed them)."""
+    return _render(job.recipe, job.stack, job.values, job.inputs)
+
+
+def _render(recipe: Recipe, stack: StackInfo, vals: Values, inputs: dict[str, Input]) -> str:
     layout = recipe.layout()
-    in_rows = _input_rows(recipe, vals)
+    in_rows = _input_rows(recipe, inputs, vals)
     words_used: list[str] = []
     sources = []
     for src in recipe.source:

@@ -15,9 +15,10 @@ import shlex
 
 from .ports import SLURM_BASES, SLURM_SLOTS
 from ..runtime.errors import TrainboxError
-from .docker import JOB_SCRIPT_IN_IMAGE, NPU_DRIVER_MOUNTS, NPU_MULTINODE_MOUNTS, run_args
+from ..image.toolkits import for_device
+from .docker import JOB_SCRIPT_IN_IMAGE, run_args
 from .job import HOST_CONTROL_PATHS, PORT_INPUTS, PORT_STRIDE, Job
-from .script import HOST_NEEDS, oneline, render_script, render_template
+from .script import HOST_NEEDS, job_script, oneline, render_template
 
 # Per-job ports: base + STRIDE * (job id % SLURM_SLOTS), from trainbox.launch.ports (the plan `trainbox run` shares):
 # none of them overlaps another job's ports or falls inside any job's HCCL block (tests/test_port_plan.py).
@@ -45,10 +46,7 @@ def check_sbatch_args(args) -> list[str]:
 
 def _ports(job: Job) -> list[tuple[str, int]]:
     """The job's port inputs that Slurm derives (those not fixed with --set)."""
-    from .recipe import all_inputs
-
-    inputs = all_inputs(job.recipe)
-    return [(n, SLURM_PORT_BASES[n]) for n in PORT_INPUTS if n in inputs and n not in job.sets]
+    return [(n, SLURM_PORT_BASES[n]) for n in PORT_INPUTS if n in job.inputs and n not in job.sets]
 
 
 def enroot_image(image: str) -> str:
@@ -57,7 +55,7 @@ def enroot_image(image: str) -> str:
     enroot 3.x reads REG/IMAGE:TAG as a Docker Hub image named REG/IMAGE (and refuses a REG:PORT), enroot >= 4.0
     takes either form, and a digest (IMAGE@sha256:...) from 4.0 on. A Docker Hub name, a '#' form or a
     squashfs path (/...) is left as it is."""
-    from ..build.engine import registry_of
+    from ..image.engine import registry_of
 
     if "#" in image or image.startswith("/"):
         return image
@@ -86,9 +84,8 @@ def _header(job: Job, pyxis: bool) -> str:
 def _pyxis_mounts(job: Job) -> list[tuple[str, bool]]:
     """The recipe's path inputs, plus the NPU driver files read-only (and hccn_tool / hccn.conf on more than one
     node; the device nodes themselves need the site's enroot hook for Ascend)."""
-    driver = [(m, True) for m in NPU_DRIVER_MOUNTS] if job.device == "npu" else []
-    if job.device == "npu" and job.nodes > 1:
-        driver += [(m, True) for m in NPU_MULTINODE_MOUNTS]
+    toolkit = for_device(job.device)
+    driver = [(m, True) for m in toolkit.host_mounts(job.nodes)] if toolkit else []
     return driver + sorted(job.mounts.items())
 
 
@@ -96,7 +93,7 @@ def render_sbatch(job: Job, *, pyxis: bool = False, sbatch_args=()) -> str:
     for name in SLURM_VARS_OWNED:
         if name in job.sets:
             raise TrainboxError(f"--set {name}: Slurm tells each node this; leave it out for --target slurm")
-    script = render_script(job.recipe, job.stack, job.sets).rstrip("\n")
+    script = job_script(job).rstrip("\n")
     eof = "TRAINBOX_JOB_SCRIPT_" + hashlib.sha256(script.encode()).hexdigest()[:16].upper()
     ports = _ports(job)
     args = run_args(job)

@@ -34,9 +34,9 @@ class RenderOptions:
 
 
 def _docker(job: Job, _opts: RenderOptions) -> str:
-    from .script import render_script
+    from .script import job_script
 
-    return render_script(job.recipe, job.stack, job.sets)
+    return job_script(job)
 
 
 def _slurm(job: Job, opts: RenderOptions) -> str:

@@ -22,17 +22,18 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .recipe import all_inputs, list_recipes, load_recipe
+from ..image.engine import Client
+from ..image.toolkits import TOOLKITS, for_device
+from .recipe import Input, list_recipes, load_recipe
 from ..runtime.errors import TrainboxError
 from .docker import JOB_SCRIPT_IN_IMAGE, jobs_dir, mount_arg, run_args, write_job_script
 from .job import Job, StackInfo, resolve
-from .script import render_script
+from .script import job_script
 from .trialplan import Overlay, artifact_key, expand_tree, overlaid_recipe, overlay_of, refs
 from .trialresult import judge, read_monitor
 
@@ -93,7 +94,7 @@ def _made_paths(spec: dict, d: Path) -> dict[str, str]:
 
 def _values(job: Job) -> dict[str, str]:
     values = {**job.stack.env, **job.env}
-    for name, spec in all_inputs(job.recipe).items():
+    for name, spec in job.inputs.items():
         value = job.sets.get(name, spec.default)
         if value is not None:
             values[name] = str(value)
@@ -101,10 +102,9 @@ def _values(job: Job) -> dict[str, str]:
 
 
 def _host_has_cards(device: str) -> bool:
-    if device == "npu":
-        return os.path.exists("/dev/davinci_manager")
-    if device == "cuda":
-        return shutil.which("nvidia-smi") is not None
+    toolkit = for_device(device)
+    if toolkit is not None:
+        return toolkit.host_has_cards()
     return False
 
 
@@ -113,9 +113,11 @@ def plan_trial(name: str, *, image: str | None = None, devices: str | None = Non
     """Everything the trial will do, nothing done yet but the run's directory and recipe file."""
     from .images import choose_image
 
-    recipe = load_recipe(name)
-    ov = overlay_of(recipe)
+    # two jobs, each resolved once: the recipe as written (its image, its values for the artifacts) and the
+    # overlaid recipe the trial runs
     base = resolve(name, require_inputs=False, host_paths=False)
+    recipe = base.recipe
+    ov = overlay_of(recipe)
     mode = "cpu" if (cpu or (cpu is None and devices is None and not _host_has_cards(base.device))) else "device"
     if base.device == "cpu":
         mode = "cpu"
@@ -132,17 +134,17 @@ def plan_trial(name: str, *, image: str | None = None, devices: str | None = Non
         values[recipe.code.input] = str(rdir / "code")  # the overlay's edited copy of the image's tree
     values.update(sets or {})
     if mode == "cpu":
-        values.update(_free_ports(recipe, values))
+        values.update(_free_ports(base.inputs, values))
     job = resolve(str(rfile), sets=values, devices=devices if mode == "device" else None,
                   check_paths=False)
-    script = render_script(job.recipe, job.stack, job.sets)
+    script = job_script(job)
     script_path = write_job_script(f"{recipe.name}-trial", script)
     plan = TrialPlan(recipe.name, ov, img, note, mode, spec, adir, made, rdir, rfile, job, script_path)
     plan.container = f"trainbox-trial-{recipe.name}-{os.getpid()}"[:120]
     return plan
 
 
-def _free_ports(recipe, values: dict[str, str]) -> dict[str, str]:
+def _free_ports(inputs: dict[str, Input], values: dict[str, str]) -> dict[str, str]:
     """CPU mode has no card to give the job its port slot (job.py: the first card's), so two trials on one host
     (the smoke runs two stacks at once) took the same MASTER_PORT and the second failed to listen: each port input
     the caller did not set takes the first slot of `trainbox run`'s range that is free here now, starting from one
@@ -151,7 +153,6 @@ def _free_ports(recipe, values: dict[str, str]) -> dict[str, str]:
 
     from .ports import RUN_BASES, RUN_SLOTS, STRIDE
 
-    inputs = all_inputs(recipe)
     names = [n for n in RUN_BASES if n in inputs and n not in values]
     start = os.getpid() % RUN_SLOTS
     for k in range(RUN_SLOTS):
@@ -169,8 +170,8 @@ def _free_ports(recipe, values: dict[str, str]) -> dict[str, str]:
 
 def _cpu_job(job: Job) -> Job:
     """The job as CPU mode starts it: no cards, no visible-devices variables, the CPU container options."""
-    env = {k: v for k, v in job.env.items() if k not in ("TRAINBOX_DEVICES", "ASCEND_RT_VISIBLE_DEVICES",
-                                                          "CUDA_VISIBLE_DEVICES")}
+    hidden = {"TRAINBOX_DEVICES"} | {t.VISIBLE_DEVICES_VAR for t in TOOLKITS.values()}
+    env = {k: v for k, v in job.env.items() if k not in hidden}
     stack = StackInfo(job.stack.name, "cpu", job.stack.env, job.stack.cann, job.stack.chip)
     return dataclasses.replace(job, cards=None, env=env, stack=stack)
 
@@ -200,7 +201,7 @@ def docker_argv(plan: TrialPlan, site: str, docker: str) -> list[str]:
             plan.image, "bash", JOB_SCRIPT_IN_IMAGE]
 
 
-def _in_image(client, image: str, *cmd: str, mounts: list[str] = (), timeout: float = 600,
+def _in_image(client: Client, image: str, *cmd: str, mounts: list[str] = (), timeout: float = 600,
               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     from ..paths import REPO_ROOT
 
@@ -214,7 +215,7 @@ def _in_image(client, image: str, *cmd: str, mounts: list[str] = (), timeout: fl
     return client.run(*args, image, *cmd, timeout=timeout, check=False)
 
 
-def site_dir(client, image: str) -> str:
+def site_dir(client: Client, image: str) -> str:
     """The image's site-packages (where the monitor's .pth goes), asked once per image id."""
     iid = (client.image_id(image) or image).replace("sha256:", "")[:16]
     cache = trial_root() / "site" / iid
@@ -231,7 +232,7 @@ def site_dir(client, image: str) -> str:
     return site[0]
 
 
-def copy_code(plan: TrialPlan, client, say) -> list[str]:
+def copy_code(plan: TrialPlan, client: Client, say) -> list[str]:
     """The image's tree of the workload, copied into the run's directory, with the overlay's edits."""
     from .trialplan import edit_code
 
@@ -250,7 +251,7 @@ def copy_code(plan: TrialPlan, client, say) -> list[str]:
     return edits
 
 
-def make_artifacts(plan: TrialPlan, client, say) -> bool:
+def make_artifacts(plan: TrialPlan, client: Client, say) -> bool:
     """Make the overlay's artifacts in the image once (cached by content hash); True when made now."""
     if not plan.spec or (plan.artifacts / "made.json").is_file():
         return False
@@ -309,7 +310,7 @@ def run_job(plan: TrialPlan, docker: str, say, verbose: bool = False) -> tuple[i
     return proc.returncode, "".join(lines), timed_out, time.monotonic() - t0
 
 
-def verify(plan: TrialPlan, client) -> list[dict]:
+def verify(plan: TrialPlan, client: Client) -> list[dict]:
     """The overlay's checks after a pass, in the image, with the run's directory and artifacts mounted."""
     rows = []
     values = _values(plan.job)
@@ -350,7 +351,7 @@ def prune_runs(recipe: str, keep: int = KEEP_RUNS) -> None:
 
 
 def run_trial(plan: TrialPlan, say, verbose: bool = False) -> dict:
-    from ..build.engine import find_client
+    from ..image.engine import find_client
 
     client = find_client()
     if not client.image_exists(plan.image):

@@ -18,6 +18,8 @@ as the recipe renders it. The overlay, in the recipe:
       code:                          # for a workload whose sizes are constants in its script: exact text
         cookbook/x.py: {"MODEL_ID = 'ms://Qwen/Qwen3.5-4B'": "MODEL_ID = '@model'"}   # replacements, each found
                                      # exactly once, in a copy of the image's tree (the recipe's `code:` input)
+      remesh: "..."                  # a fixed-world workload (scaling.world_size: fixed) at other `ranks`: how
+                                     # the `code` edits re-mesh it for them (without it such ranks are refused)
       verify:                        # after a pass, in the image: e.g. the checkpoint loads again
         - {name: checkpoint loads, python: "..."}
 
@@ -36,7 +38,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .recipe import Recipe, RecipeError, _raw_recipe, load_recipe, parse_words, recipe_path
+from .recipe import Recipe, RecipeError, load_recipe, merged_yaml, parse_words, recipe_path
 from ..runtime.errors import TrainboxError
 
 REF = re.compile(r"@(model|data|run|files\.[A-Za-z0-9_]+)(/[^\s]*)?")
@@ -62,6 +64,8 @@ class Overlay(BaseModel):
     env: dict[str, str | int] = Field(default_factory=dict)
     verify: list[Verify] = Field(default_factory=list)
     code: dict[str, dict[str, str]] = Field(default_factory=dict)
+    # a fixed-world workload run at other `ranks`: how the overlay's code edits re-mesh it (said, reviewable)
+    remesh: str | None = None
 
     @field_validator("artifacts")
     @classmethod
@@ -92,15 +96,16 @@ def overlay_of(recipe: Recipe) -> Overlay:
     try:
         ov = Overlay.model_validate(raw)
     except ValidationError as exc:
-        from ..spec.documents import format_validation
+        from ..specs.documents import format_validation
 
         raise RecipeError(format_validation(Path(str(where)), exc).replace(": ", ": trial.", 1)) from None
     if ov.code and not recipe.code:
         raise RecipeError(f"{where}: trial.code: the recipe has no `code:` input (the tree whose copy it edits)")
     world_fixed = recipe.scaling.world_size == "fixed"
-    if world_fixed and ov.ranks * recipe.nodes != recipe.world_size:
+    if world_fixed and ov.ranks * recipe.nodes != recipe.world_size and not (ov.remesh and ov.code):
         raise RecipeError(f"{where}: trial.ranks: {ov.ranks}, but the workload fixes its world size at "
-                          f"{recipe.world_size} ({recipe.scaling.mesh})")
+                          f"{recipe.world_size} ({recipe.scaling.mesh}); run it at that size, or edit its mesh "
+                          "with trial.code and say how in trial.remesh")
     words = {w for item in recipe.command for w in parse_words(item)}
     missing = [f for f in ov.args if f not in words]
     if missing:
@@ -125,7 +130,7 @@ def overlaid_recipe(name: str, ov: Overlay, dest: Path, args: dict[str, str]) ->
     """The recipe with the overlay applied (`args`: its option values, @references resolved), as a recipe file of
     its own (reviewable: `trial --dry-run` names it)."""
     path = recipe_path(name)
-    data = copy.deepcopy(_raw_recipe(path, None))
+    data = copy.deepcopy(merged_yaml(path))
     data.pop("trial", None)
     data["name"] = path.stem
     data["devices_per_node"] = ov.ranks

@@ -49,7 +49,7 @@ class PatchError(Exception):
 
 
 def canon_name(name: str) -> str:
-    """PEP 503 normalised project name: the one copy (trainbox.spec.dists and the doctor use it too). It lives here
+    """PEP 503 normalised project name: the one copy (trainbox.specs.dists and the doctor use it too). It lives here
     because this file runs alone in the builder, where it cannot import a sibling module."""
     return re.sub(r"[-_.]+", "-", name).lower()
 

@@ -13,7 +13,7 @@ With TRAINBOX_DEVICE=cpu, install():
   reason, should the None entry be removed (a test fixture that pops sys.modules);
 - sets TORCH_DEVICE_BACKEND_AUTOLOAD=0 (torch would otherwise load torch_npu through its entry point and
   fail on the hidden module) and empties CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES, so torch sees no
-  accelerator even where one is mounted.
+  accelerator even where one is mounted; TWINKLE_PLATFORM=cpu for the same reason in Twinkle.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 
+from trainbox.runtime import npu, nvidia
 from trainbox.runtime.deviceonly import DEVICE_ONLY
 
 # What cannot load without CANN (Ascend) or a GPU driver: the one device-only list, plus the PyPI packages whose
@@ -29,7 +30,10 @@ from trainbox.runtime.deviceonly import DEVICE_ONLY
 # then fail to import exactly as they do in a CPU image without these.
 HIDDEN = (*DEVICE_ONLY, "torchair", "transformer_engine")
 ENV_VAR = "TRAINBOX_DEVICE"
-FORCED_ENV = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "CUDA_VISIBLE_DEVICES": "", "ASCEND_RT_VISIBLE_DEVICES": ""}
+# TWINKLE_PLATFORM: Twinkle picks its platform from the host's tools (npu-smi means NPU even where torch_npu is
+# hidden); patches/twinkle-* give it a CPU platform that this names.
+FORCED_ENV = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", nvidia.VISIBLE_DEVICES_VAR: "", npu.VISIBLE_DEVICES_VAR: "",
+              "TWINKLE_PLATFORM": "cpu"}
 # After trainbox.pth (which puts the package on sys.path): site reads a directory's .pth files in sorted order.
 PTH_NAME = "trainbox_cpu_mode.pth"
 # One line: site executes .pth lines that start with `import`. Cheap when the variable is unset or not cpu.

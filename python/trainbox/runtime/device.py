@@ -17,6 +17,7 @@ import importlib
 import os
 import sys
 
+from trainbox.runtime import npu as npu_facts, nvidia as cuda_facts
 from trainbox.runtime.errors import TrainboxError
 
 # Why a fused causal_conv1d kernel is not chosen on an NPU, and what to call instead (capabilities() says it;
@@ -47,13 +48,11 @@ __all__ = [
 ]
 
 # Device type -> the variable that restricts which devices a process sees.
-VISIBLE_DEVICES_VAR = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
+VISIBLE_DEVICES_VAR = {"cuda": cuda_facts.VISIBLE_DEVICES_VAR, "npu": npu_facts.VISIBLE_DEVICES_VAR}
 # Backend per device type where torch cannot tell (older torch, or torch_npu not registered).
 _FALLBACK_BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo", "xpu": "xccl", "hpu": "hccl"}
 # Ray's resource names for accelerators.
 _RAY_RESOURCES = {"cuda": "GPU", "npu": "NPU", "hpu": "HPU"}
-# Shared objects that come with the Ascend driver (mounted from the host), not with CANN.
-_DRIVER_LIBS = ("libascend_hal", "libdrvdsmi", "libdcmi", "libascend_dmi", "libc_sec")
 _CPU_WAY_OUT = (
     "To run on the CPU deliberately, set TRAINBOX_DEVICE=cpu (trainbox then imports torch with "
     "TORCH_DEVICE_BACKEND_AUTOLOAD=0; export that as well if your code imports torch before trainbox)."
@@ -107,9 +106,14 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
+def _npu_devices_named() -> str:
+    """`--device /dev/davinciN, /dev/davinci_manager, ...`: what docker run needs for the cards."""
+    return "--device " + ", ".join((npu_facts.NPU_CARD_NODE + "N",) + npu_facts.NPU_DEVICE_NODES)
+
+
 def _cann_locations() -> list[str]:
     candidates = [os.environ.get("ASCEND_TOOLKIT_HOME"), os.environ.get("ASCEND_HOME_PATH"),
-                  "/usr/local/Ascend/ascend-toolkit", "/usr/local/Ascend/cann"]
+                  *(os.path.dirname(s) for s in npu_facts.TOOLKIT_SET_ENV)]
     return [path for path in dict.fromkeys(c for c in candidates if c) if os.path.isdir(path)]
 
 
@@ -130,27 +134,26 @@ def explain_npu_failure(exc: BaseException) -> str:
         f"Cause: {type(root).__name__}: {root}",
     ]
     missing = re.search(r"(lib[\w.+-]+?\.so[\w.]*): cannot open shared object file", text)
-    if missing and missing.group(1).startswith(_DRIVER_LIBS):
+    if missing and missing.group(1).startswith(npu_facts.DRIVER_LIBS):
         lines.append(
             f"{missing.group(1)} belongs to the Ascend driver, which is not mounted into this container: "
-            "mount /usr/local/Ascend/driver/lib64 and /usr/local/Ascend/driver/version.info read-only and "
-            "pass --device /dev/davinciN, /dev/davinci_manager, /dev/devmm_svm, /dev/hisi_hdc "
-            "(`trainbox launch` adds them)."
+            f"mount {' and '.join(list(npu_facts.NPU_DRIVER_MOUNTS)[:2])} read-only and "
+            f"pass {_npu_devices_named()} (`trainbox launch` adds them)."
         )
     elif missing:
         found = _cann_locations()
         if found:
             lines.append(
                 f"{missing.group(1)} is a CANN library; CANN is present ({', '.join(found)}) but its "
-                "environment is not set: source /usr/local/Ascend/ascend-toolkit/set_env.sh (newer CANN: "
-                "/usr/local/Ascend/cann/set_env.sh), or bake it as ENV as trainbox images do; "
+                f"environment is not set: source {npu_facts.TOOLKIT_SET_ENV[0]} (newer CANN: "
+                f"{npu_facts.TOOLKIT_SET_ENV[1]}), or bake it as ENV as trainbox images do; "
                 "check LD_LIBRARY_PATH."
             )
         else:
             lines.append(
                 f"{missing.group(1)} is a CANN library and no CANN toolkit is installed (no "
-                "/usr/local/Ascend/ascend-toolkit or /usr/local/Ascend/cann, ASCEND_TOOLKIT_HOME unset): "
-                "build the image on a CANN base (quay.io/ascend/cann:<cann>-<chip>-<os>-py<py>)."
+                f"{' or '.join(os.path.dirname(s) for s in npu_facts.TOOLKIT_SET_ENV)}, ASCEND_TOOLKIT_HOME "
+                f"unset): build the image on a CANN base ({npu_facts.BASE_IMAGE}:{npu_facts.BASE_TAG_FORM})."
             )
     elif "undefined symbol" in text:
         lines.append(
@@ -224,18 +227,19 @@ def _npu_usable(torch) -> bool:
                                      + _CPU_WAY_OUT)
     if npu.is_available() and npu.device_count() > 0:
         return True
-    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+    visible = os.environ.get(npu_facts.VISIBLE_DEVICES_VAR)
     why = [
         "torch_npu loaded but sees no NPU (torch.npu.is_available() is False), so no NPU can be used "
         "(refusing to fall back to the CPU silently).",
     ]
     if visible is not None:
-        why.append(f"ASCEND_RT_VISIBLE_DEVICES={visible!r} may hide every device.")
-    if not os.path.exists("/dev/davinci_manager"):
+        why.append(f"{npu_facts.VISIBLE_DEVICES_VAR}={visible!r} may hide every device.")
+    manager = npu_facts.NPU_DEVICE_NODES[0]
+    if not os.path.exists(manager):
         why.append(
-            "/dev/davinci_manager is missing: the NPU devices and driver are not mounted into this container "
-            "(docker run needs --device /dev/davinciN, /dev/davinci_manager, /dev/devmm_svm, /dev/hisi_hdc "
-            "and read-only mounts of /usr/local/Ascend/driver/lib64 and version.info; `trainbox launch` "
+            f"{manager} is missing: the NPU devices and driver are not mounted into this container "
+            f"(docker run needs {_npu_devices_named()} "
+            f"and read-only mounts of {' and '.join(list(npu_facts.NPU_DRIVER_MOUNTS)[:2])}; `trainbox launch` "
             "adds them)."
         )
     why.append(_CPU_WAY_OUT)

@@ -31,14 +31,14 @@ from __future__ import annotations
 import os
 import sys
 
-from .npu import ASCENDNPU_IR_SET_ENV, ATB_SET_ENV_ARGS, CANN_ENV_APPLIED_VAR, CANN_ENV_FILE, TOOLKIT_HOMES
+from .npu import (ASCENDNPU_IR_SET_ENV, ATB_SET_ENV_ARGS, CANN_ENV_APPLIED_VAR, CANN_ENV_FILE, NNAL_SET_ENV,
+                  TOOLKIT_HOMES, TOOLKIT_SET_ENV, VERSIONED_HOMES)
 
 PROG = "trainbox-entrypoint"
 SET_ENV_SCRIPTS = (
-    "/usr/local/Ascend/ascend-toolkit/set_env.sh",
-    "/usr/local/Ascend/cann/set_env.sh",
+    *TOOLKIT_SET_ENV,
     # BiSheng / AscendNPU-IR under the toolkit home: found by ascendnpu_ir_set_env()
-    "/usr/local/Ascend/nnal/atb/set_env.sh " + " ".join(ATB_SET_ENV_ARGS),
+    NNAL_SET_ENV + " " + " ".join(ATB_SET_ENV_ARGS),
 )
 EXIT_CHECK_FAILED = 78  # EX_CONFIG from sysexits.h: the environment, not the command, is wrong
 EXIT_NOT_FOUND = 127
@@ -108,7 +108,7 @@ def ascendnpu_ir_set_env(env: dict) -> str | None:
             return p
     import glob
 
-    found = sorted(glob.glob(os.path.join("/usr/local/Ascend/cann-*", ASCENDNPU_IR_SET_ENV)))
+    found = sorted(glob.glob(os.path.join(VERSIONED_HOMES, ASCENDNPU_IR_SET_ENV)))
     return found[-1] if found else None
 
 

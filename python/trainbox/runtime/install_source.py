@@ -44,7 +44,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from . import apply_patches, unpack
+from . import apply_patches, npu, nvidia, unpack
 
 PROG = "trainbox-install-source"
 MARKER = ".trainbox-source.json"
@@ -222,9 +222,8 @@ def _install_wheel(args: argparse.Namespace, tree: Path, tmp: Path) -> None:
 
 #: What `needs:` names, and how the builder shows it has it (the toolkit of a CANN or CUDA devel base).
 TOOLKITS = {
-    "cann-toolkit": ("ASCEND_TOOLKIT_HOME", ("/usr/local/Ascend/ascend-toolkit/set_env.sh",
-                                             "/usr/local/Ascend/cann/set_env.sh")),
-    "cuda-toolkit": ("CUDA_HOME", ("/usr/local/cuda/bin/nvcc",)),
+    "cann-toolkit": ("ASCEND_TOOLKIT_HOME", npu.TOOLKIT_SET_ENV),
+    "cuda-toolkit": ("CUDA_HOME", (nvidia.NVCC,)),
 }
 
 

@@ -5,7 +5,7 @@ distribution the interpreter's sys.path holds, as pip sees it (`pip inspect`: th
 sys.path wins), with its version, the PEP 610 `direct_url.json` pip wrote (URL installs carry the artifact's
 hash there), the wheel tags it was installed from, and a sha256 of its RECORD; and the CANN / CUDA toolkit
 versions the image holds. `trainbox image build` runs it in the built image and merges it with the build's
-plan (git sources, patches, base) into the image's SBOM (trainbox.build.sbom, host side: the CycloneDX library
+plan (git sources, patches, base) into the image's SBOM (trainbox.image.sbom, host side: the CycloneDX library
 never enters an image). The doctor's `packages.sbom` check compares the SBOM with the same listing.
 Imports nothing at import time beyond the standard library, and never imports the distributions it lists.
 """
@@ -20,15 +20,14 @@ import os
 import sys
 
 from .apply_patches import canon_name
+from .nvidia import CUDA_VERSION_FILE
+from .npu import TOOLKIT_HOMES, TOOLKIT_INSTALL_INFO, VERSIONED_HOMES
 
 SCHEMA = "trainbox.inventory/1"
-#: Where `trainbox image build` writes the image's CycloneDX SBOM (made on the host: trainbox.build.sbom).
+#: Where `trainbox image build` writes the image's CycloneDX SBOM (made on the host: trainbox.image.sbom).
 SBOM_FILE = "/etc/trainbox/sbom.cdx.json"
 #: Where CANN keeps its toolkit's install record (`version=8.5.1`), newest layout last.
-CANN_INFO_GLOBS = ("/usr/local/Ascend/ascend-toolkit/latest/*-linux/ascend_toolkit_install.info",
-                   "/usr/local/Ascend/cann/*-linux/ascend_toolkit_install.info",
-                   "/usr/local/Ascend/cann-*/*-linux/ascend_toolkit_install.info")
-CUDA_VERSION_FILE = "/usr/local/cuda/version.json"
+CANN_INFO_GLOBS = tuple(f"{home}/{TOOLKIT_INSTALL_INFO}" for home in TOOLKIT_HOMES + (VERSIONED_HOMES,))
 canon = canon_name  # PEP 503 normalised name (what pip compares): the package's one rule
 
 

@@ -1,6 +1,6 @@
 """Read the stack manifest that an image carries at /etc/trainbox/stack.json (runtime: stdlib only).
 
-The manifest is written by `trainbox.build.render` at build time and read by the container entrypoint and
+The manifest is written by `trainbox.image.render` at build time and read by the container entrypoint and
 `trainbox doctor`. Its shape (schema 1)::
 
     {"schema": 1, "trainbox_version": "0.1.0", "stack": "npu-910b", "device": "npu", "python": "3.11",

@@ -1,35 +1,46 @@
-"""Facts about Ascend NPU hosts that both sides need: the doctor checks them in a container, the launcher
-mounts them on the host. Standard library only (this module ships in every image)."""
+"""Facts about CANN and Ascend NPU hosts that both sides need: the entrypoint sources them, the doctor checks
+them in a container, the launcher mounts them on the host, the build bakes them. Each fact is spelled here once:
+the host's one home of the toolkit (trainbox.image.toolkits.cann) takes them from here, since runtime code
+cannot import a host module. Standard library only (this module ships in every image)."""
 
 from __future__ import annotations
 
-# The CANN environment scripts the entrypoint sources and the doctor looks for.
+# Where CANN installs its toolkit: the ascend-toolkit layout (its `latest` link), the newer cann layout, and
+# versioned homes (cann-8.5.1) that no link names.
 TOOLKIT_HOMES = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/cann")
+VERSIONED_HOMES = "/usr/local/Ascend/cann-*"
+# The toolkit's set_env.sh, one per layout (what `needs: cann-toolkit` and the entrypoint look for).
+TOOLKIT_SET_ENV = ("/usr/local/Ascend/ascend-toolkit/set_env.sh", "/usr/local/Ascend/cann/set_env.sh")
+# Under a toolkit home: its install record (`version=8.5.1`), one per architecture directory.
+TOOLKIT_INSTALL_INFO = "*-linux/ascend_toolkit_install.info"
 NNAL_SET_ENV = "/usr/local/Ascend/nnal/atb/set_env.sh"
+# The base images that ship CANN: their tag states the CANN, chip, OS and Python (trainbox.specs.rules parses it).
+BASE_IMAGE = "quay.io/ascend/cann"
+BASE_TAG_FORM = "<cann>-<chip>-<os><osver>-py<py>"
+# Shared objects that come with the Ascend driver (mounted from the host), not with CANN.
+DRIVER_LIBS = ("libascend_hal", "libdrvdsmi", "libdcmi", "libascend_dmi", "libc_sec")
+NPU_CARD_NODE = "/dev/davinci"  # + the card's number: one node per card
 NPU_DEVICE_NODES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
-NPU_DOCKER_FLAGS = (
-    "--device /dev/davinciN (each card) --device /dev/davinci_manager --device /dev/devmm_svm "
-    "--device /dev/hisi_hdc"
-)
-NPU_DRIVER_MOUNTS = {
-    "/usr/local/Ascend/driver/lib64": "-v /usr/local/Ascend/driver/lib64:/usr/local/Ascend/driver/lib64:ro",
-    "/usr/local/Ascend/driver/version.info":
-        "-v /usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info:ro",
-    "/usr/local/bin/npu-smi": "-v /usr/local/bin/npu-smi:/usr/local/bin/npu-smi:ro",
-    "/usr/local/dcmi": "-v /usr/local/dcmi:/usr/local/dcmi:ro",
-    "/etc/ascend_install.info": "-v /etc/ascend_install.info:/etc/ascend_install.info:ro",
-}
+NPU_DOCKER_FLAGS = f"--device {NPU_CARD_NODE}N (each card) " + " ".join(f"--device {n}" for n in NPU_DEVICE_NODES)
 
-# Ray rewrites ASCEND_RT_VISIBLE_DEVICES unless one of these is set (older Ray reads the second name).
+
+def _read_only(path: str) -> str:
+    return f"-v {path}:{path}:ro"
+
+
+# The host's driver, mounted read-only at the same path: {path: the docker run flag}.
+DRIVER_LIB64 = "/usr/local/Ascend/driver/lib64"
+DRIVER_VERSION_INFO = "/usr/local/Ascend/driver/version.info"
+NPU_SMI = "/usr/local/bin/npu-smi"
+NPU_DRIVER_MOUNTS = {p: _read_only(p) for p in (DRIVER_LIB64, DRIVER_VERSION_INFO, NPU_SMI, "/usr/local/dcmi",
+                                                 "/etc/ascend_install.info")}
+
+VISIBLE_DEVICES_VAR = "ASCEND_RT_VISIBLE_DEVICES"
+# Ray rewrites it unless one of these is set (older Ray reads the second name).
 NPU_NOSET = ("RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES", "RAY_EXPERIMENTAL_NOSET_ASCEND_VISIBLE_DEVICES")
-CUDA_NOSET = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 
 # Multi-node NPU containers also need the NIC tool and its configuration (vllm-ascend's multi-node docs).
-NPU_MULTINODE_MOUNTS = {
-    "/usr/local/Ascend/driver/tools/hccn_tool":
-        "-v /usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool:ro",
-    "/etc/hccn.conf": "-v /etc/hccn.conf:/etc/hccn.conf:ro",
-}
+NPU_MULTINODE_MOUNTS = {p: _read_only(p) for p in ("/usr/local/Ascend/driver/tools/hccn_tool", "/etc/hccn.conf")}
 
 # What the cann base image's own ENTRYPOINT sources besides the toolkit's set_env.sh: BiSheng / AscendNPU-IR
 # (triton-ascend needs bishengir-compile on PATH) under the toolkit home, and ATB, told its C++ ABI so that
@@ -38,7 +49,7 @@ ASCENDNPU_IR_SET_ENV = "share/info/ascendnpu-ir/bin/set_env.sh"  # relative to t
 ATB_SET_ENV_ARGS = ("--cxx_abi=1",)
 # Where `trainbox image build` records what those scripts export (see trainbox.runtime.cann_env).
 CANN_ENV_FILE = "/etc/trainbox/cann-env.json"
-# `trainbox image build` bakes that record as ENV (trainbox.build.cann_bake); the entrypoint still applies it and
+# `trainbox image build` bakes that record as ENV (trainbox.image.cann_bake); the entrypoint still applies it and
 # names here what the image's ENV lacked, so the doctor can say so (a plain `docker build` image).
 CANN_ENV_APPLIED_VAR = "TRAINBOX_CANN_ENV_APPLIED"
 

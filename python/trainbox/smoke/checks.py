@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..paths import REPO_ROOT
 from .model import FAIL, PASS, SKIPPED, Proc, StackResult, StepResult
-from .proc import _json, cli_argv, failure_message
+from .proc import cli_argv, failure_message, printed_json
 
 
 class CheckSteps:
@@ -39,14 +39,14 @@ class CheckSteps:
 
     def _stack_info(self, stack: str, log: Path) -> tuple[dict | None, Proc]:
         proc = self.run(cli_argv("stack", "show", stack, "--json"), self.opts.timeouts["validate"], log=log)
-        data = _json(proc.out) if proc.ok else None
+        data = printed_json(proc.out) if proc.ok else None
         return (data if isinstance(data, dict) else None), proc
 
     def step_validate(self, sr: StackResult) -> StepResult:
         log = self._log(sr.stack, "validate")
         proc = self._cli("validate", sr.stack, "stack", "validate", sr.stack, "--strict", "--json", log=log)
         res = StepResult("validate", PASS, commands=[proc.argv], log=self._rel(log), duration_s=proc.seconds)
-        data = _json(proc.out)
+        data = printed_json(proc.out)
         if isinstance(data, dict):
             findings = [f for s in data.get("stacks", []) for f in s.get("findings", [])]
             res.details = {"findings": findings}
@@ -129,7 +129,7 @@ class CheckSteps:
             args += ["--set", f"{k}={v}"]
         proc = self._cli("patches", sr.stack, *args, log=log)
         res = StepResult("patches", PASS, commands=[proc.argv], log=self._rel(log), duration_s=proc.seconds)
-        data = _json(proc.out)
+        data = printed_json(proc.out)
         rows = data.get("results") if isinstance(data, dict) else None
         if rows is None:
             res.status = FAIL

@@ -8,11 +8,11 @@ import shutil
 import time
 from pathlib import Path
 
-from ..build import base
+from ..image import base
 from .findings import classify_doctor
-from .model import (_PLACEHOLDER, FAIL, NOT_CHECKED, PASS, SKIPPED, XFAIL, XPASS, StackResult, StepResult,
+from .model import (DRY_RUN_PLACEHOLDERS, FAIL, NOT_CHECKED, PASS, SKIPPED, XFAIL, XPASS, StackResult, StepResult,
                     describe_expected, expected_failure)
-from .proc import _json, cli_argv, failure_message
+from .proc import cli_argv, failure_message, printed_json
 
 
 class ImageSteps:
@@ -118,7 +118,7 @@ class ImageSteps:
 
     def step_doctor(self, sr: StackResult) -> StepResult:
         log = self._log(sr.stack, "doctor")
-        from ..build.engine import find_client
+        from ..image.engine import find_client
 
         docker = find_client().docker
         # With the shared memory a job gets, but no network, no accelerator and the engine's default memlock
@@ -127,7 +127,7 @@ class ImageSteps:
                 sr.image, "trainbox", "doctor", "--json"]
         proc = self.run(argv, self.opts.timeouts["doctor"], log=log)
         res = StepResult("doctor", PASS, commands=[argv], log=self._rel(log), duration_s=proc.seconds)
-        data = _json(proc.out)
+        data = printed_json(proc.out)
         if not isinstance(data, dict) or "checks" not in data:
             res.status = FAIL
             res.reason = "trainbox doctor --json printed no report: " + failure_message(proc, "trainbox doctor")
@@ -152,7 +152,7 @@ class ImageSteps:
         if self.recipes_listed is not None:
             return self.recipes_listed
         proc = self.run(cli_argv("launch", "list", "--json"), self.opts.timeouts["recipes"], log=log)
-        data = _json(proc.out)
+        data = printed_json(proc.out)
         data = data.get("recipes") if isinstance(data, dict) else None
         if not proc.ok or not isinstance(data, list):
             return (data if isinstance(data, list) else None), failure_message(proc, "trainbox launch list"), proc.argv
@@ -198,11 +198,11 @@ class ImageSteps:
             # Required inputs get placeholders: a dry run only renders the docker command.
             sets: list[str] = []
             p = self.run(cli_argv("launch", "show", name, "--json"), tmo, log=log)
-            show = _json(p.out) if p.ok else None
+            show = printed_json(p.out) if p.ok else None
             if isinstance(show, dict):
                 for iname, inp in (show.get("inputs") or {}).items():
                     if inp.get("required") and inp.get("default") is None:
-                        value = _PLACEHOLDER.get(inp.get("kind"), "smoke").format(name=iname.lower())
+                        value = DRY_RUN_PLACEHOLDERS.get(inp.get("kind"), "smoke").format(name=iname.lower())
                         sets += ["--set", f"{iname}={value}"]
             p = self.run(cli_argv("run", name, "--dry-run", "--image", image, *sets), tmo, log=log)
             res.commands.append(p.argv)
@@ -267,7 +267,7 @@ class ImageSteps:
             p = self.run(cli_argv("launch", "check", name, "--args", "--image", sr.image, "--json"),
                          self.opts.timeouts["args"], log=log)
             res.commands.append(p.argv)
-            data = _json(p.out)
+            data = printed_json(p.out)
             row = ((data or {}).get("recipes") or [{}])[0] if isinstance(data, dict) else {}
             check = row.get("args") or {}
             line = check.get("summary") or "; ".join(row.get("problems") or []) or \

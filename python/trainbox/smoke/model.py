@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..paths import REPO_ROOT
+from ..image.toolkits import TOOLKITS
+from ..paths import REPORTS_DIR
 
 STEPS = ("validate", "lock", "render", "hadolint", "patches", "build", "doctor", "recipes", "args", "trial")
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
@@ -17,23 +18,18 @@ SCHEMA = 1
 # Doctor findings a smoke container must produce, by device type, so they are reported as expected rather than
 # failures. The smoke container gets no accelerator (CI runners have none): no device nodes, no driver mounts,
 # and on NPU `import torch` fails because torch auto-loads torch_npu, which needs the driver's libascend_hal.so.
+# Each toolkit says which of its doctor checks fail there (trainbox.image.toolkits).
 EXPECTED_WITHOUT_ACCELERATOR: dict[str, tuple[str, ...]] = {
-    "npu": ("npu.devices", "npu.driver", "npu.visible_devices", "torch.import"),
-    "cuda": ("cuda.driver", "cuda.visible_devices"),
-    "cpu": (),
-}
-# ... and, on a substitute base (a plain Debian instead of a CANN image), no CANN toolkit either.
+    **{d: t.DOCTOR_FAILS_WITHOUT_CARDS for d, t in TOOLKITS.items()}, "cpu": ()}
+# ... and, on a substitute base (a plain Debian instead of the toolkit's image), no toolkit either.
 EXPECTED_ON_SUBSTITUTE: dict[str, tuple[str, ...]] = {
-    "npu": ("cann.toolkit", "cann.env", "cann.libs"),
-    "cuda": (),
-    "cpu": (),
-}
+    **{d: t.DOCTOR_FAILS_ON_SUBSTITUTE for d, t in TOOLKITS.items()}, "cpu": ()}
 
 # ... and, whatever the device, what comes from how the smoke container is started rather than from the image.
 EXPECTED_IN_SMOKE_CONTAINER: tuple[str, ...] = ("system.memlock",)
 
 # Placeholders for a recipe's required inputs in `trainbox run --dry-run` (nothing runs, nothing is mounted).
-_PLACEHOLDER = {"path": "/trainbox-smoke/{name}", "int": "1", "port": "29500", "host": "127.0.0.1",
+DRY_RUN_PLACEHOLDERS = {"path": "/trainbox-smoke/{name}", "int": "1", "port": "29500", "host": "127.0.0.1",
                 "string": "smoke"}
 
 DEFAULT_TIMEOUTS = {"validate": 300, "lock": 600, "render": 300, "hadolint": 120, "patches": 1800,
@@ -105,7 +101,7 @@ class Options:
     keep_going: bool = False
     jobs: int = 1  # stacks checked at once; the first runs alone (it makes the substitute base present)
     skip: list[str] = field(default_factory=list)
-    workdir: Path = REPO_ROOT / "build" / "reports" / "smoke"
+    workdir: Path = REPORTS_DIR / "smoke"
     profile: str | None = None
     pull_timeout: float = 20.0
     build_cache: Path | None = None  # BuildKit cache directory kept between CI runs

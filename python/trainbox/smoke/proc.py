@@ -128,7 +128,7 @@ def failure_message(proc: Proc, what: str) -> str:
     return f"{what}: {head}" + (": " + "\n".join(tail) if tail else "")
 
 
-def _json(text: str):
+def printed_json(text: str):
     """The JSON document a --json command printed (tolerating lines before it)."""
     text = text.strip()
     try:
@@ -148,7 +148,7 @@ def _json(text: str):
 # --------------------------------------------------------------------------------------- doctor findings
 
 
-def _tail(path: Path, n: int = 40) -> str:
+def log_tail(path: Path, n: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:

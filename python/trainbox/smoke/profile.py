@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from ..paths import REPO_ROOT
+from ..paths import REPORTS_DIR, REPO_ROOT
 from ..runtime.errors import TrainboxError
 from .model import DEFAULT_TIMEOUTS, STEPS, Options
 
@@ -14,7 +14,7 @@ from .model import DEFAULT_TIMEOUTS, STEPS, Options
 def parse_set(item: str, stacks: list[str]) -> tuple[str, str, str]:
     """`[STACK:]COMPONENT.FIELD=VALUE` -> (stack or "*", "COMPONENT.FIELD", VALUE): a stack's own --set
     grammar (stack.parse_sets) with an optional STACK: prefix."""
-    from ..spec.stack import parse_sets
+    from ..specs.stack import parse_sets
 
     key, sep, value = item.partition("=")
     stack, colon, rest = key.partition(":") if ":" in key else ("*", "", key)
@@ -56,7 +56,7 @@ def load_profile(path: str | Path) -> dict:
         # the trial step: recipe -> pass, or {stop: text of where its trial must stop, why: one line}
         trial: dict[str, str | dict[str, str]] = Field(default_factory=dict)
 
-    from ..spec.documents import format_validation, read_yaml
+    from ..specs.documents import format_validation, read_yaml
 
     p = Path(path)
     if not p.is_file():
@@ -147,7 +147,7 @@ def build_options(stacks: list[str] | None, sets: list[str] | None, profile: str
                   substitute_base: str | None, keep_going: bool, skip: list[str] | None, workdir: str | None,
                   pull_timeout: float | None, verbose: bool, build_cache: str | None = None,
                   jobs: int | None = None) -> Options:
-    from ..spec.stack import list_stacks
+    from ..specs.stack import list_stacks
 
     prof = load_profile(profile) if profile else {}
     known = list_stacks()
@@ -182,7 +182,7 @@ def build_options(stacks: list[str] | None, sets: list[str] | None, profile: str
         raise TrainboxError(f"--jobs {jobs}: expected 1 to 8 (stacks checked at once)")
     return Options(stacks=chosen, sets=merged, wheelhouse=wh, substitute_base=mode, jobs=jobs or prof.get("jobs") or 1,
                    keep_going=keep_going or bool(prof.get("keep_going")), skip=skips,
-                   workdir=Path(workdir).resolve() if workdir else REPO_ROOT / "build" / "reports" / "smoke",
+                   workdir=Path(workdir).resolve() if workdir else REPORTS_DIR / "smoke",
                    profile=str(profile) if profile else None,
                    pull_timeout=pull_timeout if pull_timeout is not None else 20.0, verbose=verbose,
                    build_cache=Path(build_cache).resolve() if build_cache else None, timeouts=timeouts,

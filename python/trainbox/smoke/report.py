@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 from ..paths import REPO_ROOT
 from .model import FAIL, NOT_CHECKED, PASS, SKIPPED, XFAIL, XPASS
-from .proc import _tail
+from .proc import log_tail
 
 
 def format_matrix(report: dict) -> str:
@@ -121,7 +121,7 @@ def junit_xml(report: dict) -> bytes:
                 body = [st["reason"] or ""]
                 if st.get("log"):
                     body.append(f"log: {st['log']}")
-                    tail = _tail(REPO_ROOT / st["log"])
+                    tail = log_tail(REPO_ROOT / st["log"])
                     if tail:
                         body.append(tail)
                 fail.text = "\n".join(body)

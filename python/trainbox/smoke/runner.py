@@ -32,7 +32,7 @@ from .model import (
     XFAIL,
     XPASS,
 )
-from .proc import _json, cli_argv, kill_running, run_process
+from .proc import cli_argv, kill_running, printed_json, run_process
 from .report import format_matrix, junit_xml
 
 Runner = Callable[..., Proc]
@@ -47,7 +47,7 @@ class Smoke(CheckSteps, ImageSteps, TrialStep):
 
     def _stack_info(self, stack: str, log: Path) -> tuple[dict | None, Proc]:
         proc = self.run(cli_argv("stack", "show", stack, "--json"), self.opts.timeouts["validate"], log=log)
-        data = _json(proc.out) if proc.ok else None
+        data = printed_json(proc.out) if proc.ok else None
         return (data if isinstance(data, dict) else None), proc
 
     # -- one stack, all stacks

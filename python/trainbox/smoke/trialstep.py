@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from .model import FAIL, PASS, SKIPPED, StackResult, StepResult
-from .proc import _json, cli_argv, failure_message
+from .proc import cli_argv, failure_message, printed_json
 
 
 class TrialStep:
@@ -42,7 +42,7 @@ class TrialStep:
         for name in mine:
             p = self.run(cli_argv("trial", name, "--image", sr.image, "--json"), self.opts.timeouts["trial"], log=log)
             res.commands.append(p.argv)
-            doc = _json(p.out)
+            doc = printed_json(p.out)
             rows.append(self._trial_row(name, self.opts.trial[name], doc if isinstance(doc, dict) else None, p))
         res.duration_s = time.monotonic() - t0
         res.details = {"recipes": rows}

@@ -18,10 +18,10 @@ from typing import Callable, Iterable
 
 from ..paths import PATCHES_DIR
 from ..runtime.errors import TrainboxError
-from ..spec.component import Component
-from ..spec.kinds import kind_of
-from ..spec.platforms import PLATFORM_MACHINE, PLATFORM_RE, host_platform
-from ..spec.stack import Stack, list_stacks, load_stack
+from ..specs.component import Component
+from ..specs.kinds import kind_of
+from ..specs.platforms import PLATFORM_MACHINE, PLATFORM_RE, host_platform
+from ..specs.stack import Stack, list_stacks, load_stack
 from .pins import DEFAULT_INDEX, Fetched, Pin
 from .sources import SourceError, fetch_git, fetch_pypi, fetch_url, index_url, tree_id, unpack, verified_tree_id
 
@@ -33,16 +33,16 @@ MARKER = ".trainbox-source.json"
 class StackSources:
     """The fetched sources of one stack's staged components: {component key: Fetched}."""
 
-    stack: object
+    stack: Stack
     fetched: dict[str, Fetched]
 
 
-def staged_components(stack) -> dict:
+def staged_components(stack: Stack) -> dict[str, Component]:
     """The installed components whose kind stages a fetched source into the build context."""
     return {k: c for k, c in sorted(stack.installed_components.items()) if c.kind.install_args(c)}
 
 
-def fetch_sources(stack, *, offline: bool = False, cache_dir: Path | None = None, say=None) -> StackSources:
+def fetch_sources(stack: Stack, *, offline: bool = False, cache_dir: Path | None = None, say=None) -> StackSources:
     """Fetch (or find in the cache) and verify each staged component's source. Its `stack` is a copy of the one
     given with the git tree hashes recorded on the components, so that the manifest and the content hash name the
     exact files (the stack given stays as it was)."""
@@ -127,7 +127,7 @@ def stage(ctx: Path, sources: StackSources, check_patches: bool = True, patches_
         (dest / MARKER).write_text(json.dumps(meta, sort_keys=True) + "\n")
 
 
-def check_series(key: str, c, tree: Path, patches_dir: Path) -> None:
+def check_series(key: str, c: Component, tree: Path, patches_dir: Path) -> None:
     """The series must be made for the pinned commit and apply to its tree: fail here, naming the patch (and
     the file and hunk), not deep in a build."""
     from ..runtime import apply_patches as ap
@@ -192,7 +192,7 @@ def pin_from_component(comp: Component | Pin, stack: Stack | None = None, platfo
     )
 
 
-#: How each `source:` is fetched (its kind in trainbox.spec.kinds names the same three).
+#: How each `source:` is fetched (its kind in trainbox.specs.kinds names the same three).
 _FETCHERS: dict[str, Callable[..., Fetched]] = {
     "pypi": lambda pin, prefer, offline, cache_dir: fetch_pypi(pin, prefer, offline, cache_dir),
     "url": lambda pin, prefer, offline, cache_dir: fetch_url(pin, offline, cache_dir),

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from ..spec.dists import canon, parse_dist, wheel_tags
+from ..specs.dists import canon, parse_dist, wheel_tags
 from ..runtime.errors import TrainboxError
-from ..spec.platforms import PLATFORM_MACHINE
+from ..specs.platforms import PLATFORM_MACHINE
 
 ACCEPT = "application/vnd.pypi.simple.v1+json"
 
@@ -78,7 +78,7 @@ def project_files(index_name: str, index_url: str, project: str, timeout: float 
     return json.loads(body).get("files", [])
 
 
-def _wheel_fits(filename: str, python: str, platform: str) -> bool:
+def wheel_fits(filename: str, python: str, platform: str) -> bool:
     machine = PLATFORM_MACHINE[platform]
     tags = wheel_tags(filename)
     major, minor = python.split(".")
@@ -107,7 +107,7 @@ def artifacts_for(files: list[dict], project: str, version: str, python: str, pl
             continue
         if not fn.endswith(".whl"):
             sdists.append(Artifact(fn, f["url"], sha))
-        elif _wheel_fits(fn, python, platform):
+        elif wheel_fits(fn, python, platform):
             wheels.append(Artifact(fn, f["url"], sha))
     return sorted(wheels or sdists, key=lambda a: a.filename)
 

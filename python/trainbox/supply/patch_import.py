@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .patches import PatchSeriesError, _git, _read_meta, edit, export, resolve_component
+from .patches import PatchSeriesError, edit, edit_meta, export, resolve_component, workspace_git
 
 _FILE_RE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 
@@ -50,18 +50,19 @@ def import_diff(diff: Path, component: str, *, stack: str | None = None, status:
         if stopped:
             raise PatchSeriesError(f"component {component}: the existing series stops at {stopped} on {pin.ref}; "
                                    "fix the series first (`trainbox patches verify`)")
-        ref = _read_meta(tree)["upstream_ref"]
+        ref = edit_meta(tree)["upstream_ref"]
         for path, chunk in parts:
             one = work / "one.patch"
             one.write_text(chunk)
-            proc = _git("apply", "--index", "--whitespace=nowarn", str(one), check=False, cwd=tree)
+            proc = workspace_git("apply", "--index", "--whitespace=nowarn", str(one), check=False, cwd=tree)
             if proc.returncode != 0:
                 reason = (proc.stderr.strip().splitlines() or ["?"])[0]
                 raise PatchSeriesError(f"{diff}: the change to {path} does not apply to {pin.ref}: {reason}")
-            _git("commit", "--quiet", "--no-verify", "-m",
-                 f"{path}: from {diff.name}\n\n"
-                 f"Why: {why or f'imported from {diff.name}, a diff kept outside this project; one entry per file'}"
-                 f"\n\nUpstream-Status: {status}\nUpstream-Ref: {ref}\n", cwd=tree)
+            workspace_git("commit", "--quiet", "--no-verify", "-m",
+                          f"{path}: from {diff.name}\n\n"
+                          "Why: " + (why or f"imported from {diff.name}, a diff kept outside this project; "
+                                     "one entry per file") +
+                          f"\n\nUpstream-Status: {status}\nUpstream-Ref: {ref}\n", cwd=tree)
         _, names = export(tree, patches_dir=patches_dir)
         return names
     finally:

@@ -20,8 +20,8 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from ..runtime.apply_patches import Patch
 from ..runtime.errors import TrainboxError
 from ..paths import CACHE_DIR, PATCHES_DIR
 from .fetch import fetch, pin_from_component
@@ -40,7 +40,7 @@ class PatchSeriesError(TrainboxError):
 
 
 # git in the edit workspaces: the one helper, without the user's configuration (it must not shape the patches)
-_git = functools.partial(run_git, user_config=False, error=PatchSeriesError)
+workspace_git = functools.partial(run_git, user_config=False, error=PatchSeriesError)
 
 
 def applier():
@@ -54,7 +54,7 @@ def series_dir(series: str, patches_dir: Path | None = None) -> Path:
     return Path(patches_dir or PATCHES_DIR) / series
 
 
-def load_series(series: str, patches_dir: Path | None = None) -> list:
+def load_series(series: str, patches_dir: Path | None = None) -> list[Patch]:
     """The parsed patches of a series, in order (apply_patches.Patch objects)."""
     ap = applier()
     try:
@@ -88,7 +88,7 @@ def _ref_matches(ref: str | None, pin: Pin) -> str | None:
     return pins.ref_problem(ref, pin)
 
 
-def header_problems(patch: Any) -> list[str]:
+def header_problems(patch: Patch) -> list[str]:
     """What is missing from a patch's provenance header (the ref is checked against a pin separately)."""
     ap = applier()
     out = []
@@ -127,7 +127,7 @@ class Row:
     ok: bool
     status: str  # clean | offset | failed | skipped | error
     sha256: str = ""
-    hunks: list = field(default_factory=list)
+    hunks: list[dict] = field(default_factory=list)  # the hunks that did not apply cleanly, as JSON
     artifact: str = ""  # file name (and sha256) or git commit the series was applied to
 
     def as_dict(self) -> dict:
@@ -197,7 +197,7 @@ def verify_pin(
 
 def _stack_targets(stack_names: list[str] | None, component: str | None,
                    sets: dict[str, str] | None = None) -> list[tuple[str, Pin, str]]:
-    from ..spec.stack import list_stacks, load_stack
+    from ..specs.stack import list_stacks, load_stack
 
     if sets and not stack_names:
         raise PatchSeriesError("--set moves a pin in one stack: name it (`trainbox patches verify STACK --set ...`)")
@@ -316,24 +316,25 @@ def edit(
     fetched = fetch(pin, prefer=prefer, offline=offline, cache_dir=cache_dir)
     unpack(fetched, directory)
     try:
-        _git("init", "--quiet", "--initial-branch=patches", cwd=directory)
+        workspace_git("init", "--quiet", "--initial-branch=patches", cwd=directory)
         info = directory / ".git" / "info"
         info.mkdir(parents=True, exist_ok=True)
         (info / "exclude").write_text("__pycache__/\n*.py[cod]\n")
         (info / "attributes").write_text("* -text\n")  # byte-exact: no end-of-line conversion
-        if _git("config", "user.name", check=False, cwd=directory).returncode != 0:
-            _git("config", "user.name", _TRAINBOX_ID[0], cwd=directory)
-            _git("config", "user.email", _TRAINBOX_ID[1], cwd=directory)
-        _git("add", "--all", "--force", cwd=directory)
+        if workspace_git("config", "user.name", check=False, cwd=directory).returncode != 0:
+            workspace_git("config", "user.name", _TRAINBOX_ID[0], cwd=directory)
+            workspace_git("config", "user.email", _TRAINBOX_ID[1], cwd=directory)
+        workspace_git("add", "--all", "--force", cwd=directory)
         fixed = {
             "GIT_AUTHOR_NAME": _TRAINBOX_ID[0], "GIT_AUTHOR_EMAIL": _TRAINBOX_ID[1],
             "GIT_COMMITTER_NAME": _TRAINBOX_ID[0], "GIT_COMMITTER_EMAIL": _TRAINBOX_ID[1],
             "GIT_AUTHOR_DATE": _PRISTINE_DATE, "GIT_COMMITTER_DATE": _PRISTINE_DATE,
         }
-        _git("commit", "--quiet", "--no-verify", "-m",
-             f"{pin.ref}: pristine upstream\n\nUpstream-Ref: {fetched.upstream_ref}\n", env=fixed, cwd=directory)
-        _git("tag", "upstream", cwd=directory)
-        base = _git("rev-parse", "HEAD", cwd=directory).stdout.strip()
+        workspace_git("commit", "--quiet", "--no-verify", "-m",
+                      f"{pin.ref}: pristine upstream\n\nUpstream-Ref: {fetched.upstream_ref}\n", env=fixed,
+                      cwd=directory)
+        workspace_git("tag", "upstream", cwd=directory)
+        base = workspace_git("rev-parse", "HEAD", cwd=directory).stdout.strip()
         meta = {
             "component": pin.key, "series": series, "ref": pin.ref, "upstream_ref": fetched.upstream_ref,
             "sha256": fetched.sha256, "commit": fetched.commit, "base": base,
@@ -348,15 +349,16 @@ def edit(
     applied: list[str] = []
     am_env = {"GIT_COMMITTER_NAME": _TRAINBOX_ID[0], "GIT_COMMITTER_EMAIL": _TRAINBOX_ID[1]}
     for p in patches:
-        proc = _git("am", "--quiet", "--keep-cr", "--committer-date-is-author-date", str(p.path),
-                    env=am_env, check=False, cwd=directory)
+        proc = workspace_git("am", "--quiet", "--keep-cr", "--committer-date-is-author-date", str(p.path),
+                             env=am_env, check=False, cwd=directory)
         if proc.returncode != 0:
             return directory, applied, p.name
         applied.append(p.name)
     return directory, applied, None
 
 
-def _read_meta(directory: Path) -> dict:
+def edit_meta(directory: Path) -> dict:
+    """What `patches edit` recorded in its edit tree (the pin, its upstream ref, the base commit)."""
     path = Path(directory) / ".git" / _EDIT_META
     if not Path(directory).exists():
         raise PatchSeriesError(f"{directory}: no edit tree there; create one with `trainbox patches edit COMPONENT`"
@@ -405,28 +407,28 @@ def export(directory: Path, *, patches_dir: Path | None = None) -> tuple[Path, l
     """
     ap = applier()
     directory = Path(directory).resolve()
-    meta = _read_meta(directory)
+    meta = edit_meta(directory)
     if (directory / ".git" / "rebase-apply").exists() or (directory / ".git" / "rebase-merge").exists():
         raise PatchSeriesError(f"{directory}: a `git am`/rebase is still in progress; finish it "
                                "(`git am --continue` or `git am --skip`) before exporting")
-    dirty = _git("status", "--porcelain", "--untracked-files=all", cwd=directory).stdout.strip()
+    dirty = workspace_git("status", "--porcelain", "--untracked-files=all", cwd=directory).stdout.strip()
     if dirty:
         first = dirty.splitlines()[:5]
         raise PatchSeriesError(f"{directory}: uncommitted changes ({'; '.join(x.strip() for x in first)}); commit "
                                "them (`git commit` or `git commit --amend`) or discard them, then export")
     base = meta["base"]
-    if _git("merge-base", "--is-ancestor", base, "HEAD", check=False, cwd=directory).returncode != 0:
+    if workspace_git("merge-base", "--is-ancestor", base, "HEAD", check=False, cwd=directory).returncode != 0:
         raise PatchSeriesError(f"{directory}: HEAD does not descend from the pristine upstream commit "
                                f"{base[:12]}; keep the patches on top of it")
-    commits = _git("rev-list", "--reverse", f"{base}..HEAD", cwd=directory).stdout.split()
+    commits = workspace_git("rev-list", "--reverse", f"{base}..HEAD", cwd=directory).stdout.split()
     pin = Pin(key=meta["component"], **{k: (tuple(v) if k == "sha256" else v) for k, v in meta["pin"].items()})
     target = series_dir(meta["series"], Path(patches_dir) if patches_dir else Path(meta["patches_dir"]))
     stage = Path(tempfile.mkdtemp(prefix="trainbox-export-"))
     try:
         if commits:
-            _git("-c", "core.abbrev=12", "format-patch", "--quiet", "--zero-commit", "--no-signature",
-                 "--no-numbered", "--no-stat", "--no-renames", "--filename-max-length=64", "--start-number=1",
-                 "--diff-algorithm=myers", "-o", str(stage), f"{base}..HEAD", cwd=directory)
+            workspace_git("-c", "core.abbrev=12", "format-patch", "--quiet", "--zero-commit", "--no-signature",
+                          "--no-numbered", "--no-stat", "--no-renames", "--filename-max-length=64", "--start-number=1",
+                          "--diff-algorithm=myers", "-o", str(stage), f"{base}..HEAD", cwd=directory)
         names = sorted(p.name for p in stage.iterdir())
         if len(names) != len(commits):
             raise PatchSeriesError(f"{directory}: git format-patch wrote {len(names)} files for {len(commits)} "

@@ -1,6 +1,6 @@
 """A component's pin as fetching sees it, and the one place that picks how a pin is fetched (host module).
 
-The stack model (trainbox.spec) says what is pinned; this module turns a component into a `Pin` (its version,
+The stack model (trainbox.specs) says what is pinned; this module turns a component into a `Pin` (its version,
 hashes and index URL as they stand) and fetches it the way its `source:` says: an index (PyPI and friends), a git
 repository or a URL (trainbox.supply.sources does the fetching). The `Upstream-Ref:` a patch series records, and
 whether a recorded one still names the pin, are here too: they are facts about a fetched source.
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime.apply_patches import GIT_REF_RE, PYPI_REF_RE, URL_REF_RE
-from ..spec.dists import canon
-from ..spec.kinds import Kind, kind_of
+from ..specs.dists import canon
+from ..specs.kinds import Kind, kind_of
 
 
 DEFAULT_INDEX = "https://pypi.org/simple"

@@ -20,7 +20,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..spec.dists import canon, is_dist_of, sha256_file
+from ..specs.dists import canon, is_dist_of, sha256_file
 
 _LINE = re.compile(r"^(?P<section>[^.=]*)\.(?P<key>[A-Za-z0-9_-]+)='(?P<value>.*)'$")
 #: pip's precedence for `pip install`: later wins

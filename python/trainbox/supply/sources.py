@@ -24,12 +24,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from ..spec.kinds import COMMIT_RE
-from ..spec.dists import is_dist_of, sha256_file, wheel_tags
+from ..specs.kinds import COMMIT_RE
+from ..specs.dists import is_dist_of, sha256_file, wheel_tags
 from ..runtime.errors import TrainboxError
 from ..runtime.unpack import MemberRefused, extract_tar, extract_zip
 from .gitobjects import ObjectError, tree_of, verify_tree
@@ -79,7 +78,7 @@ def cached_artifact(sha256: str, cache_dir: Path | None = None) -> Path | None:
     return None
 
 
-def _download(url: str, sha256: str, filename: str, cache_dir: Path | None, what: str) -> Path:
+def download_to_cache(url: str, sha256: str, filename: str, cache_dir: Path | None, what: str) -> Path:
     """Download into the cache atomically: temp dir, hash while writing, verify, rename into place."""
     root = _cache(cache_dir) / "sha256"
     root.mkdir(parents=True, exist_ok=True)
@@ -143,7 +142,7 @@ def _from_pip_links(pin: Pin, cache_dir: Path | None, what: str) -> Fetched | No
         return None
     path, where = hit
     sha = sha256_file(path, remember=True)
-    cached = _download(path.resolve().as_uri(), sha, path.name, cache_dir, f"{what} from {where}")
+    cached = download_to_cache(path.resolve().as_uri(), sha, path.name, cache_dir, f"{what} from {where}")
     return Fetched(pin, cached, path.name, sha256=sha)
 
 
@@ -191,7 +190,7 @@ def fetch_pypi(pin: Pin, prefer: Iterable[str], offline: bool, cache_dir: Path |
             "artifact: fix the stack's sha256 or re-run `trainbox stack lock`"
         )
     _, _, sha, fn, url = min(candidates)
-    path = _download(url, sha, fn, cache_dir, what)
+    path = download_to_cache(url, sha, fn, cache_dir, what)
     return Fetched(pin, path, fn, sha256=sha)
 
 
@@ -334,7 +333,7 @@ def fetch_url(pin: Pin, offline: bool, cache_dir: Path | None) -> Fetched:
         if offline:
             raise SourceError(f"{what}: not in the cache and the build is offline; run `trainbox fetch` first")
         name = urllib.parse.unquote(urllib.parse.urlparse(pin.url).path.rsplit("/", 1)[-1]) or "download"
-        path = _download(pin.url, sha, name, cache_dir, what)
+        path = download_to_cache(pin.url, sha, name, cache_dir, what)
     return Fetched(pin, path, path.name, sha256=sha)
 
 

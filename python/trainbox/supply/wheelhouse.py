@@ -13,8 +13,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..spec.dists import DIST_SUFFIXES, canon, dist_key, norm_version, sha256_file
+from ..specs.dists import DIST_SUFFIXES, canon, dist_key, norm_version, sha256_file
 from ..runtime.errors import TrainboxError
+from ..specs.stack import Stack
 from .fetch import pin_from_component
 from .pins import Pin
 
@@ -41,13 +42,13 @@ def read_wheelhouse(path: str | os.PathLike) -> list[WheelFile]:
     return [WheelFile(p.name, p.stat().st_size, sha256_file(p, remember=True), p) for p in files]
 
 
-def pins_for(stack, platform: str) -> list[Pin]:
+def pins_for(stack: Stack, platform: str) -> list[Pin]:
     """The stack's pypi components as they stand on one platform."""
     return [pin_from_component(c, stack, platform=platform)
             for c in stack.installed_components.values() if c.kind.from_index]
 
 
-def wanted(stack, platform: str) -> list[Pin]:
+def wanted(stack: Stack, platform: str) -> list[Pin]:
     """Everything the build installs from an index on `platform`: the components, then the locked deps
     (key `dep:NAME`; their index is any of the stack's, pip tries them all)."""
     out = pins_for(stack, platform)
@@ -90,7 +91,7 @@ def check_wheelhouse(wheels: list[WheelFile], pins: list[Pin], where: str) -> li
     return served
 
 
-def fetch_plan(stack, platform: str, wheels: list[WheelFile], wheelhouse: str | None) -> list[dict]:
+def fetch_plan(stack: Stack, platform: str, wheels: list[WheelFile], wheelhouse: str | None) -> list[dict]:
     """Where each artifact the build installs will come from (offline: no index is asked)."""
     out = []
     for pin in wanted(stack, platform):
@@ -108,7 +109,7 @@ def fetch_plan(stack, platform: str, wheels: list[WheelFile], wheelhouse: str | 
     return out
 
 
-def wheelhouse_notes(stack, platform: str, wheels: list[WheelFile], wheelhouse: str | None) -> list[str]:
+def wheelhouse_notes(stack: Stack, platform: str, wheels: list[WheelFile], wheelhouse: str | None) -> list[str]:
     """What a given wheelhouse lacks, by pin (so an offline build can be completed before it is tried)."""
     if not wheelhouse:
         return []
@@ -122,23 +123,23 @@ def wheelhouse_notes(stack, platform: str, wheels: list[WheelFile], wheelhouse: 
 
 # -- filling ------------------------------------------------------------------------------------------
 
-def _artifact(stack, platform: str, pin: Pin, cache_dir: Path | None) -> tuple[Path, str]:
+def _artifact(stack: Stack, platform: str, pin: Pin, cache_dir: Path | None) -> tuple[Path, str]:
     """The pinned artifact for `platform`, from the source cache, where pip finds it on this disk, or its index,
     hash-verified; with where it came from."""
     import urllib.parse
 
-    from .index import IndexUnreachable, _wheel_fits, artifacts_for, project_files
-    from .sources import _download, cached_artifact
+    from .index import IndexUnreachable, artifacts_for, project_files, wheel_fits
+    from .sources import cached_artifact, download_to_cache
 
     for sha in pin.sha256:
         hit = cached_artifact(sha, cache_dir)
         if hit is not None and dist_key(hit.name) == (canon(pin.name), norm_version(pin.version or "")):
-            if not hit.name.endswith(".whl") or _wheel_fits(hit.name, stack.python, platform):
+            if not hit.name.endswith(".whl") or wheel_fits(hit.name, stack.python, platform):
                 return hit, "trainbox's cache"
     from .pipconfig import find_local
 
     local = find_local(pin.name, pin.version or "", pin.sha256)  # where pip itself finds it on this disk
-    if local is not None and (not local[0].name.endswith(".whl") or _wheel_fits(local[0].name, stack.python, platform)):
+    if local is not None and (not local[0].name.endswith(".whl") or wheel_fits(local[0].name, stack.python, platform)):
         return local
     names = [pin.index_name] if pin.index_name in stack.indexes else list(stack.indexes)
     why = []
@@ -152,13 +153,13 @@ def _artifact(stack, platform: str, pin: Pin, cache_dir: Path | None) -> tuple[P
         for art in artifacts_for(files, pin.name, pin.version or "", stack.python, platform):
             if art.sha256 in pin.sha256:
                 full = urllib.parse.urljoin(f"{url.rstrip('/')}/{canon(pin.name)}/", art.url)
-                return (_download(full, art.sha256, art.filename, cache_dir, f"{pin.key} ({pin.name}=={pin.version})"),
-                        f"index {name} ({url})")
+                what = f"{pin.key} ({pin.name}=={pin.version})"
+                return download_to_cache(full, art.sha256, art.filename, cache_dir, what), f"index {name} ({url})"
         why.append(f"index {name} has no {platform} artifact of {pin.name}=={pin.version} with a pinned sha256")
     raise TrainboxError(f"{pin.key}: cannot fetch {pin.name}=={pin.version} for {platform}: " + "; ".join(why))
 
 
-def fill(stack, platform: str, dest: Path, cache_dir: Path | None = None, say=print) -> dict:
+def fill(stack: Stack, platform: str, dest: Path, cache_dir: Path | None = None, say=print) -> dict:
     """Put every pinned artifact the build of `stack` on `platform` installs into `dest`, hash-verified.
     Files already there with the right hash are kept; a file there for a pinned project with another hash
     is an error (the wheelhouse must not serve two artifacts for one pin)."""

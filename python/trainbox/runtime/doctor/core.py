@@ -13,7 +13,8 @@ from ... import __version__
 from .. import emulation as _emulation
 from ..apply_patches import canon_name
 from ..manifest import ManifestError, load_manifest, manifest_path
-from ..npu import TOOLKIT_HOMES
+from ..nvidia import CTL_NODE
+from ..npu import NPU_CARD_NODE, NPU_DEVICE_NODES, TOOLKIT_HOMES, TOOLKIT_INSTALL_INFO, VERSIONED_HOMES
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 _RANK = {SKIP: 0, PASS: 0, WARN: 1, FAIL: 2}
@@ -161,9 +162,9 @@ class Context:
         if self.stack_device in DEVICES:
             return self.stack_device, "manifest"
         # A bare host: judge by what is mounted.
-        if self.exists("/dev/davinci_manager") or glob.glob(self.path("/dev/davinci[0-9]*")):
+        if self.exists(NPU_DEVICE_NODES[0]) or glob.glob(self.path(NPU_CARD_NODE + "[0-9]*")):
             return "npu", "detected"
-        if self.exists("/dev/nvidiactl"):
+        if self.exists(CTL_NODE):
             return "cuda", "detected"
         return "cpu", "detected"
 
@@ -246,7 +247,7 @@ def format_text(ctx: Context, results: list[Result], strict: bool = False) -> st
     stack = (ctx.manifest or {}).get("stack")
     head = f"trainbox doctor {__version__}: "
     head += f"stack {stack}" if stack else "no stack manifest"
-    head += f", device {ctx.device} ({_source(ctx)}), python {sys.version.split()[0]}"
+    head += f", device {ctx.device} ({device_origin(ctx)}), python {sys.version.split()[0]}"
     if ctx.emulated:
         head += f"; {_emulation.describe(ctx.emulated)}, child processes allowed {ctx.timeout:.0f} s"
     lines = [head] + _folded_lines(results, ctx.device)
@@ -327,35 +328,35 @@ def versions_match(pinned: str, installed: str) -> bool:
     return p == i
 
 
-def _major_minor(v: str) -> tuple | None:
+def major_minor(v: str) -> tuple | None:
     m = re.match(r"^v?(\d+)\.(\d+)", v.strip())
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def _size(n: float) -> str:
+def human_size(n: float) -> str:
     if n >= GiB:
         return f"{n / GiB:.1f} GiB"
     return f"{n / MiB:.0f} MiB"
 
 
-def _skip_unless(ctx: Context, device: str) -> Result | None:
+def skip_unless(ctx: Context, device: str) -> Result | None:
     if ctx.device == device:
         return None
-    return Result(SKIP, f"applies to {device} only; device is {ctx.device} ({_source(ctx)})")
+    return Result(SKIP, f"applies to {device} only; device is {ctx.device} ({device_origin(ctx)})")
 
 
-def _source(ctx: Context) -> str:
+def device_origin(ctx: Context) -> str:
     return {"TRAINBOX_DEVICE": "set by TRAINBOX_DEVICE", "manifest": "the stack's device",
             "detected": "detected from /dev"}.get(ctx.device_source, ctx.device_source)
 
 
-def _path_entries(value: str | None) -> list[str]:
+def path_entries(value: str | None) -> list[str]:
     return [p for p in (value or "").split(":") if p]
 
 
-def _find_lib(ctx: Context, name: str, extra_dirs=()) -> str | None:
+def find_lib(ctx: Context, name: str, extra_dirs=()) -> str | None:
     """Where the dynamic loader would find `name` via LD_LIBRARY_PATH or the usual dirs (no loading)."""
-    dirs = _path_entries(ctx.env.get("LD_LIBRARY_PATH")) + list(extra_dirs)
+    dirs = path_entries(ctx.env.get("LD_LIBRARY_PATH")) + list(extra_dirs)
     for d in dirs:
         p = os.path.join(ctx.path(d), name)
         if os.path.exists(p):
@@ -363,16 +364,16 @@ def _find_lib(ctx: Context, name: str, extra_dirs=()) -> str | None:
     return None
 
 
-def _which(ctx: Context, name: str) -> str | None:
+def find_command(ctx: Context, name: str) -> str | None:
     """Like shutil.which over the context's PATH, under the injected root."""
-    for d in _path_entries(ctx.env.get("PATH")):
+    for d in path_entries(ctx.env.get("PATH")):
         p = os.path.join(ctx.path(d), name)
         if os.path.isfile(p) and os.access(p, os.X_OK):
             return p
     return None
 
 
-def _run_python(ctx: Context, code: str, args=(), env: dict | None = None, timeout: float | None = None):
+def run_python(ctx: Context, code: str, args=(), env: dict | None = None, timeout: float | None = None):
     """Run `python -c code` in a child; returns CompletedProcess, or None on timeout."""
     import subprocess
 
@@ -386,7 +387,7 @@ def _run_python(ctx: Context, code: str, args=(), env: dict | None = None, timeo
         return None
 
 
-def _parse_ids(value: str) -> tuple[list[int] | None, str | None]:
+def parse_ids(value: str) -> tuple[list[int] | None, str | None]:
     ids = []
     for part in value.split(","):
         part = part.strip()
@@ -396,7 +397,7 @@ def _parse_ids(value: str) -> tuple[list[int] | None, str | None]:
     return ids, None
 
 
-def _read_kv(path: str) -> dict:
+def read_kv(path: str) -> dict:
     out = {}
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
@@ -408,13 +409,13 @@ def _read_kv(path: str) -> dict:
         pass
     return out
 
-def _int(value: str) -> int | None:
+def parse_int(value: str) -> int | None:
     try:
         return int(value.strip())
     except ValueError:
         return None
 
-def _read_first_line(path: str) -> str | None:
+def read_first_line(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8") as fh:
             return fh.readline().strip()
@@ -422,7 +423,7 @@ def _read_first_line(path: str) -> str | None:
         return None
 
 
-def _toolkit_home(ctx: Context) -> str | None:
+def toolkit_home(ctx: Context) -> str | None:
     """The CANN toolkit home (a path as seen inside the container), or None."""
     for var in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH"):
         v = ctx.env.get(var)
@@ -431,21 +432,21 @@ def _toolkit_home(ctx: Context) -> str | None:
     for home in TOOLKIT_HOMES:
         if os.path.isdir(ctx.path(home)):
             return home
-    versioned = sorted(glob.glob(ctx.path("/usr/local/Ascend/cann-*")))
+    versioned = sorted(glob.glob(ctx.path(VERSIONED_HOMES)))
     if versioned:  # report it as the container sees it, not under the injected root
         return "/" + os.path.relpath(versioned[-1], ctx.path("/"))
     return None
 
 
-def _toolkit_version(ctx: Context, home: str) -> str | None:
-    for info in sorted(glob.glob(os.path.join(ctx.path(home), "*-linux", "ascend_toolkit_install.info"))):
-        v = _read_kv(info).get("version")
+def toolkit_version(ctx: Context, home: str) -> str | None:
+    for info in sorted(glob.glob(os.path.join(ctx.path(home), TOOLKIT_INSTALL_INFO))):
+        v = read_kv(info).get("version")
         if v:
             return v
     return None
 
 
-def _no_cann_reason(ctx: Context) -> str:
+def no_cann_reason(ctx: Context) -> str:
     base = (ctx.manifest or {}).get("base") or {}
     if base.get("substituted"):
         return (f", because the image was built on the substitute base {base['substituted']} instead of "

@@ -15,9 +15,9 @@ from .core import (
     WARN,
     Context,
     Result,
-    _int,
-    _read_first_line,
     check,
+    parse_int,
+    read_first_line,
 )
 
 
@@ -29,7 +29,7 @@ def check_hccl_timeouts(ctx: Context) -> Result:
     if conn is None and exe is None:
         return Result(SKIP, "HCCL_CONNECT_TIMEOUT and HCCL_EXEC_TIMEOUT unset (defaults 120 s and 1836 s)")
     if conn is not None:
-        v = _int(conn)
+        v = parse_int(conn)
         if v is None or not 120 <= v <= 7200:
             return Result(FAIL, f"HCCL_CONNECT_TIMEOUT={conn!r} is outside HCCL's range [120, 7200] seconds",
                           "set HCCL_CONNECT_TIMEOUT to an integer from 120 to 7200 (e.g. 1200 for large jobs)", data)
@@ -64,7 +64,7 @@ def check_hccl_options(ctx: Context) -> Result:
     if all(v is None for v in data.values()):
         return Result(SKIP, "no HCCL options set (HCCL_BUFFSIZE defaults to 200 MB)")
     buf = data["HCCL_BUFFSIZE"]
-    if buf is not None and (_int(buf) is None or _int(buf) < 1):
+    if buf is not None and (parse_int(buf) is None or parse_int(buf) < 1):
         return Result(FAIL, f"HCCL_BUFFSIZE={buf!r} is not a positive number of MB",
                       "set HCCL_BUFFSIZE to an integer MB count (default 200)", data)
     mode = data["HCCL_OP_EXPANSION_MODE"]
@@ -92,7 +92,7 @@ def _parse_ports(value: str) -> tuple[list[tuple[int, int]] | None, str | None]:
     for part in value.split(","):
         part = part.strip()
         lo, sep, hi = part.partition("-")
-        a, b = _int(lo) if lo else None, (_int(hi) if sep else _int(lo) if lo else None)
+        a, b = parse_int(lo) if lo else None, (parse_int(hi) if sep else parse_int(lo) if lo else None)
         if a is None or b is None:
             return None, f"{part!r} is not a port or a range lo-hi"
         if not (1 <= a <= 65535 and 1 <= b <= 65535) or a > b:
@@ -129,7 +129,7 @@ def check_hccl_ports(ctx: Context) -> Result:
         ranges[name] = spans
     base = data["HCCL_IF_BASE_PORT"]
     if base is not None:
-        b = _int(base)
+        b = parse_int(base)
         if b is None or not HCCL_IF_BASE_PORT_MIN <= b <= HCCL_IF_BASE_PORT_MAX:
             return Result(FAIL, f"HCCL_IF_BASE_PORT={base!r} is not a port in "
                           f"{HCCL_IF_BASE_PORT_MIN}-{HCCL_IF_BASE_PORT_MAX}",
@@ -144,13 +144,13 @@ def check_hccl_ports(ctx: Context) -> Result:
     for name, spans in ranges.items():
         if any(lo < 1024 for lo, _ in spans):
             warn.append(f"{name} reaches below 1024 (system ports)")
-    mp = _int(data["MASTER_PORT"]) if data["MASTER_PORT"] else None
+    mp = parse_int(data["MASTER_PORT"]) if data["MASTER_PORT"] else None
     if mp:
         for name, spans in ranges.items():
             if any(lo <= mp <= hi for lo, hi in spans):
                 warn.append(f"MASTER_PORT={mp} lies inside {name}")
-    eph = _read_first_line(ctx.path("/proc/sys/net/ipv4/ip_local_port_range"))
-    reserved = _read_first_line(ctx.path("/proc/sys/net/ipv4/ip_local_reserved_ports")) or ""
+    eph = read_first_line(ctx.path("/proc/sys/net/ipv4/ip_local_port_range"))
+    reserved = read_first_line(ctx.path("/proc/sys/net/ipv4/ip_local_reserved_ports")) or ""
     if eph:
         try:
             lo, hi = (int(x) for x in eph.split())

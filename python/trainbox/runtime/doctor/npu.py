@@ -7,13 +7,22 @@ import json
 import os
 
 from ..npu import (
+    BASE_IMAGE,
+    BASE_TAG_FORM,
     CANN_ENV_APPLIED_VAR,
     CANN_ENV_FILE,
+    DRIVER_LIB64,
+    DRIVER_VERSION_INFO,
     NNAL_SET_ENV,
+    NPU_CARD_NODE,
     NPU_DEVICE_NODES,
     NPU_DOCKER_FLAGS,
     NPU_DRIVER_MOUNTS,
+    NPU_SMI,
     TOOLKIT_HOMES,
+    TOOLKIT_INSTALL_INFO,
+    TOOLKIT_SET_ENV,
+    VERSIONED_HOMES,
 )
 from .core import (
     CPU_ON_PURPOSE,
@@ -23,18 +32,18 @@ from .core import (
     WARN,
     Context,
     Result,
-    _find_lib,
-    _int,
-    _no_cann_reason,
-    _parse_ids,
-    _path_entries,
-    _read_kv,
-    _run_python,
-    _skip_unless,
-    _toolkit_home,
-    _toolkit_version,
-    _which,
     check,
+    find_command,
+    find_lib,
+    no_cann_reason,
+    parse_ids,
+    parse_int,
+    path_entries,
+    read_kv,
+    run_python,
+    skip_unless,
+    toolkit_home,
+    toolkit_version,
 )
 
 # ---------------------------------------------------------------------------------------------------
@@ -56,17 +65,17 @@ def _set_env_script(home: str) -> str:
 @check("cann.toolkit")
 def check_cann_toolkit(ctx: Context) -> Result:
     """The CANN toolkit is installed, at the stack's version."""
-    skip = _skip_unless(ctx, "npu")
+    skip = skip_unless(ctx, "npu")
     if skip:
         return skip
-    home = _toolkit_home(ctx)
+    home = toolkit_home(ctx)
     want = ((ctx.manifest or {}).get("base") or {}).get("cann")
     if not home:
-        looked = ", ".join(TOOLKIT_HOMES + ("/usr/local/Ascend/cann-*",))
-        return Result(FAIL, f"no CANN toolkit found (looked in {looked}){_no_cann_reason(ctx)}",
-                      "build the image from a CANN base (quay.io/ascend/cann:<cann>-<chip>-...) or mount the "
-                      f"toolkit at /usr/local/Ascend/ascend-toolkit; {CPU_ON_PURPOSE}", {"expected": want})
-    have = _toolkit_version(ctx, home)
+        looked = ", ".join(TOOLKIT_HOMES + (VERSIONED_HOMES,))
+        return Result(FAIL, f"no CANN toolkit found (looked in {looked}){no_cann_reason(ctx)}",
+                      f"build the image from a CANN base ({BASE_IMAGE}:{BASE_TAG_FORM}) or mount the "
+                      f"toolkit at {os.path.dirname(TOOLKIT_SET_ENV[0])}; {CPU_ON_PURPOSE}", {"expected": want})
+    have = toolkit_version(ctx, home)
     data = {"home": home, "version": have, "expected": want}
     if want and have and not have.lower().startswith(str(want).lower()):
         return Result(FAIL, f"CANN toolkit {have} at {home}, but the stack was built for CANN {want}",
@@ -74,7 +83,7 @@ def check_cann_toolkit(ctx: Context) -> Result:
                       f"with base.cann {have}", data)
     if not have:
         return Result(WARN, f"CANN toolkit at {home}, but its version is unknown (no "
-                            "<arch>-linux/ascend_toolkit_install.info)",
+                            f"{TOOLKIT_INSTALL_INFO})",
                       "reinstall the toolkit package; a partial copy of /usr/local/Ascend misses libraries too",
                       data)
     return Result(PASS, f"CANN toolkit {have} at {home}" + (" as the stack pins" if want else ""), data=data)
@@ -83,15 +92,15 @@ def check_cann_toolkit(ctx: Context) -> Result:
 @check("cann.env")
 def check_cann_env(ctx: Context) -> Result:
     """The CANN (and NNAL) environment is set: set_env.sh was sourced or its ENV baked into the image."""
-    skip = _skip_unless(ctx, "npu")
+    skip = skip_unless(ctx, "npu")
     if skip:
         return skip
-    home = _toolkit_home(ctx)
+    home = toolkit_home(ctx)
     if not home:
         return Result(SKIP, "no CANN toolkit (see cann.toolkit)")
     script = _set_env_script(home)
     set_home = ctx.env.get("ASCEND_TOOLKIT_HOME") or ctx.env.get("ASCEND_HOME_PATH")
-    ld = _path_entries(ctx.env.get("LD_LIBRARY_PATH"))
+    ld = path_entries(ctx.env.get("LD_LIBRARY_PATH"))
     homes = set()
     if set_home:  # the scripts may name the home through a symlink (latest -> 8.5.1) or resolved
         homes = {set_home.rstrip("/") + "/", os.path.realpath(ctx.path(set_home)).rstrip("/") + "/"}
@@ -116,7 +125,7 @@ def check_cann_env(ctx: Context) -> Result:
 @check("cann.env_baked")
 def check_cann_env_baked(ctx: Context) -> Result:
     """The image's ENV holds the CANN environment its build recorded (a `command:` that skips the entrypoint)."""
-    skip = _skip_unless(ctx, "npu")
+    skip = skip_unless(ctx, "npu")
     if skip:
         return skip
     path = ctx.env.get("TRAINBOX_CANN_ENV_FILE") or CANN_ENV_FILE
@@ -157,16 +166,16 @@ print(json.dumps(out))
 """
 
 
-def _lib_status(ctx: Context, names: list[str], extra_dirs=()) -> dict:
+def lib_status(ctx: Context, names: list[str], extra_dirs=()) -> dict:
     """{name: (found_path or None, load_error or None)}; loading happens in a child (quick: search only)."""
-    found = {n: _find_lib(ctx, n, extra_dirs) for n in names}
+    found = {n: find_lib(ctx, n, extra_dirs) for n in names}
     if ctx.quick:
         return {n: (found[n], None if found[n] else f"{n} not found on LD_LIBRARY_PATH") for n in names}
     env = dict(ctx.env)
     if ctx.root != "/":
-        env["LD_LIBRARY_PATH"] = ":".join(ctx.path(d) for d in _path_entries(ctx.env.get("LD_LIBRARY_PATH")))
+        env["LD_LIBRARY_PATH"] = ":".join(ctx.path(d) for d in path_entries(ctx.env.get("LD_LIBRARY_PATH")))
     targets = [found[n] or n for n in names]
-    proc = _run_python(ctx, _LIB_PROBE, targets, env=env, timeout=ctx.timeout / 2)  # 60 s natively
+    proc = run_python(ctx, _LIB_PROBE, targets, env=env, timeout=ctx.timeout / 2)  # 60 s natively
     if proc is None or proc.returncode != 0:
         why = "timed out" if proc is None else f"exited {proc.returncode}: {proc.stderr.strip()[-300:]}"
         return {n: (found[n], f"probe {why}") for n in names}
@@ -177,22 +186,22 @@ def _lib_status(ctx: Context, names: list[str], extra_dirs=()) -> dict:
 @check("cann.libs")
 def check_cann_libs(ctx: Context) -> Result:
     """libascendcl.so and libhccl.so can be loaded (dlopen in a child; --quick: found on LD_LIBRARY_PATH)."""
-    skip = _skip_unless(ctx, "npu")
+    skip = skip_unless(ctx, "npu")
     if skip:
         return skip
-    status = _lib_status(ctx, ["libascendcl.so", "libhccl.so"])
+    status = lib_status(ctx, ["libascendcl.so", "libhccl.so"])
     bad = {n: err for n, (_, err) in status.items() if err}
     data = {n: {"path": p, "error": e} for n, (p, e) in status.items()}
     if not bad:
         how = "found" if ctx.quick else "load"
         return Result(PASS, f"libascendcl.so and libhccl.so {how} ({status['libascendcl.so'][0] or 'system'})",
                       data=data)
-    home = _toolkit_home(ctx)
+    home = toolkit_home(ctx)
     if not home:
-        fix = (f"the image has no CANN toolkit{_no_cann_reason(ctx)}; build it from a CANN base; {CPU_ON_PURPOSE}")
+        fix = (f"the image has no CANN toolkit{no_cann_reason(ctx)}; build it from a CANN base; {CPU_ON_PURPOSE}")
     else:
         fix = (f"source {_set_env_script(home)} so LD_LIBRARY_PATH holds the CANN lib64 dirs, and mount the "
-               "driver (-v /usr/local/Ascend/driver/lib64:/usr/local/Ascend/driver/lib64:ro)")
+               f"driver ({NPU_DRIVER_MOUNTS[DRIVER_LIB64]})")
     detail = "; ".join(e if e.startswith(n) else f"{n}: {e}" for n, e in bad.items())
     return Result(FAIL, f"CANN libraries cannot be loaded: {detail}", fix, data)
 
@@ -201,7 +210,7 @@ def check_cann_libs(ctx: Context) -> Result:
 # checks: devices
 
 
-def _nodes(ctx: Context, pattern: str, prefix: str) -> list[int]:
+def device_nodes(ctx: Context, pattern: str, prefix: str) -> list[int]:
     ids = []
     for p in glob.glob(ctx.path(pattern)):
         tail = os.path.basename(p)[len(prefix):]
@@ -213,33 +222,33 @@ def _nodes(ctx: Context, pattern: str, prefix: str) -> list[int]:
 @check("npu.devices")
 def check_npu_devices(ctx: Context) -> Result:
     """NPU device nodes are mounted: /dev/davinciN, /dev/davinci_manager, /dev/devmm_svm, /dev/hisi_hdc."""
-    skip = _skip_unless(ctx, "npu")
+    skip = skip_unless(ctx, "npu")
     if skip:
         return skip
-    cards = _nodes(ctx, "/dev/davinci[0-9]*", "davinci")
+    cards = device_nodes(ctx, "/dev/davinci[0-9]*", "davinci")
     missing = [n for n in NPU_DEVICE_NODES if not ctx.exists(n)]
     data = {"cards": cards, "missing": missing}
     if not cards or missing:
-        what = (["no /dev/davinciN card"] if not cards else []) + missing
+        what = ([f"no {NPU_CARD_NODE}N card"] if not cards else []) + missing
         return Result(FAIL, f"NPU device nodes missing: {', '.join(what)}",
                       f"run the container with {NPU_DOCKER_FLAGS} (trainbox launch adds them); {CPU_ON_PURPOSE}",
                       data)
-    return Result(PASS, f"{len(cards)} NPU(s): " + ", ".join(f"/dev/davinci{i}" for i in cards)
+    return Result(PASS, f"{len(cards)} NPU(s): " + ", ".join(f"{NPU_CARD_NODE}{i}" for i in cards)
                   + " and the manager nodes", data=data)
 
 
 @check("npu.driver")
 def check_npu_driver(ctx: Context) -> Result:
     """The host's NPU driver is mounted: driver lib64 (libascend_hal.so), version.info, npu-smi, dcmi."""
-    skip = _skip_unless(ctx, "npu")
+    skip = skip_unless(ctx, "npu")
     if skip:
         return skip
-    lib64 = "/usr/local/Ascend/driver/lib64"
+    lib64 = DRIVER_LIB64
     hal = [p for p in (f"{lib64}/libascend_hal.so", f"{lib64}/driver/libascend_hal.so") if ctx.exists(p)]
     missing = [p for p in NPU_DRIVER_MOUNTS if p != lib64 and not ctx.exists(p)]
-    if "/usr/local/bin/npu-smi" in missing and _which(ctx, "npu-smi"):
-        missing.remove("/usr/local/bin/npu-smi")
-    version = _read_kv(ctx.path("/usr/local/Ascend/driver/version.info")).get("version")
+    if NPU_SMI in missing and find_command(ctx, "npu-smi"):
+        missing.remove(NPU_SMI)
+    version = read_kv(ctx.path(DRIVER_VERSION_INFO)).get("version")
     data = {"libascend_hal": hal[0] if hal else None, "driver_version": version, "missing": missing}
     if not hal:
         mounts = [NPU_DRIVER_MOUNTS[lib64]] + [NPU_DRIVER_MOUNTS[p] for p in missing]
@@ -252,7 +261,7 @@ def check_npu_driver(ctx: Context) -> Result:
     return Result(PASS, f"NPU driver {version or '(version unknown)'} mounted with npu-smi", data=data)
 
 
-def _visible_check(ctx: Context, var: str, count: int, kind: str, allow_uuid: bool = False) -> Result:
+def visible_check(ctx: Context, var: str, count: int, kind: str, allow_uuid: bool = False) -> Result:
     value = ctx.env.get(var)
     data = {var: value, "devices": count}
     if value is None:
@@ -262,7 +271,7 @@ def _visible_check(ctx: Context, var: str, count: int, kind: str, allow_uuid: bo
                       data)
     if allow_uuid and any(p.strip().startswith(("GPU-", "MIG-")) for p in value.split(",")):
         return Result(PASS, f"{var}={value} (UUIDs; not compared with device nodes)", data=data)
-    ids, bad = _parse_ids(value)
+    ids, bad = parse_ids(value)
     if ids is None:
         return Result(FAIL, f"{var}={value!r}: {bad!r} is not a device id (expected comma-separated integers "
                             "such as 0,1,2,3; ranges like 0-3 are not understood)",
@@ -283,13 +292,13 @@ def _visible_check(ctx: Context, var: str, count: int, kind: str, allow_uuid: bo
 @check("npu.visible_devices")
 def check_npu_visible(ctx: Context) -> Result:
     """ASCEND_RT_VISIBLE_DEVICES names existing NPUs (ids 0..n-1 of the mounted cards)."""
-    skip = _skip_unless(ctx, "npu")
+    skip = skip_unless(ctx, "npu")
     if skip:
         return skip
-    count = len(_nodes(ctx, "/dev/davinci[0-9]*", "davinci"))
+    count = len(device_nodes(ctx, "/dev/davinci[0-9]*", "davinci"))
     if count == 0:
         return Result(SKIP, "no NPU mounted (see npu.devices)")
-    return _visible_check(ctx, "ASCEND_RT_VISIBLE_DEVICES", count, "NPU")
+    return visible_check(ctx, "ASCEND_RT_VISIBLE_DEVICES", count, "NPU")
 
 
 
@@ -327,7 +336,7 @@ def check_alloc_conf(ctx: Context) -> Result:
     def bad(msg, fix):
         return Result(FAIL, f"PYTORCH_NPU_ALLOC_CONF: {msg}", fix, data)
 
-    if "max_split_size_mb" in opts and (_int(opts["max_split_size_mb"]) or 0) <= 20:
+    if "max_split_size_mb" in opts and (parse_int(opts["max_split_size_mb"]) or 0) <= 20:
         return bad(f"max_split_size_mb:{opts['max_split_size_mb']} must be an integer above 20 (MB)",
                    "set max_split_size_mb to more than 20, or drop it")
     if "garbage_collection_threshold" in opts:
@@ -343,13 +352,13 @@ def check_alloc_conf(ctx: Context) -> Result:
         return bad(f"expandable_segments:{exp} must be True or False", "write expandable_segments:True")
     expandable = (exp or "").lower() == "true"
     if "base_addr_aligned_kb" in opts:
-        b = _int(opts["base_addr_aligned_kb"])
+        b = parse_int(opts["base_addr_aligned_kb"])
         if b is None or not 0 <= b <= 16:
             return bad(f"base_addr_aligned_kb:{opts['base_addr_aligned_kb']} must be an integer 0-16",
                        "use base_addr_aligned_kb:16 (the default) or drop it")
     if "page_size" in opts and opts["page_size"].lower() not in ("1g", "1gb"):
         return bad(f"page_size:{opts['page_size']} is not supported (only 1g)", "use page_size:1g or drop it")
-    if "segment_size_mb" in opts and (_int(opts["segment_size_mb"]) or 0) <= 0:
+    if "segment_size_mb" in opts and (parse_int(opts["segment_size_mb"]) or 0) <= 0:
         return bad(f"segment_size_mb:{opts['segment_size_mb']} must be a positive integer", "drop it or fix it")
     if expandable:
         clash = [k for k in ("max_split_size_mb", "garbage_collection_threshold") if k in opts]

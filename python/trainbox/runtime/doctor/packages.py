@@ -8,6 +8,7 @@ import sys
 
 from ..installed import SBOM_FILE, canon, distributions
 from ..manifest import manifest_path
+from ..npu import TOOLKIT_SET_ENV
 from .core import (
     CPU_ON_PURPOSE,
     DEVICES,
@@ -18,12 +19,12 @@ from .core import (
     WARN,
     Context,
     Result,
-    _major_minor,
-    _no_cann_reason,
-    _run_python,
-    _source,
-    _toolkit_home,
     check,
+    device_origin,
+    major_minor,
+    no_cann_reason,
+    run_python,
+    toolkit_home,
     versions_match,
 )
 
@@ -205,7 +206,7 @@ def check_torch_npu_pair(ctx: Context) -> Result:
         return Result(FAIL, f"torch {torch} is a {local} build; with torch_npu {npu} it fails at import",
                       "install the CPU build of torch (PyTorch's CPU index on x86_64, PyPI on aarch64) at the "
                       "same version", data)
-    tm, nm = _major_minor(torch), _major_minor(npu)
+    tm, nm = major_minor(torch), major_minor(npu)
     if tm != nm:
         return Result(FAIL, f"torch {torch} and torch_npu {npu} differ in major.minor: torch_npu's extension "
                             "is built against one torch and fails with undefined symbols on another",
@@ -236,7 +237,7 @@ def check_device_selection(ctx: Context) -> Result:
     if ctx.stack_device and ctx.device != ctx.stack_device:
         return Result(PASS, f"TRAINBOX_DEVICE={ctx.device} overrides the stack's {ctx.stack_device} on "
                             "purpose; device checks follow the override", data=data)
-    return Result(PASS, f"device {ctx.device} ({_source(ctx)})", data=data)
+    return Result(PASS, f"device {ctx.device} ({device_origin(ctx)})", data=data)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -278,16 +279,16 @@ def explain_import_failure(stderr: str, ctx: Context | None = None) -> tuple[str
         who = f"{ext} (which torch auto-loads)" if ext else "torch"
         where = ""
         if ctx is not None:
-            home = _toolkit_home(ctx)
+            home = toolkit_home(ctx)
             if home is None and lib.startswith(("libhccl", "libascend", "libacl", "libge_", "libgraph",
                                                   "libopapi", "libruntime")):
-                where = f": the image has no CANN toolkit{_no_cann_reason(ctx)}"
+                where = f": the image has no CANN toolkit{no_cann_reason(ctx)}"
             elif home is not None:
                 where = f": CANN is at {home} but its lib64 dirs are not on LD_LIBRARY_PATH"
         msg = f"`import torch` fails: {who} cannot load {lib}{where}"
         if (ext and "npu" in ext) or lib.startswith(("libhccl", "libascend")):
             fix = ("on an NPU host mount the driver and devices and source CANN (source "
-                   "/usr/local/Ascend/ascend-toolkit/set_env.sh; the trainbox entrypoint does); "
+                   f"{TOOLKIT_SET_ENV[0]}; the trainbox entrypoint does); "
                    "to run without an NPU on purpose set TRAINBOX_DEVICE=cpu or TORCH_DEVICE_BACKEND_AUTOLOAD=0")
         else:
             fix = f"install the package that provides {lib}, or add its directory to LD_LIBRARY_PATH"
@@ -307,7 +308,7 @@ def explain_import_failure(stderr: str, ctx: Context | None = None) -> tuple[str
 def check_torch_import(ctx: Context) -> Result:
     """`import torch` works (tried in a child process) and sees the stack's accelerator."""
     want = ((ctx.manifest or {}).get("components") or {}).get("torch")
-    proc = _run_python(ctx, _TORCH_PROBE)
+    proc = run_python(ctx, _TORCH_PROBE)
     if proc is None:
         slow = "; under emulation" if ctx.emulated else ""
         return Result(FAIL, f"`import torch` did not finish within {ctx.timeout:g} s ({ctx.timeout_source}"

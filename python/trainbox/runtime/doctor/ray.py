@@ -6,15 +6,17 @@ import os
 import re
 import sys
 
-from ..npu import CUDA_NOSET, NPU_NOSET
+from .. import npu, nvidia
+from ..npu import NPU_NOSET
+from ..nvidia import CUDA_NOSET
 from .core import (
     PASS,
     SKIP,
     WARN,
     Context,
     Result,
-    _parse_ids,
     check,
+    parse_ids,
 )
 
 # ---------------------------------------------------------------------------------------------------
@@ -50,9 +52,9 @@ def check_ray_noset(ctx: Context) -> Result:
         return Result(SKIP, "ray is not installed")
     if ctx.device == "npu":
         read = _ray_noset_names(ctx) or [NPU_NOSET[0]]
-        names, visible_var, res = NPU_NOSET, "ASCEND_RT_VISIBLE_DEVICES", "NPU"
+        names, visible_var, res = NPU_NOSET, npu.VISIBLE_DEVICES_VAR, "NPU"
     else:
-        read, names, visible_var, res = [CUDA_NOSET], (CUDA_NOSET,), "CUDA_VISIBLE_DEVICES", "GPU"
+        read, names, visible_var, res = [CUDA_NOSET], (CUDA_NOSET,), nvidia.VISIBLE_DEVICES_VAR, "GPU"
     set_vars = {n: ctx.env[n] for n in names if ctx.env.get(n)}
     data = {"ray": ray, "ray_reads": read, "set": set_vars}
     ignored = [n for n in set_vars if n not in read]
@@ -70,7 +72,7 @@ def check_ray_noset(ctx: Context) -> Result:
                       f"unset {flag} to let Ray manage {visible_var}, or set it to 1 to make the intent plain",
                       data)
     visible = ctx.env.get(visible_var)
-    ids, _ = _parse_ids(visible) if visible else (None, None)
+    ids, _ = parse_ids(visible) if visible else (None, None)
     if ids and ids != list(range(len(ids))):
         return Result(WARN, f"{flag} is set and {visible_var}={visible}: Ray hands out the physical ids "
                             f"{visible}, while torch numbers the same devices 0..{len(ids) - 1}",

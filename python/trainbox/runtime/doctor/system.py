@@ -12,8 +12,8 @@ from .core import (
     GiB,
     MiB,
     Result,
-    _size,
     check,
+    human_size,
 )
 
 # ---------------------------------------------------------------------------------------------------
@@ -44,12 +44,12 @@ def check_shm(ctx: Context) -> Result:
     fail_below = _gib_env(ctx, "TRAINBOX_MIN_SHM_GB", 0.5) * GiB
     warn_below = max(fail_below, 4 * GiB)
     if size < fail_below:
-        return Result(FAIL, f"/dev/shm is {_size(size)}: DataLoader workers and NCCL's shared-memory transport "
+        return Result(FAIL, f"/dev/shm is {human_size(size)}: DataLoader workers and NCCL's shared-memory transport "
                             "run out ('Bus error', 'No space left on device')", fix, data)
     if size < warn_below:
-        return Result(WARN, f"/dev/shm is {_size(size)}, below {_size(warn_below)}: several DataLoader workers "
+        return Result(WARN, f"/dev/shm is {human_size(size)}, below {human_size(warn_below)}: several DataLoader workers "
                             "with large batches can run out", fix, data)
-    return Result(PASS, f"/dev/shm is {_size(size)} ({_size(free)} free)", data=data)
+    return Result(PASS, f"/dev/shm is {human_size(size)} ({human_size(free)} free)", data=data)
 
 
 @check("system.memlock")
@@ -62,7 +62,7 @@ def check_memlock(ctx: Context) -> Result:
     data = {"soft": None if soft == inf else soft, "hard": None if hard == inf else hard}
     if soft == inf:
         return Result(PASS, "memlock unlimited", data=data)
-    msg = f"memlock ulimit is {_size(soft) if soft >= MiB else f'{soft // 1024} KiB'}"
+    msg = f"memlock ulimit is {human_size(soft) if soft >= MiB else f'{soft // 1024} KiB'}"
     if ctx.device == "cpu":
         return Result(PASS, msg + " (only RDMA needs more; no accelerator here)", data=data)
     return Result(WARN, msg + ": RDMA collectives (HCCL over RoCE, NCCL over InfiniBand) pin memory and fail "
@@ -90,11 +90,11 @@ def check_disk(ctx: Context) -> Result:
         return Result(FAIL, f"checkpoint dir {target} is not writable by uid {os.getuid()}",
                       "mount it read-write, or chown it to the container user", data)
     if free < 1 * GiB:
-        return Result(FAIL, f"only {_size(free)} free at {target}: a checkpoint save will fail", fix, data)
+        return Result(FAIL, f"only {human_size(free)} free at {target}: a checkpoint save will fail", fix, data)
     if free < min_free:
-        return Result(WARN, f"{_size(free)} free at {target}, below {_size(min_free)}: LLM checkpoints "
+        return Result(WARN, f"{human_size(free)} free at {target}, below {human_size(min_free)}: LLM checkpoints "
                             "(weights plus optimizer state) may not fit", fix, data)
-    return Result(PASS, f"{_size(free)} free at {target}", data=data)
+    return Result(PASS, f"{human_size(free)} free at {target}", data=data)
 
 
 if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently

@@ -1,7 +1,7 @@
 """A stack file's parts below the stack itself: its `base:` section and its components; and the lock file beside
 it, NAME.lock, whose entries are those components' pins (host module).
 
-trainbox.spec.stack composes them into a Stack; a component's kind (trainbox.spec.kinds) says how it is fetched and installed.
+trainbox.specs.stack composes them into a Stack; a component's kind (trainbox.specs.kinds) says how it is fetched and installed.
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ from ..runtime.install_source import TOOLKITS
 SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """A model of a file trainbox reads: a key it does not know is refused (a typo cannot drop a value)."""
+
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
-class BaseSpec(_Strict):
+class BaseSpec(StrictModel):
     """A stack file's `base:` section (what the stack asks for). The base a build really used is
-    build.plan.BuildBase; trainbox.build.base makes and probes base images; `trainbox base` is their command."""
+    build.plan.BuildBase; trainbox.image.base makes and probes base images; `trainbox base` is their command."""
 
     image: str = Field(description="FROM image, with tag")
     # How to get the Python that wheels go into. "image": the base already ships it first on PATH (CANN bases);
@@ -62,7 +64,7 @@ class BaseSpec(_Strict):
         return v if v is None else grammar.check_token(v, info.field_name)
 
 
-class PlatformPin(_Strict):
+class PlatformPin(StrictModel):
     """A per-platform variant of a PyPI component (e.g. torch's CPU build on x86_64, PyPI's on aarch64)."""
 
     version: str | None = None
@@ -84,10 +86,10 @@ class PlatformPin(_Strict):
 ToolkitName = Literal[tuple(sorted(TOOLKITS))]  # type: ignore[valid-type]
 
 
-class Component(_Strict):
+class Component(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    source: str  # a kind in trainbox.spec.kinds.KINDS
+    source: str  # a kind in trainbox.specs.kinds.KINDS
     name: str | None = None  # distribution name (pypi), defaults to the key
     version: str | None = None  # pypi: the pin; git with install: pip: the version the built wheel must have
     index: str = "pypi"
@@ -208,6 +210,10 @@ class Component(_Strict):
     def locked(self) -> dict[str, list[str]]:
         return self._locked
 
+    @property
+    def tree_id(self) -> str | None:
+        return self._tree_id
+
     def pin_for(self, platform: str) -> PlatformPin:
         """The version / index / hashes in force on one platform (stack file first, then the lock)."""
         over = self.platforms.get(platform)
@@ -233,7 +239,7 @@ class Component(_Strict):
 # A lock is machine-written (`trainbox stack lock`), but it is a file in the tree like the stack beside it, and its
 # values end up in the generated requirement files pip installs from as root: a newline in a sha256 added an
 # `evilpkg @ http://...` line, a version `1.0; touch /x` or `>=1` and a dep name with spaces or options went
-# through as written. So a lock gets the stack files' grammar (trainbox.spec.grammar), checked when it is loaded: a
+# through as written. So a lock gets the stack files' grammar (trainbox.specs.grammar), checked when it is loaded: a
 # value outside it is refused in one line naming the file and key path.
 #
 # An entry in the grammar can still be one the resolver never produced (a `deps:` package added by hand). The lock
@@ -253,7 +259,7 @@ def _hashes(v: list[str]) -> list[str]:
     return v
 
 
-class LockedDep(_Strict):
+class LockedDep(StrictModel):
     """One package of a resolved closure (`deps`, `build_deps`): an exact version and its files' hashes."""
 
     version: str
@@ -290,7 +296,7 @@ def _dist_names(v: dict) -> dict:
     return v
 
 
-class LockedPlatform(_Strict):
+class LockedPlatform(StrictModel):
     components: dict[str, LockedPin] = Field(default_factory=dict)
     deps: dict[str, LockedDep] | None = None
     build_deps: dict[str, LockedDep] | None = None
@@ -308,7 +314,7 @@ class LockedPlatform(_Strict):
         return v if v is None else _dist_names(v)
 
 
-class LockFile(_Strict):
+class LockFile(StrictModel):
     """Exactly what `trainbox stack lock` writes."""
 
     stack: str

@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field
 
 from ..yamlfile import json_loads
 from .engine import Client, EngineError, find_client
-from ..spec.platforms import PLATFORM_ARCH, platform_of
+from ..specs.platforms import PLATFORM_ARCH, platform_of
 
-# trainbox/<stack>:<hash>, with the platform's suffix where it is not linux/amd64 (trainbox.spec.platforms.tag_suffix)
+# trainbox/<stack>:<hash>, with the platform's suffix where it is not linux/amd64 (trainbox.specs.platforms.tag_suffix)
 HASH_TAG_RE = re.compile(r"^trainbox/(?P<stack>[^:/]+):(?P<hash>[0-9a-f]{12})(?P<suffix>(-(%s))?)$"
                          % "|".join(a for a in PLATFORM_ARCH.values() if a != "amd64"))
 

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
+from ..runtime.npu import BASE_IMAGE as CANN_BASE_IMAGE
 from ..runtime.redact import redact
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -150,7 +151,7 @@ def check_deb_package(value: str) -> str:
 
 
 def check_image(value: str) -> str:
-    return _match(IMAGE_RE, value, "image", "an OCI image reference such as quay.io/ascend/cann:8.5.1-910b or "
+    return _match(IMAGE_RE, value, "image", f"an OCI image reference such as {CANN_BASE_IMAGE}:8.5.1-910b or "
                   "local/debian:bookworm")
 
 

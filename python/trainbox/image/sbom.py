@@ -26,6 +26,7 @@ import re
 import tarfile
 import uuid
 from pathlib import Path
+from typing import Protocol, Sequence
 
 from ..paths import write_atomic
 from .engine import Client
@@ -64,7 +65,7 @@ def requirement_hashes(texts: list[str], platform: str | None = None,
     Without a platform the markers are evaluated for this host."""
     from packaging.markers import InvalidMarker, Marker
 
-    from ..spec.platforms import PLATFORM_MACHINE
+    from ..specs.platforms import PLATFORM_MACHINE
 
     env = {"platform_machine": PLATFORM_MACHINE[platform]} if platform in PLATFORM_MACHINE else {}
     if python:
@@ -86,7 +87,17 @@ def requirement_hashes(texts: list[str], platform: str | None = None,
     return out
 
 
-def _wheel_hash(dist: dict, wheels: list) -> str | None:
+class WheelhouseFile(Protocol):
+    """A file of the build's wheelhouse as the SBOM reads it (supply.wheelhouse.WheelFile; named here so that
+    reading an image's SBOM does not load the supply stage)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+
+
+def _wheel_hash(dist: dict, wheels: Sequence[WheelhouseFile]) -> str | None:
     """The wheelhouse file pip installed `dist` from: same name, version and one of its wheel tags."""
     tags = set(dist.get("wheel_tags") or [])
     for w in wheels:
@@ -100,7 +111,8 @@ def _wheel_hash(dist: dict, wheels: list) -> str | None:
     return None
 
 
-def artifact_hash(dist: dict, pinned: dict[str, tuple[str, list[str]]], wheels: list) -> tuple[str | None, str]:
+def artifact_hash(dist: dict, pinned: dict[str, tuple[str, list[str]]],
+                  wheels: Sequence[WheelhouseFile]) -> tuple[str | None, str]:
     """(sha256 of the artifact installed, where that is known from) for one inventory entry."""
     archive = ((dist.get("direct_url") or {}).get("archive_info") or {})
     hashes = archive.get("hashes") or {}
@@ -156,7 +168,8 @@ def _patch_components(manifest: dict) -> tuple[list, dict[str, list]]:
     return files, pedigree
 
 
-def _dist_components(inventory: dict, manifest: dict, pinned: dict, wheels: list, pedigree: dict) -> list:
+def _dist_components(inventory: dict, manifest: dict, pinned: dict, wheels: Sequence[WheelhouseFile],
+                     pedigree: dict) -> list:
     from cyclonedx.model.component import Component, Pedigree
     from packageurl import PackageURL
 
@@ -212,9 +225,11 @@ def _toolkit_components(inventory: dict, manifest: dict) -> list:
     from cyclonedx.model.component import Component, ComponentType
 
     found = inventory.get("toolkits") or {}
-    declared = {"cann": (manifest.get("base") or {}).get("cann"), "cuda": _cuda_declared(manifest)}
+    from .toolkits import TOOLKITS
+
+    declared = {t.NAME: t.declared_version(manifest) for t in TOOLKITS.values()}
     out = []
-    for name in ("cann", "cuda"):
+    for name in declared:
         f = found.get(name)
         if f:
             version, where = f["version"], f"found in the image: {f['source']}"
@@ -228,13 +243,8 @@ def _toolkit_components(inventory: dict, manifest: dict) -> list:
     return out
 
 
-def _cuda_declared(manifest: dict) -> str | None:
-    m = re.match(r"(?:.*/)?cuda:(\d+\.\d+(?:\.\d+)?)", (manifest.get("base") or {}).get("image") or "")
-    return m.group(1) if m and manifest.get("device") == "cuda" else None
-
-
 def make_bom(*, manifest: dict, inventory: dict, base: dict, image: str, content_hash: str, platform: str,
-             requirements: list[str], wheels: list):
+             requirements: list[str], wheels: Sequence[WheelhouseFile]):
     """The CycloneDX Bom of one image (see the module docstring for where each part comes from)."""
     from cyclonedx.model.bom import Bom, BomMetaData
     from cyclonedx.model.component import Component, ComponentType
@@ -453,41 +463,3 @@ def write_beside(report_path: Path, doc: str) -> Path:
     out = report_path.with_name(report_path.name.removesuffix(".json") + ".sbom.cdx.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     return write_atomic(out, doc)
-
-
-# -- a build's SBOM ----------------------------------------------------------------------------------------
-
-def _base_facts(client: Client, plan) -> dict:
-    info = client.image_info(plan.base.used) or {}
-    digests = sorted(d for d in info.get("RepoDigests") or [] if "@sha256:" in d)
-    return {"used": plan.base.used, "requested": plan.base.requested, "substituted": plan.base.substituted,
-            "digest": digests[0].split("@", 1)[1] if digests else None,
-            "image_id": info.get("Id") or plan.base.image_id}
-
-
-def for_plan(plan, client: Client, report_path: Path, say=print) -> dict:
-    """Make the SBOM of the image `plan` built, write it into the image (every tag) and beside the report.
-    An image that already carries one (its label) keeps it. Returns what the build report records."""
-    gen = f"build/generated/{plan.stack.name}"
-    done = client.labels(plan.tag).get(SBOM_LABEL)
-    if done:
-        path = write_beside(report_path, read_from_image(client, plan.tag))
-        return {"sbom": {"path": str(path), "sha256": done.removeprefix("sha256:"), "already": True}}
-    inv = inventory_of(client, plan.tag)
-    texts = [plan.files[f"{gen}/{n}"] for n in ("requirements.txt", "deps.txt") if f"{gen}/{n}" in plan.files]
-    manifest = json.loads(_text(plan.files[f"{gen}/stack.json"]))
-    bom = make_bom(manifest=manifest, inventory=inv, base=_base_facts(client, plan), image=f"trainbox/{plan.stack.name}",
-                   content_hash=plan.content_hash, platform=plan.platform, requirements=[_text(t) for t in texts],
-                   wheels=plan.wheels)
-    doc = to_json(bom)
-    problems = compare(json.loads(doc), inv)
-    if problems:  # the document was made from this very listing: a difference is a bug in trainbox
-        raise TrainboxError(f"{plan.tag}: the SBOM does not match what is installed: " + "; ".join(problems))
-    digest = commit(client, plan.tags, doc)
-    path = write_beside(report_path, doc)
-    say(f"SBOM of {plan.tag}: {len(inv['distributions'])} distributions, in the image at {SBOM_PATH} and at {path}")
-    return {"sbom": {"path": str(path), "sha256": digest, "distributions": len(inv["distributions"])}}
-
-
-def _text(src) -> str:
-    return src.decode() if isinstance(src, bytes) else Path(src).read_text()

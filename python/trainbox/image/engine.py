@@ -173,7 +173,9 @@ class Client:
             import threading
 
             lock = threading.Lock()
-            with open(log, "ab") as sink:
+            # unbuffered: a write the full disk refuses is dropped in _tee, not kept in a buffer that closing the
+            # file would try to write again (and fail the run after the job itself finished)
+            with open(log, "ab", buffering=0) as sink:
                 job = _Attached([self.docker, *args], piped=True)
                 copies = [threading.Thread(target=_tee, args=(src, dst, sink, lock, job), daemon=True)
                           for src, dst in ((job.proc.stdout, sys.stdout), (job.proc.stderr, sys.stderr))]
@@ -269,6 +271,58 @@ class Client:
                 proc.stderr.close()
             if rc not in (0, -13, 141) and err:  # -13/141: we stopped reading early (SIGPIPE)
                 raise EngineError(f"`docker save {ref}` failed: {err}")
+
+    # -- a directory tree as an image (`trainbox base bootstrap`'s root filesystem) ---------------------------
+
+    def import_tree(self, root: Path, tag: str, changes: list[str], exclude: tuple[str, ...] = (),
+                    timeout: float = 1800) -> str:
+        """`root` packed by tar and streamed into `docker import` (no archive on disk) as the one-layer image `tag`
+        with the Dockerfile `changes`; the new image's id. The image records the engine's own architecture."""
+        tar = subprocess.Popen(tar_argv(root, exclude), stdout=subprocess.PIPE)  # its warnings go to the terminal
+        try:
+            imp = subprocess.run([self.docker, "import", *(w for c in changes for w in ("--change", c)), "-", tag],
+                                 stdin=tar.stdout, capture_output=True, text=True, timeout=timeout)
+        finally:
+            if tar.stdout:
+                tar.stdout.close()
+            tar_rc = tar.wait()
+        if tar_rc != 0 or imp.returncode != 0:
+            raise EngineError(f"importing {root} as {tag} failed (tar exit {tar_rc}, docker import exit "
+                              f"{imp.returncode}): {imp.stderr.strip()}")
+        return imp.stdout.strip().splitlines()[-1].strip()
+
+    def import_tree_for(self, root: Path, tag: str, changes: list[str], platform: str, context: Path,
+                        exclude: tuple[str, ...] = (), timeout: float = 1800) -> str:
+        """`root` as a one-layer image whose config records `platform` (`docker import` cannot say another
+        architecture): packed into `context` and built by BuildKit `FROM scratch` with --platform (no RUN, so
+        nothing runs under emulation). The new image's id; the caller checks the platform it records."""
+        context.mkdir(parents=True)
+        with open(context / "rootfs.tar", "wb") as out:
+            tar = subprocess.run(tar_argv(root, exclude), stdout=out, stderr=subprocess.PIPE, timeout=timeout)
+        if tar.returncode != 0:
+            raise EngineError(f"packing {root} failed (tar exit {tar.returncode}): {tar.stderr.decode()[-400:]}")
+        # ADD unpacks a local tar, owners and modes as recorded
+        (context / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\n" + "\n".join(changes) + "\n")
+        argv = [*self.build_argv, "--progress", "plain", "--platform", platform, "--network", "none", "-t", tag,
+                "-f", str(context / "Dockerfile"), str(context)]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=self.build_env,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise EngineError(f"importing {root} as {tag} with BuildKit: no answer within {timeout:.0f}s") from exc
+        if proc.returncode != 0:
+            tail = "\n  ".join((proc.stdout + proc.stderr).strip().splitlines()[-12:])
+            raise EngineError(f"importing {root} as {tag} with BuildKit failed (exit {proc.returncode}):\n  {tail}")
+        image_id = self.image_id(tag)
+        if not image_id:
+            raise EngineError(f"BuildKit reported success but there is no image {tag}")
+        return image_id
+
+
+def tar_argv(root: Path, exclude: tuple[str, ...] = ()) -> list[str]:
+    """tar of the tree `root` to stdout as an image layer wants it: numeric owners, extended attributes (file
+    capabilities), `exclude` patterns left out."""
+    return ["tar", "--numeric-owner", "--xattrs", "-C", str(root), *(f"--exclude={e}" for e in exclude), "-c", "."]
 
 
 def _probe_client(path: str) -> tuple[Client | None, str]:

@@ -23,7 +23,9 @@ the way its `source:` says; trainbox.supply.pins holds what a fetched source mea
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 from . import grammar
 from .platforms import platform_marker
@@ -38,12 +40,98 @@ TREE_ROOT = "/opt/src"
 DEFAULT_BUILD_REQUIRES = ("setuptools>=40.8.0", "wheel")
 
 
-def _hash_suffix(shas) -> str:
+def _hash_suffix(shas: Sequence[str]) -> str:
     return " ".join(f"--hash=sha256:{h}" for h in shas)
 
 
+# What a kind reads of a component and its stack, named here because the model (trainbox.specs.component, .stack)
+# imports the kinds: component.Component and stack.Stack satisfy these (tests/test_kinds.py checks it), and a
+# kind reads nothing else of them.
+
+@runtime_checkable
+class PlatformPinView(Protocol):
+    """A component's pin on one platform (component.PlatformPin)."""
+
+    @property
+    def version(self) -> str | None: ...
+    @property
+    def index(self) -> str | None: ...
+    @property
+    def sha256(self) -> list[str]: ...
+
+
+@runtime_checkable
+class PinnedComponent(Protocol):
+    """A stack component as its kind sees it (component.Component): its fields, its key in the stack, the hashes
+    the lock gave it and, once fetched, git's tree hash of its commit."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def dist_name(self) -> str: ...
+    @property
+    def version(self) -> str | None: ...
+    @property
+    def index(self) -> str: ...
+    @property
+    def sha256(self) -> list[str]: ...
+    @property
+    def extras(self) -> list[str]: ...
+    @property
+    def extras_suffix(self) -> str: ...
+    @property
+    def git(self) -> str | None: ...
+    @property
+    def commit(self) -> str | None: ...
+    @property
+    def ref(self) -> str | None: ...
+    @property
+    def subdir(self) -> str | None: ...
+    @property
+    def url(self) -> str | None: ...
+    @property
+    def patches(self) -> str | None: ...
+    @property
+    def install(self) -> bool | Literal["pip", "tree", "build"]: ...
+    @property
+    def build_isolation(self) -> bool: ...
+    @property
+    def build_requires(self) -> list[str] | None: ...
+    @property
+    def build(self) -> list[str]: ...
+    @property
+    def wheels(self) -> str | None: ...
+    @property
+    def needs(self) -> Sequence[str]: ...
+    @property
+    def locked(self) -> dict[str, list[str]]: ...
+    @property
+    def tree_id(self) -> str | None: ...
+
+    def pin_for(self, platform: str) -> PlatformPinView: ...
+
+
+@runtime_checkable
+class StackView(Protocol):
+    """The stack a component belongs to, as its kind sees it (stack.Stack)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def platforms(self) -> list[str]: ...
+    @property
+    def lock(self) -> dict | None: ...
+    @property
+    def source_file(self) -> Path | None: ...
+
+    def lock_staleness(self) -> list[str]: ...
+
+
+
 class Kind:
-    """What every kind supplies. `c` is a stack Component, `stack` its Stack (duck-typed)."""
+    """What every kind supplies. `c` is a stack component, `stack` its stack."""
 
     name: ClassVar[str] = ""
     #: its artifacts come from a PyPI-style index: locked per platform, served by a wheelhouse, resolved by pip
@@ -51,40 +139,40 @@ class Kind:
     #: fields that belong to other kinds only (refused here so a typo'd kind cannot hide a pin)
     foreign: ClassVar[tuple[str, ...]] = ()
 
-    def validate(self, c: Any) -> None:
+    def validate(self, c: PinnedComponent) -> None:
         """Raise ValueError (pydantic turns it into file + key path) when `c` cannot be installed as given."""
         for f in self.foreign:
             if getattr(c, f, None) not in (None, [], False):
                 raise ValueError(f"`{f}` does not belong to a {self.name} component")
 
-    def pinned_ref(self, c: Any) -> str:
+    def pinned_ref(self, c: PinnedComponent) -> str:
         raise NotImplementedError
 
-    def requirement_lines(self, c: Any, stack: Any) -> list[str]:
+    def requirement_lines(self, c: PinnedComponent, stack: StackView) -> list[str]:
         """Lines for the build's hash-checked requirements.txt (none: the kind installs another way)."""
         return []
 
-    def manifest_entry(self, c: Any, stack: Any) -> dict:
+    def manifest_entry(self, c: PinnedComponent, stack: StackView) -> dict:
         return {"name": c.dist_name, "source": self.name}
 
-    def install_args(self, c: Any) -> list[str]:
+    def install_args(self, c: PinnedComponent) -> list[str]:
         """Arguments of the builder's install_source.py, for a component whose fetched source (tree or
         archive) the image build stages into the build context ([]: pip installs it from the requirements)."""
         return []
 
-    def builder_packages(self, c: Any) -> list[str]:
+    def builder_packages(self, c: PinnedComponent) -> list[str]:
         """Distribution packages the builder stage needs to install this component."""
         return []
 
-    def compiled(self, c: Any) -> bool:
+    def compiled(self, c: PinnedComponent) -> bool:
         """Whether the build runs the component's own build code (no index credentials reach it)."""
         return False
 
-    def needs_build_env(self, c: Any) -> bool:
+    def needs_build_env(self, c: PinnedComponent) -> bool:
         """Its wheel is built in an isolated build environment whose PEP 518 requirements the lock pins."""
         return False
 
-    def pin_warnings(self, c: Any, stack: Any) -> list[str]:
+    def pin_warnings(self, c: PinnedComponent, stack: StackView) -> list[str]:
         """What `trainbox stack check` should say about a pin that validates but is not fully pinned."""
         return []
 
@@ -93,7 +181,7 @@ class PypiKind(Kind):
     from_index = True
     foreign = ("git", "commit", "url", "subdir", "build", "wheels", "build_requires")
 
-    def validate(self, c: Any) -> None:
+    def validate(self, c: PinnedComponent) -> None:
         super().validate(c)
         if not c.version:
             raise ValueError("a pypi component needs `version` (an exact pin, used as name==version)")
@@ -108,18 +196,18 @@ class PypiKind(Kind):
             raise ValueError("a pypi component with `needs:` is built from its sdist --no-deps: pin what an extra "
                              "would add as components of its own")
 
-    def compiled(self, c: Any) -> bool:
+    def compiled(self, c: PinnedComponent) -> bool:
         """Built from its sdist against a toolkit of the base (a CUDA extension), not installed from a wheel."""
         return bool(c.needs)
 
-    def pinned_ref(self, c: Any) -> str:
+    def pinned_ref(self, c: PinnedComponent) -> str:
         return f"{c.dist_name}=={c.version}"
 
-    def _sdist_hashes(self, c: Any) -> list[str]:
+    def _sdist_hashes(self, c: PinnedComponent) -> list[str]:
         """The sdist's hashes: the stack file's and the lock's (one file serves every platform)."""
-        return sorted({*c.sha256, *(h for hs in getattr(c, "locked", {}).values() for h in hs)})
+        return sorted({*c.sha256, *(h for hs in c.locked.values() for h in hs)})
 
-    def install_args(self, c: Any) -> list[str]:
+    def install_args(self, c: PinnedComponent) -> list[str]:
         if not self.compiled(c):
             return []
         shas = self._sdist_hashes(c)
@@ -135,7 +223,7 @@ class PypiKind(Kind):
             args.append("--no-build-isolation")
         return args
 
-    def requirement_lines(self, c: Any, stack: Any) -> list[str]:
+    def requirement_lines(self, c: PinnedComponent, stack: StackView) -> list[str]:
         if self.compiled(c):
             return []  # built in its own step (install_source --mode sdist), once what it compiles against is in
         groups: dict[tuple, list[str]] = {}
@@ -154,7 +242,7 @@ class PypiKind(Kind):
             lines.append(f"{c.dist_name}{c.extras_suffix}=={version}{marker} {_hash_suffix(shas)}")
         return lines
 
-    def manifest_entry(self, c: Any, stack: Any) -> dict:
+    def manifest_entry(self, c: PinnedComponent, stack: StackView) -> dict:
         pins = {p: c.pin_for(p) for p in stack.platforms}
         entry = {**super().manifest_entry(c, stack), "version": c.version, "index": c.index,
                  "sha256": sorted({h for pin in pins.values() for h in pin.sha256})}
@@ -166,7 +254,7 @@ class PypiKind(Kind):
                          build_flags=[] if c.build_isolation else ["--no-build-isolation"])
         return entry
 
-    def pin_warnings(self, c: Any, stack: Any) -> list[str]:
+    def pin_warnings(self, c: PinnedComponent, stack: StackView) -> list[str]:
         return [f"no sha256 for {plat}; run `trainbox stack lock {stack.name}`"
                 for plat in stack.platforms if not c.pin_for(plat).sha256]
 
@@ -175,7 +263,7 @@ class UrlKind(Kind):
     name = "url"
     foreign = ("git", "commit", "subdir")
 
-    def validate(self, c: Any) -> None:
+    def validate(self, c: PinnedComponent) -> None:
         super().validate(c)
         if not c.url:
             raise ValueError("a url component needs `url`")
@@ -202,29 +290,29 @@ class UrlKind(Kind):
             raise ValueError(f"install: {c.install!r}: a url component takes true, false or build (a source "
                              "archive its `build:` commands turn into wheels)")
 
-    def is_archive(self, c: Any) -> bool:
+    def is_archive(self, c: PinnedComponent) -> bool:
         return c.url.split("?", 1)[0].split("#", 1)[0].endswith(ARCHIVE_SUFFIXES)
 
-    def pinned_ref(self, c: Any) -> str:
+    def pinned_ref(self, c: PinnedComponent) -> str:
         return str(c.url)
 
-    def requirement_lines(self, c: Any, stack: Any) -> list[str]:
+    def requirement_lines(self, c: PinnedComponent, stack: StackView) -> list[str]:
         if self.is_archive(c):
             return []  # staged by the host, verified and installed by the builder (see install_source.py)
         return [f"{c.dist_name} @ {c.url} {_hash_suffix(c.sha256)}"]
 
-    def needs_build_env(self, c: Any) -> bool:
+    def needs_build_env(self, c: PinnedComponent) -> bool:
         # an sdist its own commands build (sglang's `pip wheel`): given `build_requires`, the lock pins them and
         # the commands' pip gets exactly those (install_source: on PYTHONPATH, build isolation off)
         return c.install == "build" and c.build_requires is not None
 
-    def install_args(self, c: Any) -> list[str]:
+    def install_args(self, c: PinnedComponent) -> list[str]:
         if c.install == "build":  # the staged archive is the tree: unpacked, patched, built by its commands
             patches = ["--patches", f"/tmp/trainbox/patches/{c.patches}"] if c.patches else []
             return ["--mode", "build", "--url", c.url, "--sha256", c.sha256[0], *_build_args(c), *patches]
         return ["--mode", "archive", "--sha256", c.sha256[0]] if self.is_archive(c) else []
 
-    def manifest_entry(self, c: Any, stack: Any) -> dict:
+    def manifest_entry(self, c: PinnedComponent, stack: StackView) -> dict:
         entry = {**super().manifest_entry(c, stack), "url": c.url, "sha256": list(c.sha256)}
         if c.install == "build":
             entry["install"] = "build"
@@ -233,7 +321,7 @@ class UrlKind(Kind):
         return entry
 
 
-def _validate_build(c: Any) -> None:
+def _validate_build(c: PinnedComponent) -> None:
     """`install: build` (git trees and source archives): one-line commands, a wheels glob."""
     if not c.build:
         raise ValueError("install: build needs `build:`, the commands that compile it (run in the tree)")
@@ -245,7 +333,7 @@ def _validate_build(c: Any) -> None:
         grammar.check_glob(c.wheels, "wheels")
 
 
-def _build_args(c: Any) -> list[str]:
+def _build_args(c: PinnedComponent) -> list[str]:
     args: list[str] = []
     for cmd in c.build:
         args += ["--build", cmd]
@@ -260,7 +348,7 @@ class GitKind(Kind):
     name = "git"
     foreign = ("url", "extras")
 
-    def validate(self, c: Any) -> None:
+    def validate(self, c: PinnedComponent) -> None:
         super().validate(c)
         if not c.git:
             raise ValueError("a git component needs `git` (the repository URL)")
@@ -289,7 +377,7 @@ class GitKind(Kind):
         if c.install == "tree" and c.version:
             raise ValueError("`version` is checked against the wheel built from the tree; `install: tree` builds none")
 
-    def _validate_build(self, c: Any) -> None:
+    def _validate_build(self, c: PinnedComponent) -> None:
         if c.install != "build":
             for f in ("build", "wheels", "needs"):
                 if getattr(c, f) not in (None, []):
@@ -300,10 +388,10 @@ class GitKind(Kind):
             raise ValueError("`version` and `subdir` are for install: pip; install: build installs the wheels "
                              "its commands leave (`wheels:`)")
 
-    def pinned_ref(self, c: Any) -> str:
+    def pinned_ref(self, c: PinnedComponent) -> str:
         return f"{c.git}@{c.commit}"
 
-    def install_args(self, c: Any) -> list[str]:
+    def install_args(self, c: PinnedComponent) -> list[str]:
         args = ["--mode", self.mode(c), "--git", c.git, "--commit", c.commit]
         if c.subdir:
             args += ["--subdir", c.subdir]
@@ -316,23 +404,23 @@ class GitKind(Kind):
             args += ["--patches", f"/tmp/trainbox/patches/{c.patches}"]
         return args
 
-    def compiled(self, c: Any) -> bool:
+    def compiled(self, c: PinnedComponent) -> bool:
         return c.install == "build"
 
-    def needs_build_env(self, c: Any) -> bool:
+    def needs_build_env(self, c: PinnedComponent) -> bool:
         return c.install is not False and self.mode(c) == "pip" and c.build_isolation
 
-    def builder_packages(self, c: Any) -> list[str]:
+    def builder_packages(self, c: PinnedComponent) -> list[str]:
         # a plain `docker build` without staged trees fetches the commit with git in the builder
         return ["git", "ca-certificates"]
 
-    def mode(self, c: Any) -> str:
+    def mode(self, c: PinnedComponent) -> str:
         return c.install if c.install in ("tree", "build") else "pip"
 
-    def tree_path(self, c: Any) -> str:
+    def tree_path(self, c: PinnedComponent) -> str:
         return f"{TREE_ROOT}/{c.key}"
 
-    def manifest_entry(self, c: Any, stack: Any) -> dict:
+    def manifest_entry(self, c: PinnedComponent, stack: StackView) -> dict:
         entry = {**super().manifest_entry(c, stack), "git": c.git, "commit": c.commit, "ref": c.ref,
                  "install": self.mode(c), "subdir": c.subdir,
                  "build_flags": [] if c.build_isolation else ["--no-build-isolation"]}
@@ -340,8 +428,8 @@ class GitKind(Kind):
             entry["version"] = c.version
         if c.needs:
             entry["needs"] = list(c.needs)
-        if getattr(c, "_tree_id", None):
-            entry["tree"] = c._tree_id  # git's tree hash of the commit, known once fetched
+        if c.tree_id:
+            entry["tree"] = c.tree_id  # git's tree hash of the commit, known once fetched
         if self.mode(c) == "tree":
             entry["path"] = self.tree_path(c) + (f"/{c.subdir}" if c.subdir else "")
         return entry

@@ -1,6 +1,6 @@
 """What trainbox resolves for a stack beside what its file says (host module; imports no trainbox module).
 
-A stack file's fields are what a user writes (trainbox.spec.stack). What loading and a build work out for it (the file
+A stack file's fields are what a user writes (trainbox.specs.stack). What loading and a build work out for it (the file
 it came from, --set/--base overrides, the lock in force and where it came from, indexes a build dropped) is a
 `Resolution`: a stack file cannot set it, and a resolved stack is frozen, so each step returns a new stack.
 """

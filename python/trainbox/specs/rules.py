@@ -1,14 +1,14 @@
 """Compatibility rules for stacks (host module). One place, one function per rule.
 
 Each rule has an id and a one-line explanation, and yields findings for a loaded Stack. To add a rule, write a
-function here decorated with @rule("my-rule-id", "why it matters"); trainbox.spec.findings runs them all wherever a stack
+function here decorated with @rule("my-rule-id", "why it matters"); trainbox.specs.findings runs them all wherever a stack
 is used (validate, lock, render, patches verify, image build and its dry run). `error` findings fail; `warning`
 findings fail validation only with --strict; `info` findings never do (they say where something comes from). A rule decides from facts (pins, commits, the tables under
 build/compat/), never from a label a stack file may write freely (`ref:`, `note:`).
 
 A finding that holds on some platforms only names them (`platforms`); `check` folds the same finding on several
 platforms into one. Its message never names the stack, so a stack that inherits the problem from the stack it
-extends has the very same finding, and trainbox.spec.findings reports it once, at the file that holds the pin.
+extends has the very same finding, and trainbox.specs.findings reports it once, at the file that holds the pin.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..paths import COMPAT_DIR, PATCHES_DIR
 from ..runtime.errors import TrainboxError
+from ..runtime.npu import BASE_IMAGE as CANN_BASE_IMAGE, BASE_TAG_FORM as CANN_TAG_FORM
 from .platforms import PLATFORM_MACHINE
 from .stack import Stack
 
@@ -300,21 +301,21 @@ def python_tag(stack: Stack) -> Iterator[Finding]:
                       f"{stack.python}; change `python:` or the base tag")
 
 
-# quay.io/ascend/cann:<cann>-<chip>-<os><osver>-py<py>, e.g. 8.5.1-910b-ubuntu22.04-py3.11 (mirrors keep the tag)
+# CANN_BASE_IMAGE:CANN_TAG_FORM (trainbox.runtime.npu), e.g. 8.5.1-910b-ubuntu22.04-py3.11 (mirrors keep the tag)
 CANN_TAG_RE = re.compile(r"^(?P<cann>\d+\.\d+\.[^-]+)-(?P<chip>[^-]+)-(?P<os>[a-z]+\d+(?:\.\d+)?)-py(?P<python>\d\.\d+)$")
 
 
 def cann_tag(image: str) -> dict[str, str] | None:
     """The facts a CANN base image's tag states, or None when the image is not a CANN base reference."""
     repo, _, tag = image.rpartition(":")
-    if not repo or "/" in tag or repo.rsplit("/", 1)[-1] != "cann":
+    if not repo or "/" in tag or repo.rsplit("/", 1)[-1] != CANN_BASE_IMAGE.rsplit("/", 1)[-1]:
         return None
     m = CANN_TAG_RE.match(tag.split("@", 1)[0])
     return m.groupdict() if m else {}
 
 
 @rule("base-reference", "what the stack declares (base.cann, base.chip, base.os, python) must be what its base "
-      "image's tag says (quay.io/ascend/cann:<cann>-<chip>-<os><osver>-py<py>); a CANN other than the one torch_npu "
+      f"image's tag says ({CANN_BASE_IMAGE}:{CANN_TAG_FORM}); a CANN other than the one torch_npu "
       "was built for fails at import or at run time")
 def base_reference(stack: Stack) -> Iterator[Finding]:
     facts = cann_tag(stack.base.image)
@@ -322,7 +323,7 @@ def base_reference(stack: Stack) -> Iterator[Finding]:
         return
     if not facts:
         yield Finding("base-reference", "warning",
-                      f"base.image {stack.base.image}: the tag is not <cann>-<chip>-<os><osver>-py<py> (e.g. "
+                      f"base.image {stack.base.image}: the tag is not {CANN_TAG_FORM} (e.g. "
                       "8.5.1-910b-ubuntu22.04-py3.11), so base.cann/chip/os cannot be checked against it")
         return
     declared = {"cann": stack.base.cann, "chip": stack.base.chip, "os": stack.base.os, "python": stack.python}

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..spec import grammar
+from ..specs import grammar
 from .engine import Client, EngineError, find_client, registry_reachable
-from ..spec.platforms import (EMULATE_HINT, PLATFORM_ARCH, emulation_problem, host_platform, local_base_for,
+from ..specs.platforms import (EMULATE_HINT, PLATFORM_ARCH, emulation_problem, host_platform, local_base_for,
                         platform_of, tag_suffix)
 from ..runtime.errors import TrainboxError
 from ..runtime.redact import redact
+from ..specs.stack import Stack
 
 DEFAULT_TAG = "local/debian:bookworm"
 LOCAL_REPO = "local/debian:"  # the repository of every base `trainbox base bootstrap` makes (any suite, platform)
@@ -165,7 +166,7 @@ def pull_hint(image: str) -> str:
             f"used as it is)")
 
 
-def resolve_base(stack, client: Client, say: Callable[[str], None],
+def resolve_base(stack: Stack, client: Client, say: Callable[[str], None],
                  platform: str | None = None) -> tuple[str, str | None, bool, str | None]:
     """The base `image build` uses for `platform` (default: this host's): (image to build FROM, the substitute
     used or None, whether it must be bootstrapped first, its image id when it is present and used as it is).
@@ -553,53 +554,22 @@ def _changes(suite: str, mirror: str, include: list[str], plat: str) -> list[str
     ]
 
 
-def _rootfs_tar_cmd(rootfs: Path) -> list[str]:
-    return ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs),
-            # The engine provides /dev, /proc and /sys in every container.
-            "--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*", "-c", "."]
+# The engine provides /dev, /proc and /sys in every container: their contents stay out of the image.
+_ROOTFS_EXCLUDE = ("./dev/*", "./proc/*", "./sys/*")
 
 
 def _import_buildkit(client: Client, rootfs: Path, context: Path, tag: str, changes: list[str], plat: str) -> str:
-    """The root filesystem as a one-layer image whose config records `plat`: BuildKit `FROM scratch` with
-    --platform (no RUN, so nothing runs under emulation here)."""
-    context.mkdir(parents=True)
-    with open(context / "rootfs.tar", "wb") as out:
-        tar = subprocess.run(_rootfs_tar_cmd(rootfs), stdout=out, stderr=subprocess.PIPE, timeout=1800)
-    if tar.returncode != 0:
-        raise EngineError(f"packing {rootfs} failed (tar exit {tar.returncode}): {tar.stderr.decode()[-400:]}")
-    # ADD unpacks a local tar, owners and modes as recorded
-    (context / "Dockerfile").write_text("FROM scratch\nADD rootfs.tar /\n" + "\n".join(changes) + "\n")
-    argv = [*client.build_argv, "--progress", "plain", "--platform", plat, "--network", "none", "-t", tag,
-            "-f", str(context / "Dockerfile"), str(context)]
-    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=client.build_env,
-                          timeout=1800)
-    if proc.returncode != 0:
-        tail = "\n  ".join((proc.stdout + proc.stderr).strip().splitlines()[-12:])
-        raise EngineError(f"importing {rootfs} as {tag} with BuildKit failed (exit {proc.returncode}):\n  {tail}")
-    image_id = client.image_id(tag)
+    """The root filesystem as a one-layer image whose config records `plat` (the engine client's BuildKit
+    import), checked to record it."""
+    image_id = client.import_tree_for(rootfs, tag, changes, plat, context, exclude=_ROOTFS_EXCLUDE)
     found = platform_of(client.image_info(tag))
-    if not image_id or found != plat:
+    if found != plat:
         raise EngineError(f"BuildKit made {tag} for {found or 'an unknown platform'}, not {plat}")
     return image_id
 
 
 def _import(client: Client, rootfs: Path, tag: str, changes: list[str]) -> str:
-    tar_cmd = _rootfs_tar_cmd(rootfs)
-    imp_cmd = [client.docker, "import"]
-    for c in changes:
-        imp_cmd += ["--change", c]
-    imp_cmd += ["-", tag]
-    tar = subprocess.Popen(tar_cmd, stdout=subprocess.PIPE)
-    try:
-        imp = subprocess.run(imp_cmd, stdin=tar.stdout, capture_output=True, text=True, timeout=1800)
-    finally:
-        if tar.stdout:
-            tar.stdout.close()
-        tar_rc = tar.wait()
-    if tar_rc != 0 or imp.returncode != 0:
-        raise EngineError(f"importing {rootfs} as {tag} failed (tar exit {tar_rc}, docker import exit "
-                          f"{imp.returncode}): {imp.stderr.strip()}")
-    return imp.stdout.strip().splitlines()[-1].strip()
+    return client.import_tree(rootfs, tag, changes, exclude=_ROOTFS_EXCLUDE)
 
 
 def _cleanup(workdir: Path) -> None:

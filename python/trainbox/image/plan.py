@@ -3,7 +3,7 @@
 `make_plan` is pure: from a loaded stack, the chosen base and the build options it computes the build
 context's files, their content hash, the tags, labels, the BuildKit arguments, the secrets, and where each
 pinned artifact will come from. It reads files and asks nothing of an engine or an index, so `--dry-run`
-prints it offline. `stage` writes the context a plan names; trainbox.build.run executes it.
+prints it offline. `stage` writes the context a plan names; trainbox.image.run executes it.
 """
 
 from __future__ import annotations
@@ -19,14 +19,18 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
-from ..paths import CACHE_DIR, REPO_ROOT
-from ..spec.platforms import tag_suffix
+from ..paths import CACHE_DIR, GENERATED_DIR, REPO_ROOT
+from ..specs.findings import Reported
+from ..specs.platforms import tag_suffix
+from ..specs.stack import Stack
+from .engine import Client
+from .render import RenderedStack, render_stack
 from .sbom import source_date_epoch
 from ..supply.wheelhouse import WheelFile, fetch_plan, wheelhouse_notes
 
-SCHEMA = "trainbox.build-plan/1"
+SCHEMA = "trainbox.image-plan/1"
 #: Top-level parts of the checkout that go into every build context (the rendered files come on top). Only what
 #: the Dockerfiles may use (.dockerignore lets nothing else through): the content hash covers exactly these, so an
 #: edit to the README does not make a new image tag.
@@ -55,7 +59,7 @@ class BuildBase:
 
 @dataclass
 class BuildPlan:
-    stack: Any  # trainbox.spec.stack.Stack, narrowed to the build
+    stack: Stack  # narrowed to the build
     platform: str
     base: BuildBase
     files: dict[str, Path | bytes]  # the context, relative path -> source file or rendered bytes
@@ -72,7 +76,7 @@ class BuildPlan:
     client: str  # the client that will run it, in words
     fetch: list[dict] = field(default_factory=list)  # where each pinned artifact comes from
     notes: list[str] = field(default_factory=list)  # what the plan could not decide offline
-    findings: list = field(default_factory=list)  # the stack's warnings (trainbox.spec.findings.Reported)
+    findings: list[Reported] = field(default_factory=list)  # the stack's warnings
     context: Path | None = None  # where `stage` put the context
 
     @property
@@ -181,19 +185,17 @@ class PlanInputs:
     source_root: Path | None = None  # the checkout whose inputs are built (tests and bench use a copy)
     sources: dict[str, Path] = field(default_factory=dict)  # staged git trees and archives (build/sources/...)
     offline: bool = False  # `--bundle`: the build runs with --network none and pip uses the wheelhouse only
-    findings: list = field(default_factory=list)  # the stack's warnings (trainbox.spec.findings.Reported): plan notes
+    findings: list[Reported] = field(default_factory=list)  # the stack's warnings: plan notes
     native_base: str | None = None  # a cross build: the base's twin for the build machine (compiles the venv)
 
 
-def render_for(stack, base: BuildBase, native_base: str | None = None):
+def render_for(stack: Stack, base: BuildBase, native_base: str | None = None) -> RenderedStack:
     """The rendered Dockerfile, manifest and requirements for `stack` built FROM base.used. A substitute base
     is recorded by render.manifest as base.substituted, the stack's own base staying base.image."""
-    from . import render
-
     if not base.substituted or stack.declared_base:
-        return render.render_stack(stack, native_base=native_base)
+        return render_stack(stack, native_base=native_base)
     sub = stack.model_copy(update={"base": stack.base.model_copy(update={"image": base.used})})
-    return render.render_stack(sub.resolved(declared_base=stack.base.image), native_base=native_base)
+    return render_stack(sub.resolved(declared_base=stack.base.image), native_base=native_base)
 
 
 def _args(inp: PlanInputs, dockerfile: Path, tags: list[str], labels: dict[str, str], mode: str) -> list[str]:
@@ -228,11 +230,11 @@ def manifest_for(manifest: dict, platform: str) -> dict:
     return {**manifest, "components": comps, "platform": platform}
 
 
-def make_plan(stack, base: BuildBase, inp: PlanInputs, client=None) -> BuildPlan:
+def make_plan(stack: Stack, base: BuildBase, inp: PlanInputs, client: Client | None = None) -> BuildPlan:
     """The plan for building `stack` on `base` (pure: reads the checkout, asks no engine and no index).
     `client`: the engine client that will run it (None: a BuildKit-capable `docker build` is assumed)."""
     rendered = render_for(stack, base, inp.native_base)
-    dockerfile_rel = f"build/generated/{stack.name}/Dockerfile"
+    dockerfile_rel = f"{GENERATED_DIR}/{stack.name}/Dockerfile"
     files: dict[str, Path | bytes] = dict(input_files(inp.source_root))
     files.update(rendered.context_files)
     files[f"{rendered.generated_dir}/stack.json"] = (json.dumps(

@@ -1,10 +1,10 @@
 """`trainbox image build`: a stack's image, planned then built with BuildKit (host module).
 
 The flow, one direction: check the input (stack with --set / --base, platform, CA bundle, wheelhouse) in
-milliseconds; choose the base (trainbox.build.base: the cpu stack falls back to a debootstrapped Debian); pin what
---set moved (trainbox.supply.lock); check the indexes against the wheelhouse; make the plan (trainbox.build.plan:
+milliseconds; choose the base (trainbox.image.base: the cpu stack falls back to a debootstrapped Debian); pin what
+--set moved (trainbox.supply.lock); check the indexes against the wheelhouse; make the plan (trainbox.image.plan:
 rendered files, content hash, tags, argv, secrets, what is fetched from where); then either print it
-(--dry-run: no engine, no index needed) or run it (trainbox.build.run: stage, skip when the tag exists, build,
+(--dry-run: no engine, no index needed) or run it (trainbox.image.run: stage, skip when the tag exists, build,
 report). Each step that resolves more returns a new stack: the one loaded is only read.
 """
 
@@ -25,20 +25,20 @@ from typing import Callable
 
 from . import run as buildrun
 from .base import bootstrap, native_twin, resolve_base, suite_of
-from .plan import (CONTEXT_ITEMS, STOP, WHEELHOUSE_DIR, BuildBase, BuildPlan, PlanInputs,  # noqa: F401 - re-exported
-                        content_hash, copy_inputs, format_plan, make_plan, stage, tree_files)
-from .run import BuildFailed, BuildOutcome  # noqa: F401 - re-exported
-from ..spec.dists import canon, dist_key, norm_version
+from .plan import BuildBase, BuildPlan, PlanInputs, STOP, format_plan, make_plan, stage, tree_files
+from .run import BuildOutcome
+from ..specs.dists import canon, dist_key, norm_version
 from .engine import Client, EngineError, find_client
 from ..supply.index import ca_bundle, ssl_context
 from ..supply.lock import lock_overrides
-from ..paths import REPO_ROOT
-from ..spec.platforms import EMULATE_HINT, emulation_problem, host_platform, tag_suffix
+from .. import paths
+from ..specs.platforms import EMULATE_HINT, emulation_problem, host_platform, tag_suffix
 from ..runtime.errors import TrainboxError
+from ..specs.findings import Reported
+from ..specs.stack import Stack
 from ..supply.pins import Pin
-from ..supply.wheelhouse import WheelFile, check_wheelhouse, pins_for, read_wheelhouse  # noqa: F401 - re-exported
+from ..supply.wheelhouse import check_wheelhouse, pins_for, read_wheelhouse
 
-REPORTS_DIR = REPO_ROOT / "build" / "reports"
 DEFAULT_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
@@ -80,7 +80,7 @@ def probe_indexes(indexes: dict[str, str], pool: ThreadPoolExecutor, timeout: fl
                   cafile: str | None = None) -> dict[str, Future]:
     """Each HTTP(S) index asked at once, in `pool`: {name: future of (answers, why not)}. Started before the
     base is resolved, so the round trips overlap the engine calls instead of adding to them."""
-    return {name: pool.submit(_url_answers, url, timeout, cafile)
+    return {name: pool.submit(url_answers, url, timeout, cafile)
             for name, url in indexes.items() if url.startswith(("http://", "https://"))}
 
 
@@ -114,7 +114,7 @@ def check_indexes(pins: list[Pin], served: list[Pin], indexes: dict[str, str],
     return down
 
 
-def _url_answers(url: str, timeout: float, cafile: str | None = None) -> tuple[bool, str]:
+def url_answers(url: str, timeout: float, cafile: str | None = None) -> tuple[bool, str]:
     import urllib.error
     import urllib.request
 
@@ -162,7 +162,7 @@ class BuildOptions:
     pip_config: bool = True  # no --wheelhouse / --pip-index-url: take pip's own (find-links, index-url), as pip does
 
 
-def choose_base(stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False,
+def choose_base(stack: Stack, client: Client | None, say: Callable[[str], None], dry_run: bool = False,
                 platform: str | None = None) -> BuildBase:
     """The base as a plan records it. Without an engine (a dry run offline) the stack's base is taken as
     declared and the plan says what could not be checked; a dry run also plans on a base it cannot have."""
@@ -200,15 +200,18 @@ def _client(dry_run: bool, say: Callable[[str], None]) -> Client | None:
         return None
 
 
-def _check_inputs(opts: BuildOptions):
+def _check_inputs(opts: BuildOptions) -> tuple[Stack, PlanInputs]:
     """Everything that can be wrong with the input, checked in milliseconds before anything slow."""
-    from ..spec.stack import load_stack
+    from ..specs.stack import load_stack
 
     stack = load_stack(opts.stack, sets=opts.sets or None, base=opts.base)
-    if opts.bundle:  # its checked wheelhouse and sources stand in for every index and git host
+    # its checked wheelhouse and sources stand in for every index and git host; opened once (the inputs are
+    # checked twice: fast, then in the plan)
+    if opts.bundle and not opts.sources_cache:
         from .bundle import use_bundle
 
-        use_bundle(opts, stack, print if opts.dry_run else _say)
+        ob = use_bundle(Path(opts.bundle), stack, print if opts.dry_run else _say)
+        opts.wheelhouse, opts.sources_cache, opts.offline = str(ob.wheelhouse), str(ob.cache_dir), True
     plat = opts.platform or host_platform()
     if plat not in stack.platforms:
         raise TrainboxError(f"--platform {plat}: stack {stack.name} supports {', '.join(stack.platforms)} "
@@ -260,12 +263,12 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-def _findings(stack, plat: str) -> list:
+def _findings(stack: Stack, plat: str) -> list[Reported]:
     """The findings pass, as `stack validate` runs it, for the platform built: an error refuses the build (and its
     dry run alike) before anything slow; the warnings become plan notes. The lock's state is never a refusal here:
     pins --set moved get their hashes and closure before the build (trainbox.supply.lock.lock_overrides), and without
     --set a stale lock only leaves the dependency closure to the build's resolver, as the plan's fetch list says."""
-    from ..spec.findings import LOCK_RULES, Review, refuse_errors
+    from ..specs.findings import LOCK_RULES, Review, refuse_errors
 
     found = [r for r in Review(skip=LOCK_RULES if stack.overrides else ()).stack(stack)
              if not r.finding.platforms or plat in r.finding.platforms]
@@ -274,12 +277,12 @@ def _findings(stack, plat: str) -> list:
     return [dataclasses.replace(r, finding=dataclasses.replace(r.finding, level="warning")) for r in found]
 
 
-def _indexes_to_check(stack, opts: BuildOptions) -> dict[str, str]:
+def _indexes_to_check(stack: Stack, opts: BuildOptions) -> dict[str, str]:
     return {k: v for k, v in stack.indexes.items() if not (opts.pip_index_url and k == "pypi")}
 
 
-def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[str],
-                   answers: dict[str, Future]):
+def _check_sources(stack: Stack, inp: PlanInputs, opts: BuildOptions, say: Callable[[str], None],
+                   notes: list[str], answers: dict[str, Future]) -> Stack:
     """Pins against the wheelhouse and the indexes (`answers`: their probes, under way). Returns the stack
     without the indexes that do not answer and whose pins the wheelhouse serves (pip would wait on them). A dry
     run records problems instead of failing."""
@@ -302,7 +305,8 @@ def _check_sources(stack, inp: PlanInputs, opts: BuildOptions, say, notes: list[
     return stack.without_indexes(dropped) if dropped else stack
 
 
-def _staged_sources(stack, opts: BuildOptions, say: Callable[[str], None]):
+def _staged_sources(stack: Stack, opts: BuildOptions,
+                    say: Callable[[str], None]) -> tuple[dict[str, Path], Stack]:
     """The stack's git trees and archives, fetched (or found in the cache) and verified, their patch series
     checked, staged for the context as build/sources/<component>/... (bind-mounted by the builder). Returns
     the staged files and the stack with the fetched commits' tree hashes recorded."""
@@ -328,7 +332,7 @@ def _check_cache_to(opts: BuildOptions, client: Client | None) -> None:
 
 
 def plan(opts: BuildOptions, client: Client | None, say: Callable[[str], None] = _say,
-         make_base: bool = False, checked=None) -> BuildPlan:
+         make_base: bool = False, checked: tuple[Stack, PlanInputs] | None = None) -> BuildPlan:
     """The build plan for `opts`: input checks, base, pins moved by --set, indexes, then make_plan.
     `client` None: no engine (dry runs). `make_base`: bootstrap a base that must be made (real builds),
     after the quicker checks and before the hash, which covers the base's image id. `checked`: what
@@ -371,7 +375,8 @@ def build(opts: BuildOptions, say: Callable[[str], None] = _say) -> BuildOutcome
     if opts.dry_run:
         return _dry_run(p, opts, say)
     # one report per stack and platform: an arm64 build does not overwrite the amd64 one that `image push` reads
-    report_path = Path(opts.report) if opts.report else REPORTS_DIR / f"{p.stack.name}{tag_suffix(p.platform)}.json"
+    report_path = (Path(opts.report) if opts.report
+                   else paths.REPORTS_DIR / f"{p.stack.name}{tag_suffix(p.platform)}.json")
     return buildrun.run(p, client, report_path, force=opts.force, verbose=opts.verbose,
                         pip_index_url=opts.pip_index_url, say=say)
 

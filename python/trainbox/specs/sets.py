@@ -1,5 +1,5 @@
 """The one `--set NAME=VALUE` grammar (host module). Each command then says what NAME may be: a pin
-(`COMPONENT.FIELD`, trainbox.spec.stack), a per-stack pin (`STACK:COMPONENT.FIELD`, smoke) or a recipe input /
+(`COMPONENT.FIELD`, trainbox.specs.stack), a per-stack pin (`STACK:COMPONENT.FIELD`, smoke) or a recipe input /
 environment key (trainbox.launch)."""
 
 from __future__ import annotations

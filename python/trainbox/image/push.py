@@ -76,17 +76,17 @@ def sdk():
 
 def report_path(stack: str, platform: str | None = None) -> Path:
     """The build report `image build` writes for the stack on `platform` (None: the plain one, linux/amd64)."""
-    from .image import REPORTS_DIR
-    from ..spec.platforms import tag_suffix
+    from .. import paths
+    from ..specs.platforms import tag_suffix
 
-    return REPORTS_DIR / f"{stack}{tag_suffix(platform) if platform else ''}.json"
+    return paths.REPORTS_DIR / f"{stack}{tag_suffix(platform) if platform else ''}.json"
 
 
 def _tag_re(platform: str | None):
     """The content-hash tag of the stack's image for `platform` (trainbox/STACK:HASH, or ...:HASH-arm64)."""
     if not platform:
         return HASH_TAG_RE
-    from ..spec.platforms import tag_suffix
+    from ..specs.platforms import tag_suffix
 
     return re.compile(HASH_TAG_RE.pattern.rstrip("$") + re.escape(tag_suffix(platform)) + "$")
 

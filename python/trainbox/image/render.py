@@ -19,18 +19,19 @@ from pathlib import Path
 import jinja2
 
 from .. import __version__
+from . import toolkits
 from .base import APT_PYTHON_PACKAGES, RUNTIME_PACKAGES
-from ..spec.grammar import check_env_name, check_image, check_requirement_line, controls
+from ..specs.grammar import check_env_name, check_image, check_requirement_line, controls
 from ..runtime.errors import TrainboxError
 from ..runtime.installed import canon
-from ..paths import PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
+from ..paths import GENERATED_DIR, PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
 from ..templating import make_env
-from ..spec.platforms import platform_marker
-from ..spec.stack import Stack, list_stacks, load_stack
+from ..specs.platforms import platform_marker
+from ..specs.component import BaseSpec
+from ..specs.stack import Stack, list_stacks, load_stack
 
 # Stacks whose Dockerfile is rendered to the repo root (the rest live under build/generated/ only).
 DEFAULT_DOCKERFILES = {"npu-910b": "Dockerfile.npu", "cuda": "Dockerfile.cuda"}
-GENERATED_DIR = "build/generated"
 
 
 @dataclass
@@ -198,7 +199,7 @@ def _env() -> jinja2.Environment:
 def _env_for(templates_dir: str) -> jinja2.Environment:
     # One environment per directory, so that each template is compiled once per process, not once per stack
     # (jinja2's auto_reload still picks up an edited file). Quoting by context, the second line of defence
-    # behind the stack schema (trainbox.spec.grammar)
+    # behind the stack schema (trainbox.specs.grammar)
     return make_env(templates_dir, {
         "tojson_compact": lambda v: json.dumps(v, sort_keys=True),
         "sh": lambda v: shlex.quote(_one_line(v)),  # a word in a RUN shell command
@@ -232,7 +233,7 @@ def _image_ref(value) -> str:
         raise TrainboxError(f"refusing to render the base image: {exc}") from None
 
 
-def _template_base(stack: Stack):
+def _template_base(stack: Stack) -> BaseSpec:
     """The base as the templates see it. A base.substitute is a plain distribution image (Debian from `trainbox
     base bootstrap`): a stack whose own base ships its Python (CANN) gets python3 from apt when built on it."""
     b = stack.base
@@ -241,13 +242,21 @@ def _template_base(stack: Stack):
     return b
 
 
-def _apt_packages(stack: Stack, base, patching: bool) -> tuple[list[str], list[str]]:
+def _apt_packages(stack: Stack, base: BaseSpec, patching: bool) -> tuple[list[str], list[str]]:
     """(the system stage's apt packages, the builder's). The system stage's are what `trainbox base bootstrap`
     includes for an apt Python, so that on such a base it runs no apt at all."""
     system = {*RUNTIME_PACKAGES, *(APT_PYTHON_PACKAGES if base.python_from == "apt" else ()), *stack.system_packages}
     build = {*(["patch"] if patching else []), *stack.build_packages,
              *(p for c in stack.installed_components.values() for p in c.kind.builder_packages(c))}
     return sorted(system), sorted(build - system)
+
+
+def _env_record(stack: Stack) -> dict | None:
+    """The toolkit's environment record step (CANN's set_env exports, baked after the build), or None."""
+    toolkit = toolkits.for_device(stack.device)
+    if toolkit is None or toolkit.ENV_RECORD is None:
+        return None
+    return {"module": toolkit.ENV_RECORD.__name__, "file": toolkit.ENV_RECORD_FILE}
 
 
 def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str | None = None) -> RenderedStack:
@@ -301,6 +310,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
             label_lines=[f"{k}={dockerfile_string(v)}" for k, v in _labels(stack).items()],
             trainbox_version=__version__,
             native_base=native_base,
+            env_record=_env_record(stack),
         )
     except jinja2.TemplateError as exc:
         raise TrainboxError(f"{_template_location(exc, template)}: template error: {exc}") from None
@@ -348,11 +358,9 @@ def _labels(stack: Stack) -> dict[str, str]:
     }
     if torch and torch.version:
         labels["io.trainbox.torch"] = torch.version
-    if stack.base.cann:
-        # built on a substitute base (Debian standing in for the CANN image) the image holds no CANN: say
-        # which one the stack declares without claiming it (`trainbox run` reads io.trainbox.cann)
-        key = "io.trainbox.cann.declared" if stack.declared_base else "io.trainbox.cann"
-        labels[key] = stack.base.cann
+    toolkit = toolkits.for_device(stack.device)
+    if toolkit is not None:  # the toolkit's own label (what a substitute-built image declares without holding it)
+        labels.update(toolkit.image_labels(stack.base.cann, bool(stack.declared_base)))
     for key, c in stack.installed_components.items():
         if c.kind.install_args(c):  # provenance of what the build staged: URL, commit, tree, mode, patches
             entry = c.kind.manifest_entry(c, stack)

@@ -1,7 +1,7 @@
 """One findings pass for every command that uses a stack (host module).
 
 `stack validate`, `stack lock`, `render`, `patches verify` and `image build` (and its dry run) all run the rules of
-trainbox.spec.rules through `review`, and report what they find the same way: each finding once, naming the platforms
+trainbox.specs.rules through `review`, and report what they find the same way: each finding once, naming the platforms
 it holds on, at the file that holds the pin. A stack that extends another and has the very same finding as an
 ancestor inherits it: the finding is reported at the ancestor's file, once, however many stacks extend it, and
 the dependant says "inherited from npu-910b.yaml" (or, when the ancestor is reported in the same run, nothing).
@@ -9,12 +9,12 @@ the dependant says "inherited from npu-910b.yaml" (or, when the ancestor is repo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .rules import Finding, check
 from ..runtime.errors import EXIT_PROBLEMS, TrainboxError
-from .stack import Stack, load_stack, one_reading, parent_path
+from .stack import Stack, list_stacks, load_stack, one_reading, parent_path, stack_path
 
 #: The exit status of a command whose stack has an error finding (with `stack validate --strict`: any warning),
 #: whichever command found it: validate, lock, render, patches verify, image build and its dry run. A finding is
@@ -139,3 +139,84 @@ def refuse_errors(what: str, reported: list[Reported]) -> None:
     bad = errors(reported)
     if bad:
         raise FindingsRefused(what, bad)
+
+
+# -- `stack validate` ------------------------------------------------------------------------------------
+
+@dataclass
+class Verdict:
+    """One stack's part of a validation: its findings and those that fail it, or why its file does not load."""
+
+    stack: str
+    file: str | None = None
+    found: list[Reported] = field(default_factory=list)
+    bad: list[Reported] = field(default_factory=list)  # errors (with strict: every finding but info)
+    error: str | None = None  # the file does not load: invalid input, not a finding
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad and self.error is None
+
+    def as_dict(self) -> dict:
+        if self.error is not None:
+            return {"stack": self.stack, "ok": False,
+                    "findings": [{"rule": "schema", "level": "error", "message": self.error}]}
+        return {"stack": self.stack, "ok": self.ok, "file": self.file, "findings": [r.as_dict() for r in self.found]}
+
+
+@dataclass
+class Validation:
+    """What `stack validate` found: the stacks that do not load (in the order named), then each loaded stack after
+    the stacks of the run it extends."""
+
+    strict: bool
+    stacks: list[Verdict]
+
+    @property
+    def invalid(self) -> bool:
+        """A stack file does not load (the command's usage error, 2)."""
+        return any(v.error is not None for v in self.stacks)
+
+    @property
+    def failed(self) -> bool:
+        return not all(v.ok for v in self.stacks)
+
+    def as_dict(self) -> dict:
+        return {"ok": not self.failed, "strict": self.strict, "stacks": [v.as_dict() for v in self.stacks]}
+
+
+def parents_first(stacks: list[Stack]) -> list[Stack]:
+    """`stacks` with each one after the stacks of the list it extends (otherwise in the order given)."""
+    by_name = {st.name: st for st in stacks}
+    out: list[Stack] = []
+
+    def visit(st: Stack) -> None:
+        if st in out:
+            return
+        if st.extends in by_name:
+            visit(by_name[st.extends])
+        out.append(st)
+
+    for st in stacks:
+        visit(st)
+    return out
+
+
+def validate(names: list[str] | None = None, strict: bool = False) -> Validation:
+    """Load each named stack (None: every stack) and run every rule over it, info findings included. A name that
+    is no stack raises (a usage error); a file that does not load is a verdict with its error."""
+    names = names or list_stacks()
+    for name in names:
+        stack_path(name)
+    verdicts, loaded = [], []
+    for name in names:
+        try:
+            loaded.append(load_stack(name))
+        except TrainboxError as exc:
+            verdicts.append(Verdict(name, error=str(exc)))
+    review = Review(with_info=True)
+    for stack in parents_first(loaded):
+        found = review.stack(stack)
+        bad = [r for r in found if r.level == "error" or (strict and r.level != "info")]
+        verdicts.append(Verdict(stack.name, str(stack.source_file), found, bad))
+    return Validation(strict, verdicts)

@@ -23,17 +23,18 @@ import os
 import re
 import shutil
 import stat
-import subprocess
-import sys
 import tarfile
 import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
 from ..runtime.errors import TrainboxError
+from ..specs.stack import Stack
+from ..supply.pins import Pin
 
 SCHEMA = "trainbox.bundle/1"
 
@@ -43,14 +44,13 @@ class BundleError(TrainboxError):
 
 
 def _sha256(path: Path) -> str:
-    from ..spec.dists import sha256_file
+    from ..specs.dists import sha256_file
 
     return sha256_file(path)
 
 
-def _pypi_pins(stack, plat: str) -> list:
-    """supply.pins.Pin for every hash-pinned wheel the build installs on `plat`: components, then locked deps."""
-    from ..supply.pins import Pin
+def _pypi_pins(stack: Stack, plat: str) -> list[Pin]:
+    """A Pin for every hash-pinned wheel the build installs on `plat`: components, then locked deps."""
     from ..supply.sources import index_url
 
     pins = []
@@ -78,10 +78,9 @@ def _seed_cache(wheelhouse: Path | None, cache_dir: Path) -> None:
             shutil.copy2(w, d / w.name)
 
 
-def _build_pins(stack, plat: str) -> list:
-    """supply.pins.Pin for each hash-pinned PEP 518 build requirement of the wheels built in the image (the lock's
+def _build_pins(stack: Stack, plat: str) -> list[Pin]:
+    """A Pin for each hash-pinned PEP 518 build requirement of the wheels built in the image (the lock's
     `build_deps`: the builder installs exactly these, --require-hashes)."""
-    from ..supply.pins import Pin
     from ..supply.sources import index_url
 
     return [Pin(key=f"build:{name}", source="pypi", name=name, version=d["version"],
@@ -93,10 +92,10 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
                  say=print) -> dict:
     from ..supply.fetch import fetch_sources
     from ..supply.index import IndexUnreachable
-    from ..spec.platforms import host_platform
+    from ..specs.platforms import host_platform
     from .render import render_stack
     from ..supply.fetch import fetch
-    from ..spec.stack import _raw, _stack_path, load_stack
+    from ..specs.stack import load_stack, merged_yaml, stack_path
 
     _check_output(Path(out))
     stack = load_stack(stack_name)
@@ -129,9 +128,9 @@ def write_bundle(stack_name: str, out: Path, *, wheelhouse: Path | None = None, 
         for key, f in srcs.fetched.items():
             if not f.commit:
                 shutil.copytree(f.path.parent, root / "sources" / "sha256" / f.sha256)
-        path = _stack_path(stack_name, None)
+        path = stack_path(stack_name)
         (root / "stack").mkdir()
-        (root / "stack" / f"{stack.name}.yaml").write_text(yaml.safe_dump(_raw(path, None), sort_keys=True))
+        (root / "stack" / f"{stack.name}.yaml").write_text(yaml.safe_dump(merged_yaml(path), sort_keys=True))
         if stack.lock_path and stack.lock_path.exists():
             shutil.copy2(stack.lock_path, root / "stack" / f"{stack.name}.lock")
         elif stack.lock:  # the parent's lock it uses (it has none of its own): the lock in force, for the record
@@ -183,7 +182,7 @@ def _check_output(out: Path) -> None:
                           "bundle to")
 
 
-def _mismatch(meta: dict, stack) -> str:
+def _mismatch(meta: dict, stack: Stack) -> str:
     """What a bundle made for something else differs in, each fact once."""
     why = []
     if meta.get("stack") != stack.name:
@@ -208,21 +207,19 @@ class OpenBundle:
         return self.root / "wheelhouse"
 
 
-def use_bundle(opts, stack, say) -> None:
-    """`image build --bundle`: unpack and check the bundle, then point the build's wheelhouse and sources at it
-    (offline; the build runs with --network none)."""
+def use_bundle(file: Path, stack: Stack, say: Callable[[str], None]) -> OpenBundle:
+    """`image build --bundle`: the bundle unpacked and checked in a directory removed when trainbox exits, whose
+    wheelhouse and sources the build uses instead of every index and git host (offline, --network none)."""
     import atexit
 
-    if opts.sources_cache:  # already opened (the inputs are checked twice: fast, then in the plan)
-        return
     dest = Path(tempfile.mkdtemp(prefix="trainbox-bundle-"))
     atexit.register(shutil.rmtree, dest, True)
-    ob = open_bundle(Path(opts.bundle), stack, dest)
-    say(f"building from bundle {opts.bundle} ({ob.meta['stack']}, {ob.meta['platform']}) with the network off")
-    opts.wheelhouse, opts.sources_cache, opts.offline = str(ob.wheelhouse), str(ob.cache_dir), True
+    ob = open_bundle(file, stack, dest)
+    say(f"building from bundle {file} ({ob.meta['stack']}, {ob.meta['platform']}) with the network off")
+    return ob
 
 
-def open_bundle(file: Path, stack, dest: Path) -> OpenBundle:
+def open_bundle(file: Path, stack: Stack, dest: Path) -> OpenBundle:
     """Unpack into `dest` what SHA256SUMS lists, and nothing else, each file checked as it is written; then check
     that the bundle is for `stack` and that its git objects are the pinned commits' own (see `_check_git`)."""
     file = Path(file)
@@ -246,7 +243,7 @@ def open_bundle(file: Path, stack, dest: Path) -> OpenBundle:
     return OpenBundle(dest, meta)
 
 
-def _check_wheelhouse(stack, meta: dict, root: Path, file: Path) -> None:
+def _check_wheelhouse(stack: Stack, meta: dict, root: Path, file: Path) -> None:
     """Every wheelhouse file is one a pin names by sha256 (SHA256SUMS proves a bundle complete, not who wrote
     it: a setuptools-99 wheel added with the sums rewritten must still not reach pip)."""
     plat = meta.get("platform")
@@ -353,7 +350,7 @@ def _read_meta(path: Path, file: Path) -> dict:
 _GIT_REFUSED = ("refs/replace", "info/grafts", "objects/info/alternates", "objects/info/http-alternates")
 
 
-def _check_git(stack, root: Path, file: Path) -> None:
+def _check_git(stack: Stack, root: Path, file: Path) -> None:
     """Each bundled repository: no replace ref, graft or alternate; its configuration replaced by a minimal one
     and its hooks dropped (git must run nothing from a bundle); and each pinned commit's tree re-derived from the
     objects, every object hashed against its name, before the build starts."""

@@ -5,7 +5,7 @@ how to fix it; unknown keys are rejected so that a typo cannot silently drop a p
 
 The models' fields are exactly what a stack file may say. What loading and a build work out for it (the file it
 came from, --set/--base overrides, the lock and the hashes it gives each pin, indexes a build dropped) is a
-`Resolution` beside the fields (trainbox.spec.resolution): a stack file cannot set it, and a resolved stack is frozen,
+`Resolution` beside the fields (trainbox.specs.resolution): a stack file cannot set it, and a resolved stack is frozen,
 so each step that resolves more returns a new stack instead of changing the one it was given. A stack without a
 lock of its own uses its parent's for every pin it does not change (`with_parent_lock`).
 """
@@ -25,21 +25,21 @@ from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_vali
 from .kinds import DEFAULT_BUILD_REQUIRES
 from ..runtime.errors import TrainboxError
 from . import grammar
-from .dists import canon  # noqa: F401 - re-exported: stack.canon is used across the host side
+from .dists import canon
 from ..paths import STACKS_DIR
 from .platforms import PLATFORM_RE
 from ..yamlfile import load_yaml_file
 from . import documents
 from .documents import MAX_EXTENDS_DEPTH, extends_too_deep, format_validation, merge, named_file
 from .resolution import INTERNAL_KEYS, Resolution
-from .component import BaseSpec, Component, _Strict, broken_seal, check_lock, intact
+from .component import BaseSpec, Component, StrictModel, broken_seal, check_lock, intact
 
 
 class StackError(TrainboxError):
     """A stack file that cannot be used as it is."""
 
 
-class Stack(_Strict):
+class Stack(StrictModel):
     """A stack: its fields are what the file says (with --set/--base applied); the rest is `Resolution`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -116,7 +116,7 @@ class Stack(_Strict):
 
     @field_validator("components")
     @classmethod
-    def _component_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
+    def _component_keys(cls, v: dict[str, Component]) -> dict[str, Component]:
         for key in v:
             grammar.check_name(key, "component")
         return v
@@ -134,14 +134,31 @@ class Stack(_Strict):
     # -- what was resolved: read here, changed only by the methods below, each returning a new stack --
 
     # read-only views of the resolution (properties, not fields: a stack file cannot set them)
-    resolution = property(lambda self: self._resolved)
-    source_file = property(lambda self: self._resolved.source_file)
-    overrides = property(lambda self: self._resolved.overrides)
-    declared_base = property(lambda self: self._resolved.declared_base)
-    lock = property(lambda self: self._resolved.lock)
-    dropped_indexes = property(lambda self: self._resolved.dropped_indexes)
+    @property
+    def resolution(self) -> Resolution:
+        return self._resolved
 
-    def resolved(self, **changes: Any) -> "Stack":
+    @property
+    def source_file(self) -> Path | None:
+        return self._resolved.source_file
+
+    @property
+    def overrides(self) -> dict[str, str]:
+        return self._resolved.overrides
+
+    @property
+    def declared_base(self) -> str | None:
+        return self._resolved.declared_base
+
+    @property
+    def lock(self) -> dict | None:
+        return self._resolved.lock
+
+    @property
+    def dropped_indexes(self) -> dict[str, str]:
+        return self._resolved.dropped_indexes
+
+    def resolved(self, **changes: object) -> "Stack":
         """A copy with these `Resolution` parts replaced (this stack stays as it is)."""
         new = self.model_copy()
         new._resolved = dataclasses.replace(self._resolved, **changes)
@@ -395,10 +412,6 @@ def dependants(name: str, stacks_dir: Path | None = None) -> list[str]:
 
 def stack_path(name_or_path: str | Path, stacks_dir: Path | None = None) -> Path:
     """The stack file a name or path means; StackError (exit 2) naming the known stacks when there is none."""
-    return _stack_path(name_or_path, stacks_dir)
-
-
-def _stack_path(name_or_path: str | Path, stacks_dir: Path | None) -> Path:
     return named_file(name_or_path, stacks_dir or STACKS_DIR, "stack", StackError)
 
 
@@ -429,7 +442,7 @@ def one_reading():
         _LOCAL.memo = None
 
 
-def _raw(path: Path, stacks_dir: Path | None, seen: tuple[Path, ...] = ()) -> dict:
+def merged_yaml(path: Path, stacks_dir: Path | None = None, seen: tuple[Path, ...] = ()) -> dict:
     """The stack file's mapping with its `extends:` chain merged in (parents first), walked without recursion
     and at most MAX_EXTENDS_DEPTH files deep."""
     key = ("raw", path, stacks_dir)
@@ -469,7 +482,7 @@ def parent_path(path: Path, parent: str, stacks_dir: Path | None = None) -> Path
     """The file `extends: parent` names from the stack file `path`: only a sibling or a stack of the stacks
     directory, never a path that leaves them."""
     sibling = path.parent / f"{parent}.yaml"
-    return sibling if sibling.is_file() else _stack_path(parent, stacks_dir)
+    return sibling if sibling.is_file() else stack_path(parent, stacks_dir)
 
 
 def apply_sets(data: dict, sets: dict[str, str], path: Path) -> dict:
@@ -521,7 +534,7 @@ def load_stack(
     """The stack `name_or_path` with --set / --base applied and its lock attached. A lock outside the lock grammar
     is refused (StackError), except with `repair_lock` (`trainbox stack lock`, which rewrites it): then the stack
     loads as if it had none, and `resolution.lock_problem` says what was wrong."""
-    path = _stack_path(name_or_path, stacks_dir)
+    path = stack_path(name_or_path, stacks_dir)
     key = ("stack", path, stacks_dir, repair_lock)
     if sets or base:
         with one_reading():
@@ -537,7 +550,7 @@ def load_stack(
 
 def _load(path: Path, sets: dict[str, str] | None, base: str | None, stacks_dir: Path | None,
           repair_lock: bool = False) -> Stack:
-    data = _raw(path, stacks_dir)
+    data = merged_yaml(path, stacks_dir)
     if data.get("name") != path.stem:
         raise StackError(f"{path}: name: expected {path.stem!r} (the file name), got {data.get('name')!r}")
     overrides: dict[str, str] = {}

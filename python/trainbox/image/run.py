@@ -1,7 +1,7 @@
 """Running a build plan through the engine client, and its report (host module).
 
 `run` stages the plan's context, answers from the content-hash tag when the image exists, otherwise runs
-BuildKit through trainbox.build.engine, then writes the build report (steps in Dockerfile order, cached/rebuilt
+BuildKit through trainbox.image.engine, then writes the build report (steps in Dockerfile order, cached/rebuilt
 counts, image id, size, layers) and prints a one-line summary.
 """
 
@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..paths import write_atomic
-from . import cann_bake, sbom
+from ..paths import GENERATED_DIR, write_atomic
+from . import sbom, toolkits
 from .plan import BuildPlan, stage
-from .engine import Client, ConsoleProgress, run_build
+from .engine import BuildResult, Client, ConsoleProgress, Step, run_build
 from ..runtime.errors import TrainboxError
 from ..runtime.redact import redact, redact_data, url_secrets
 
@@ -55,7 +55,7 @@ def _skip(plan: BuildPlan, client: Client, report_path: Path, say) -> BuildOutco
     t0 = time.monotonic()
     for t in plan.tags[1:]:
         client.tag(plan.tag, t)
-    baked = bake_cann_env(plan, client, say)  # an image from before the bake, or one whose bake was cut short
+    baked = bake_toolkit_env(plan, client, say)  # an image from before the bake, or one whose bake was cut short
     baked.update(add_sbom(plan, client, report_path, say))  # ... or from before SBOMs
     report = {**common_report(plan, client), **image_facts(client, plan.tag), "ok": True, "skipped": True,
               **baked,
@@ -86,7 +86,7 @@ def run(plan: BuildPlan, client: Client, report_path: Path, *, force: bool = Fal
               "rebuilt_steps": sum(s["status"] == "done" for s in steps if not s["from"])}
     if not result.ok:
         _fail(plan, result, report, report_path, secrets)
-    report.update(bake_cann_env(plan, client, say))
+    report.update(bake_toolkit_env(plan, client, say))
     report.update(add_sbom(plan, client, report_path, say))
     report.update(image_facts(client, plan.tag))
     if before:
@@ -127,25 +127,64 @@ def replaced(client: Client, plan: BuildPlan, before: dict, new_id: str, say) ->
     return {"replaced": {"image_id": old_id, "pushed": [], "kept_as": [], "removed": proc.returncode == 0}}
 
 
-def bake_cann_env(plan: BuildPlan, client: Client, say) -> dict:
-    """NPU images: the CANN environment the build recorded, baked as ENV (trainbox.build.cann_bake)."""
-    if plan.stack.device != "npu":
+def bake_toolkit_env(plan: BuildPlan, client: Client, say) -> dict:
+    """The environment the build recorded for the stack's toolkit, baked as ENV by the toolkit's own module
+    (trainbox.image.toolkits: NPU images get their set_env exports; a CUDA base sets its own ENV)."""
+    toolkit = toolkits.for_device(plan.stack.device)
+    if toolkit is None or toolkit.ENV_RECORD is None:
         return {}
     try:
-        return {"cann_env": cann_bake.bake(client, plan.tags, say)}
+        return {f"{toolkit.NAME}_env": toolkit.bake(client, plan.tags, say)}
     except TrainboxError as exc:  # EngineError included
-        raise BuildFailed(f"{plan.tag}: baking the CANN environment as ENV failed: {exc}") from None
+        raise BuildFailed(f"{plan.tag}: baking the {toolkit.NAME.upper()} environment as ENV failed: {exc}") from None
 
 
 def add_sbom(plan: BuildPlan, client: Client, report_path: Path, say) -> dict:
-    """The image's SBOM (trainbox.build.sbom), written into it as its last layer and beside the report."""
+    """The image's SBOM (trainbox.image.sbom), written into it as its last layer and beside the report."""
     try:
-        return sbom.for_plan(plan, client, report_path, say)
+        return sbom_for_plan(plan, client, report_path, say)
     except TrainboxError as exc:  # EngineError included
         raise BuildFailed(f"{plan.tag}: writing the SBOM failed: {exc}") from None
 
 
-def _fail(plan: BuildPlan, result, report: dict, report_path: Path, secrets: list[str] = ()) -> None:
+def _base_facts(client: Client, plan: BuildPlan) -> dict:
+    info = client.image_info(plan.base.used) or {}
+    digests = sorted(d for d in info.get("RepoDigests") or [] if "@sha256:" in d)
+    return {"used": plan.base.used, "requested": plan.base.requested, "substituted": plan.base.substituted,
+            "digest": digests[0].split("@", 1)[1] if digests else None,
+            "image_id": info.get("Id") or plan.base.image_id}
+
+
+def sbom_for_plan(plan: BuildPlan, client: Client, report_path: Path, say=print) -> dict:
+    """Make the SBOM of the image `plan` built, write it into the image (every tag) and beside the report.
+    An image that already carries one (its label) keeps it. Returns what the build report records."""
+    gen = f"{GENERATED_DIR}/{plan.stack.name}"
+    done = client.labels(plan.tag).get(sbom.SBOM_LABEL)
+    if done:
+        path = sbom.write_beside(report_path, sbom.read_from_image(client, plan.tag))
+        return {"sbom": {"path": str(path), "sha256": done.removeprefix("sha256:"), "already": True}}
+    inv = sbom.inventory_of(client, plan.tag)
+    texts = [plan.files[f"{gen}/{n}"] for n in ("requirements.txt", "deps.txt") if f"{gen}/{n}" in plan.files]
+    manifest = json.loads(_text(plan.files[f"{gen}/stack.json"]))
+    bom = sbom.make_bom(manifest=manifest, inventory=inv, base=_base_facts(client, plan),
+                        image=f"trainbox/{plan.stack.name}", content_hash=plan.content_hash, platform=plan.platform,
+                        requirements=[_text(t) for t in texts], wheels=plan.wheels)
+    doc = sbom.to_json(bom)
+    problems = sbom.compare(json.loads(doc), inv)
+    if problems:  # the document was made from this very listing: a difference is a bug in trainbox
+        raise TrainboxError(f"{plan.tag}: the SBOM does not match what is installed: " + "; ".join(problems))
+    digest = sbom.commit(client, plan.tags, doc)
+    path = sbom.write_beside(report_path, doc)
+    say(f"SBOM of {plan.tag}: {len(inv['distributions'])} distributions, in the image at {sbom.SBOM_PATH} and at "
+        f"{path}")
+    return {"sbom": {"path": str(path), "sha256": digest, "distributions": len(inv["distributions"])}}
+
+
+def _text(src: Path | bytes) -> str:
+    return src.decode() if isinstance(src, bytes) else Path(src).read_text()
+
+
+def _fail(plan: BuildPlan, result: BuildResult, report: dict, report_path: Path, secrets: list[str] = ()) -> None:
     failed = result.failed
     report["error"] = {"step": failed.name if failed else None, "message": result.error,
                        "last_lines": list(failed.log)[-25:] if failed else result.output_tail[-25:]}
@@ -158,7 +197,7 @@ def _fail(plan: BuildPlan, result, report: dict, report_path: Path, secrets: lis
         "  last lines of its output:\n    " + "\n    ".join(lines) + f"\n  report: {report_path}", secrets))
 
 
-def dockerfile_order(steps: list, dockerfile: str) -> list:
+def dockerfile_order(steps: list[Step], dockerfile: str) -> list[Step]:
     """BuildKit reports steps as they start (stages run in parallel); put them in Dockerfile order."""
     stages: list[str] = []
     for m in re.finditer(r"(?im)^\s*FROM\s+\S+(?:\s+AS\s+(\S+))?", dockerfile):
