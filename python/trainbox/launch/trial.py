@@ -323,9 +323,11 @@ def verify(plan: TrialPlan, client: Client) -> list[dict]:
         proc = _in_image(client, plan.image, "python3", "-c", code, mounts=mounts, env=env, timeout=300)
         err = proc.stderr.decode(errors="replace").strip().splitlines()
         out = proc.stdout.decode(errors="replace").strip().splitlines()
+        # a failure names its exit status: a check killed by a signal (or Ctrl-C) leaves no error line, only
+        # whatever it printed last (a progress bar)
         rows.append({"name": v.name, "ok": proc.returncode == 0,
-                     "message": (out[-1:] or [""])[0] if proc.returncode == 0 else (err[-1:] or ["exit %d" %
-                                                                                                   proc.returncode])[0]})
+                     "message": (out[-1:] or [""])[0] if proc.returncode == 0
+                     else f"exit {proc.returncode}: " + (err[-1:] or ["(nothing on stderr)"])[0]})
     return rows
 
 
