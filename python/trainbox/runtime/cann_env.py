@@ -4,7 +4,7 @@ The cann base image's own ENTRYPOINT sources the toolkit's, BiSheng's (AscendNPU
 trainbox's entrypoint replaces that ENTRYPOINT. `python3 -m trainbox.runtime.cann_env --write FILE` runs in the
 image build, sources the same scripts the entrypoint would (trainbox.runtime.entrypoint.set_env_scripts) and
 writes what they change as JSON (schema 1: {"schema", "sourced": [script...], "env": {NAME: VALUE}}).
-`trainbox image build` then bakes the record into the image as ENV (trainbox.image.cann_bake: a Dockerfile cannot
+`trainbox image build` then bakes the record into the image as ENV (trainbox.image.toolkits.cann: a Dockerfile cannot
 compute ENV, so it is committed after the build), so a Kubernetes `command:` that bypasses the entrypoint has
 it too. The entrypoint still applies the record instead of running bash at every start (a no-op where the ENV
 holds it), and `trainbox doctor` (cann.env_baked) names what the image's ENV lacks. Built on a base without

@@ -49,7 +49,7 @@ ASCENDNPU_IR_SET_ENV = "share/info/ascendnpu-ir/bin/set_env.sh"  # relative to t
 ATB_SET_ENV_ARGS = ("--cxx_abi=1",)
 # Where `trainbox image build` records what those scripts export (see trainbox.runtime.cann_env).
 CANN_ENV_FILE = "/etc/trainbox/cann-env.json"
-# `trainbox image build` bakes that record as ENV (trainbox.image.cann_bake); the entrypoint still applies it and
+# `trainbox image build` bakes that record as ENV (trainbox.image.toolkits.cann); the entrypoint still applies it and
 # names here what the image's ENV lacked, so the doctor can say so (a plain `docker build` image).
 CANN_ENV_APPLIED_VAR = "TRAINBOX_CANN_ENV_APPLIED"
 
