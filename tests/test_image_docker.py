@@ -123,7 +123,7 @@ def test_cpu_image_holds_the_runtime_half_and_no_host_module(cpu_build):
         timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "No module named 'trainbox.image.render'" in out and "rc=1" in out
+    assert "No module named 'trainbox.image'" in out and "rc=1" in out  # the image stage's package is not shipped
     lines = out.splitlines()
     assert lines[lines.index("rc=1") + 1:][:2] == ["1", "1"], out  # both doctor entry points ran and reported (a FAIL on this host is fine)
     assert sorted(out.split("\ncli\n", 1)[1].split()) == ["__init__.py", "__pycache__", "cli.py", "commands",
@@ -221,22 +221,29 @@ def test_edit_rebuilds_only_later_steps(cpu_build, tmp_path, monkeypatch, edit, 
                 tag_latest=False, labels={"trainbox.test": "1"})
     # The unedited tree built again just before (all cached, unless something dropped its cache): the cpu image
     # may have been built long ago, and the docker queues beside this one build the same first steps meanwhile,
-    # some with --no-cache, which re-points BuildKit's cache index at their own results.
-    unedited = image_build.build(dh.build_options(**opts, force=True, report=str(tmp_path / "unedited.json")))
-    assert unedited.tag != cpu_build.tag  # its label gives it its own tag: removing it below leaves the cpu image
-    out = image_build.build(dh.build_options(**opts, source_root=_edited_repo(tmp_path, edit),
-                                       report=str(tmp_path / "report.json")))
-    try:
-        assert not out.skipped and out.tag not in (cpu_build.tag, unedited.tag)
-        before, after = _steps_after(out.report, first_rebuilt, files_marker)
-        assert before and all(s["status"] == "cached" for s in before), \
-            [(s["name"][:60], s["status"]) for s in before if s["status"] != "cached"]
-        assert after and all(s["status"] == "done" for s in after), \
-            [(s["name"][:60], s["status"]) for s in after]
-        assert json.loads((tmp_path / "report.json").read_text())["rebuilt_steps"] == len(after)
-    finally:
-        dh.docker_client().remove_image(out.tag)
-        dh.docker_client().remove_image(unedited.tag)
+    # some with --no-cache (test_repro_docker), which re-points BuildKit's cache index at their own results. Such a
+    # build between the two below makes a step before the edit run again with the same result: the pair is made
+    # once more then (with a new edit), and only a pair whose earlier steps were all cached is judged. The check
+    # stays as strict: an edit that invalidates an earlier step does so every time and fails both tries.
+    for attempt in (1, 2):
+        unedited = image_build.build(dh.build_options(**opts, force=True, report=str(tmp_path / "unedited.json")))
+        assert unedited.tag != cpu_build.tag  # its label gives it its own tag: removing it below leaves the cpu image
+        out = image_build.build(dh.build_options(**opts, source_root=_edited_repo(tmp_path / f"try{attempt}", edit),
+                                                 report=str(tmp_path / "report.json")))
+        try:
+            assert not out.skipped and out.tag not in (cpu_build.tag, unedited.tag)
+            before, after = _steps_after(out.report, first_rebuilt, files_marker)
+            rerun = [(s["name"][:60], s["status"]) for s in before if s["status"] != "cached"]
+            if rerun and attempt == 1:
+                continue
+            assert before and not rerun, rerun
+            assert after and all(s["status"] == "done" for s in after), \
+                [(s["name"][:60], s["status"]) for s in after]
+            assert json.loads((tmp_path / "report.json").read_text())["rebuilt_steps"] == len(after)
+            break
+        finally:
+            dh.docker_client().remove_image(out.tag)
+            dh.docker_client().remove_image(unedited.tag)
 
 
 def test_substituted_wheel_fails_the_build_in_hash_checking_mode(tmp_path, cpu_build):
