@@ -292,6 +292,28 @@ def run_in_image(tag: str, *cmd: str, timeout: float = 300, network: str = "none
         raise
 
 
+def commit_edited(tag: str, new: str, script: str, mounts: tuple[str, ...] = ()) -> str:
+    """`tag` changed by a bash `script` run in it (no network, `mounts` as --mount values), committed as `new` with
+    the image's own entrypoint and command put back (the run replaced them with bash); the container removed
+    (a throwaway image of a test: labelled TEST_LABEL, the caller removes it)."""
+    import json
+
+    docker = docker_client().docker
+    name = f"trainbox-test-{uuid.uuid4().hex[:10]}"
+    subprocess.run([docker, "run", "--name", name, "--label", TEST_LABEL, "--network", "none", "--entrypoint", "bash",
+                    *(a for m in mounts for a in ("--mount", m)), tag, "-c", script],
+                   check=True, capture_output=True, timeout=300)
+    conf = json.loads(subprocess.run([docker, "inspect", "--format", "{{json .Config}}", tag], check=True,
+                                     capture_output=True, text=True, timeout=60).stdout)
+    changes = ["--change", f"ENTRYPOINT {json.dumps(conf.get('Entrypoint') or [])}",
+               "--change", f"CMD {json.dumps(conf.get('Cmd') or [])}"]
+    try:
+        subprocess.run([docker, "commit", *changes, name, new], check=True, capture_output=True, timeout=300)
+    finally:
+        subprocess.run([docker, "rm", "-f", name], capture_output=True)
+    return new
+
+
 def temporary_tag(prefix: str = "trainbox-test/tmp") -> str:
     return f"{prefix}:{uuid.uuid4().hex[:12]}"
 

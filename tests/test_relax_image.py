@@ -13,7 +13,7 @@ import sys
 import uuid
 
 import pytest
-from docker_helpers import TEST_LABEL, docker_client
+from docker_helpers import commit_edited, docker_client
 from test_cpu_mode_docker import _image, python_in
 from test_relax_imports import RELAX_REPOS
 from trainbox.paths import REPO_ROOT
@@ -110,23 +110,9 @@ def test_relax_s_entry_closure_lacks_only_torchvision(relax_img, recipe):
 
 def _image_without(tag: str, paths: list[str]) -> str:
     """`tag` with `paths` removed (as if the stack no longer held them), committed as a throwaway image."""
-    docker = docker_client().docker
-    name = f"trainbox-test-{uuid.uuid4().hex[:10]}"
-    new = f"trainbox-test/relax-without:{uuid.uuid4().hex[:12]}"
     script = "set -e; sp=$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'); " \
         + "; ".join(f"rm -rf \"$sp\"/{p}" for p in paths)
-    subprocess.run([docker, "run", "--name", name, "--label", TEST_LABEL, "--network", "none", "--entrypoint", "bash",
-                    tag, "-c", script], check=True, capture_output=True, timeout=300)
-    # the run replaced the entrypoint (bash): the commit puts the image's own back
-    conf = json.loads(subprocess.run([docker, "inspect", "--format", "{{json .Config}}", tag], check=True,
-                                     capture_output=True, text=True, timeout=60).stdout)
-    changes = ["--change", f"ENTRYPOINT {json.dumps(conf.get('Entrypoint') or [])}",
-               "--change", f"CMD {json.dumps(conf.get('Cmd') or [])}"]
-    try:
-        subprocess.run([docker, "commit", *changes, name, new], check=True, capture_output=True, timeout=300)
-    finally:
-        subprocess.run([docker, "rm", "-f", name], capture_output=True)
-    return new
+    return commit_edited(tag, f"trainbox-test/relax-without:{uuid.uuid4().hex[:12]}", script)
 
 
 @pytest.mark.parametrize("module,paths", [

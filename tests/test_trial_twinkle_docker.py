@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from docker_helpers import TEST_LABEL, docker_client
+from docker_helpers import commit_edited, docker_client
 from test_cpu_mode_docker import _image
 from trainbox.paths import REPO_ROOT
 from upstream_helpers import find_shared_upstream
@@ -72,23 +72,10 @@ def _image_without_the_series(tag: str, tmp_path: Path) -> str:
     src.mkdir()
     for name in ("base.py", "__init__.py"):
         (src / name).write_text(pristine(f"{PLATFORMS}/{name}"))
-    docker = docker_client().docker
-    name = f"trainbox-test-{uuid.uuid4().hex[:10]}"
-    new = f"trainbox-test/twinkle-a3-unpatched:{uuid.uuid4().hex[:12]}"
     script = (f"set -e; d={TREE}/{PLATFORMS}; test -f $d/cpu.py; cp /pristine/base.py /pristine/__init__.py $d/; "
               "rm $d/cpu.py")
-    subprocess.run([docker, "run", "--name", name, "--label", TEST_LABEL, "--network", "none", "--entrypoint", "bash",
-                    "--mount", f"type=bind,source={src},target=/pristine,readonly", tag, "-c", script],
-                   check=True, capture_output=True, timeout=300)
-    conf = json.loads(subprocess.run([docker, "inspect", "--format", "{{json .Config}}", tag], check=True,
-                                     capture_output=True, text=True, timeout=60).stdout)
-    changes = ["--change", f"ENTRYPOINT {json.dumps(conf.get('Entrypoint') or [])}",
-               "--change", f"CMD {json.dumps(conf.get('Cmd') or [])}"]
-    try:
-        subprocess.run([docker, "commit", *changes, name, new], check=True, capture_output=True, timeout=300)
-    finally:
-        subprocess.run([docker, "rm", "-f", name], capture_output=True)
-    return new
+    return commit_edited(tag, f"trainbox-test/twinkle-a3-unpatched:{uuid.uuid4().hex[:12]}", script,
+                         mounts=(f"type=bind,source={src},target=/pristine,readonly",))
 
 
 def test_without_the_patch_series_the_trial_stops_at_the_cuda_bound_process_group(twinkle_a3_img, tmp_path):
