@@ -38,27 +38,34 @@ def test_only_pinned_installs_from_the_index_see_the_credentials(name):
 
 def test_specforge_sglang_build_runs_without_the_credentials():
     """The case issue 37 found: sglang (source: url, install: build) ran `pip wheel` with the secret mounted."""
-    runs = _runs(render_stack(load_stack("specforge")).dockerfile)
+    text = render_stack(load_stack("specforge")).dockerfile
+    runs = _runs(text)
     sglang = [r for r in runs if "--component sglang " in r]
     build = [r for r in sglang if "--mode build " in r]
     env = [r for r in sglang if "--mode build-env " in r]
     assert len(build) == 1 and len(env) == 1
     assert SECRET_MOUNT not in build[0] and "pip_index_url" not in build[0]
-    assert "--build-env /opt/trainbox-build-env/sglang" in build[0] and "--build-req" not in build[0]
+    # its build requirements come from their own stage, mounted read-only: that stage alone saw the secret
+    assert "--mount=type=bind,from=build-env-sglang,source=/out/build-env,target=/tmp/trainbox/build-env" in build[0]
+    assert "--build-env /tmp/trainbox/build-env" in build[0] and "--build-req" not in build[0]
     assert "export PIP_INDEX_URL=https://pypi.org/simple " in build[0]  # the stack's own URL: no credentials
-    assert SECRET_MOUNT in env[0] and "--build-req 'setuptools==" in env[0]
-    assert runs.index(env[0]) < runs.index(build[0])
+    assert SECRET_MOUNT in env[0] and "--build-req 'setuptools==" in env[0] and "--build-env /out/build-env" in env[0]
+    side = text[text.index("FROM system AS build-env-sglang"):text.index("FROM system AS builder")]
+    assert "--component sglang \\\n      --mode build-env" in side
 
 
 @pytest.mark.parametrize("name", ["npu-910b-megatron", "twinkle", "swift"])
 def test_git_wheel_builds_get_their_build_requirements_from_a_step_before(name):
     runs = _runs(render_stack(load_stack(name)).dockerfile)
-    builds = [r for r in runs if "install_source" in r and "--mode pip " in r]
+    builds = [r for r in runs if "install_source" in r and "--mode pip " in r and "--wheel-out " in r]
     assert builds, "a git component built into a wheel"
     for run in builds:
-        assert SECRET_MOUNT not in run and "--build-env /opt/trainbox-build-env/" in run
+        assert SECRET_MOUNT not in run and "--build-env /out/build-env " in run
         key = re.search(r"--component (\S+) ", run).group(1)
         assert any(f"--component {key} --mode build-env " in r and SECRET_MOUNT in r for r in runs), key
+        # the builder only installs the wheel built there: no credentials, no tree, no build code of its own
+        install = [r for r in runs if f"--component {key} " in r and "--wheel-in " in r]
+        assert len(install) == 1 and "pip_index_url" not in install[0] and "source=build/sources" not in install[0]
 
 
 # ------------------------------------------------------------------------ credentials never in clear

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -71,15 +72,62 @@ def test_layer_order_is_cache_aware():
 
 def test_builder_stage_only_where_build_only_work_happens():
     """cpu patches nothing and builds nothing from source: the venv is made in the final stage itself, with no
-    builder and no copy of it between stages; npu-910b patches megatron-core: it keeps its builder."""
+    builder and no copy of it between stages. npu-910b patches megatron-core: it has a builder, and the final stage
+    continues it (no build-only package went in); cuda's builder installs compilers: its final stage copies the venv
+    out of it."""
     cpu = render_stack(load_stack("cpu")).dockerfile
     assert "AS builder" not in cpu and "COPY --from=builder" not in cpu
     final = cpu[cpu.index("AS final"):]
     assert final.index("-m venv") < final.index("--require-hashes") < final.index("COPY --from=files /out/package/")
     npu = render_stack(load_stack("npu-910b")).dockerfile
-    assert "FROM system AS builder" in npu and "COPY --from=builder /opt/venv /opt/venv" in npu
+    assert "FROM system AS builder" in npu and "FROM builder AS final" in npu and "COPY --from=builder" not in npu
     builder = npu[npu.index("AS builder"):npu.index("AS final")]
     assert "--require-hashes" in builder and "apply_patches.py" in builder
+    cuda = render_stack(load_stack("cuda")).dockerfile
+    assert "build-essential" in cuda[cuda.index("AS builder"):cuda.index("AS final")]
+    assert "FROM system AS final" in cuda and "COPY --from=builder /opt/venv /opt/venv" in cuda
+
+
+def _stages(dockerfile: str) -> dict[str, str]:
+    parts = re.split(r"^FROM \S+ AS (\S+)\n", dockerfile, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+@pytest.mark.parametrize("name", list_stacks())
+def test_a_final_stage_that_continues_the_builder_gets_no_mount_point_and_no_build_tool(name):
+    """Where the final stage continues the builder, whatever a builder step leaves is in the image: BuildKit 0.8
+    leaves each mount point behind (with the build's time), so every mount lies under the step's tmpfs /tmp, and
+    build requirements come from a stage of their own, mounted."""
+    stages = _stages(render_stack(load_stack(name)).dockerfile)
+    if "builder" not in stages or not re.search(r"^FROM builder AS final$", render_stack(load_stack(name)).dockerfile,
+                                                 re.M):
+        pytest.skip(f"{name}: the final stage does not continue a builder")
+    for stage in ("builder", "final"):
+        for run in re.findall(r"^RUN (.*?)(?<!\\)\n", stages[stage], flags=re.M | re.S):
+            mounts = re.findall(r"--mount=(\S+)", run)
+            assert not mounts or "type=tmpfs,target=/tmp" in mounts[0], (stage, run[:200])
+            for m in mounts[1:]:
+                assert re.search(r"target=/tmp/", m), (stage, m)
+    assert "/opt/trainbox-build-env" not in stages["builder"]
+
+
+def test_a_wheel_built_in_isolation_is_built_beside_the_pins():
+    """MindSpeed (`install: pip`, locked build requirements) builds in a stage of its own that starts with the
+    builder's very venv step (BuildKit runs it once) and does not wait for the pins; the builder installs its
+    wheel after the pins. sglang's `build:` commands build against the venv: in the builder, with the build
+    requirements mounted from their stage."""
+    text = render_stack(load_stack("twinkle")).dockerfile
+    stages = _stages(text)
+    venv_step = re.search(r"^RUN --mount=type=tmpfs,target=/tmp \\\n +\S+ -m venv .*?\n(?=\S)", stages["builder"],
+                          re.M | re.S).group(0)
+    assert venv_step in stages["build-env-mindspeed"]
+    assert "--require-hashes" not in stages["wheel-mindspeed"] and "--wheel-out /out/wheel" in stages["wheel-mindspeed"]
+    builder = stages["builder"]
+    install = builder.index("--component mindspeed")
+    assert builder.index("-r /tmp/trainbox/requirements.txt") < install
+    assert "from=wheel-mindspeed,source=/out/wheel" in builder and "--wheel-in /tmp/trainbox/wheel" in builder
+    sf = _stages(render_stack(load_stack("specforge")).dockerfile)
+    assert "wheel-sglang" not in sf and "from=build-env-sglang,source=/out/build-env" in sf["builder"]
 
 
 def test_system_stage_skips_apt_on_a_bootstrapped_base():

@@ -147,31 +147,66 @@ def manifest(stack: Stack, patches: dict[str, list[dict]]) -> dict:
     }
 
 
-#: where a source component's `--mode build-env` step installs its hash-pinned build requirements (builder stage)
-BUILD_ENV_DIR = "/opt/trainbox-build-env"
+#: A source component's locked build requirements are installed in a stage of their own (build-env-<component>, the
+#: one step of its build given the index credentials) at BUILD_ENV_OUT; the step that builds bind-mounts them at
+#: BUILD_ENV_MOUNT. Nothing of them reaches the venv's stages, so the final image can continue the builder.
+BUILD_ENV_OUT = "/out/build-env"
+BUILD_ENV_MOUNT = "/tmp/trainbox/build-env"
+#: A wheel built from a tree in isolation (`install: pip` with locked build requirements) is built in its own stage
+#: (wheel-<component>, beside the venv's pins: on another core, off the build's critical path) into WHEEL_OUT; the
+#: builder installs it from WHEEL_MOUNT.
+WHEEL_OUT = "/out/wheel"
+WHEEL_MOUNT = "/tmp/trainbox/wheel"
 
 
-def _sourced(stack: Stack) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """({component: install_source.py arguments} for the components whose source the build context stages,
-    {component: arguments of the step before it that installs its locked build requirements}); the template
-    quotes each one as a shell word.
+@dataclass(frozen=True)
+class Sourced:
+    """How the template builds each source component the build context stages; each value a list of
+    install_source.py arguments, which the template quotes word by word.
 
-    The build step runs the tree's own code (setup.py, a PEP 517 backend, `build:` commands) and is given no index
-    credentials; the step before it is a pip install from the index, hash-pinned, and the only one that is."""
-    out, envs = {}, {}
+    `steps`: {component: the builder's step}. `build_envs`: {component: its build-env stage's step}, for a component
+    whose build gets the lock's build requirements. `wheels`: {component: its wheel stage's step}, for a wheel built
+    in isolation (then the builder's step only installs that wheel).
+
+    A build step runs the tree's own code (setup.py, a PEP 517 backend, `build:` commands) and is given no index
+    credentials; the build-env step is a pip install from the index, hash-pinned, and the only one that is."""
+    steps: dict[str, list[str]]
+    build_envs: dict[str, list[str]]
+    wheels: dict[str, list[str]]
+
+
+def _sourced(stack: Stack) -> Sourced:
+    steps, envs, wheels = {}, {}, {}
     build_reqs = _build_req_lines(stack)
     for key, c in sorted(stack.installed_components.items()):
         args = c.kind.install_args(c)
-        if args and c.kind.needs_build_env(c) and build_reqs:
+        if not args:
+            continue
+        if c.kind.needs_build_env(c) and build_reqs:
             # the wheel's build environment: exactly the locked build requirements, --require-hashes (without a
             # lock pip would fill an isolated one with whatever version the wheelhouse or index offers)
-            env_dir = f"{BUILD_ENV_DIR}/{key}"
-            envs[key] = ["--mode", "build-env", "--build-env", env_dir,
+            envs[key] = ["--mode", "build-env", "--build-env", BUILD_ENV_OUT,
                          *(a for line in build_reqs for a in ("--build-req", line))]
-            args = [*args, "--build-env", env_dir]
-        if args:
-            out[key] = list(args)
-    return out, envs
+            if c.kind.builds_apart(c):  # built in isolation: it needs nothing of the venv, so not on its path
+                wheels[key] = [*args, "--build-env", BUILD_ENV_OUT, "--wheel-out", WHEEL_OUT]
+                args = [*_without(args, "--patches", "--subdir"), "--wheel-in", WHEEL_MOUNT]
+            else:  # built against the venv (its torch ...): in the builder, its build requirements mounted
+                args = [*args, "--build-env", BUILD_ENV_MOUNT]
+        steps[key] = list(args)
+    return Sourced(steps, envs, wheels)
+
+
+def _without(args: list[str], *flags: str) -> list[str]:
+    """`args` less each of `flags` and its value (what only the wheel's build reads, not its install)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        else:
+            out.append(a)
+    return out
 
 
 class _Lines(str):
@@ -282,8 +317,8 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
     base = _template_base(stack)
     patched = {k: stack.components[k] for k in patches
                if not stack.components[k].kind.install_args(stack.components[k])}
-    sourced, build_envs = _sourced(stack)
-    system_pkgs, build_pkgs = _apt_packages(stack, base, bool(patched or sourced))
+    sourced = _sourced(stack)
+    system_pkgs, build_pkgs = _apt_packages(stack, base, bool(patched or sourced.steps))
     trees = any(c.install == "tree" for c in stack.installed_components.values())
     try:
         text = _env().get_template(template).render(
@@ -296,13 +331,15 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
             dep_names=names,
             own_layer=LAYER_OF_ITS_OWN if own_lines else None,
             patched=patched,
-            sourced=sourced,
-            build_envs=build_envs,
+            sourced=sourced.steps,
+            build_envs=sourced.build_envs,
+            wheel_builds=sourced.wheels,
+            out_env=BUILD_ENV_OUT, mount_env=BUILD_ENV_MOUNT, out_wheel=WHEEL_OUT, mount_wheel=WHEEL_MOUNT,
             compiled=sorted(k for k, c in stack.installed_components.items() if c.kind.compiled(c)),
             system_pkgs=system_pkgs,
             build_pkgs=build_pkgs,
             # a builder stage only where build-only work happens: otherwise the venv is made in the final stage
-            builder=bool(patched or sourced or trees or build_pkgs),
+            builder=bool(patched or sourced.steps or trees or build_pkgs),
             trees=trees,
             patches=patches,
             env=dict(sorted(stack.env.items())),

@@ -11,7 +11,9 @@ HEAD is checked against the pin.
 
     --mode pip      apply the patch series to a copy of the tree, build a wheel from it (or from --subdir; with
                     --build-req in an environment of exactly those hash-pinned build requirements), install it
-                    --no-deps and record the commit in its direct_url.json (PEP 610)
+                    --no-deps and record the commit in its direct_url.json (PEP 610); with --wheel-out DIR only
+                    build it into DIR, with --wheel-in DIR only install (and record) the wheel built there: the
+                    wheel is built in a stage of its own, beside the venv's pins, and not on their path
     --mode tree     apply the series, put the tree (no .git) at /opt/src/<component>, add it to sys.path (.pth)
     --mode archive  check the staged archive's sha256, install the wheels it holds --no-deps
     --mode sdist    check the staged sdist (none staged: --dist==--version downloaded by pip) against one of --sha256
@@ -196,28 +198,36 @@ def _install_build_reqs(lines: list[str], tmp: Path, env_dir: Path) -> None:
          "installing the hash-pinned build requirements")
 
 
-def _install_wheel(args: argparse.Namespace, tree: Path, tmp: Path) -> None:
+def _build_wheel(args: argparse.Namespace, tree: Path, tmp: Path, out: Path) -> Path:
+    """The one wheel built from the (patched) tree into `out`, its version checked against the pin."""
     src = tree / args.subdir if args.subdir else tree
     flags, env = _build_env(args, tmp)
-    out = tmp / "wheel"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", *flags, "-w", str(out),
           str(src)], f"building a wheel from {args.git}@{args.commit}", env=env)
-    wheels = sorted(out.glob("*.whl"))
+    return _one_wheel(args, out, f"building a wheel from {args.git}@{args.commit}")
+
+
+def _one_wheel(args: argparse.Namespace, where: Path, what: str) -> Path:
+    wheels = sorted(where.glob("*.whl"))
     if len(wheels) != 1:
-        raise SourceFailed(f"building a wheel from {args.git}@{args.commit} gave {len(wheels)} wheels")
+        raise SourceFailed(f"{what} gave {len(wheels)} wheels")
     version = wheels[0].name.split("-")[1]
     if args.version and version != args.version:
         raise SourceFailed(f"the tree at {args.commit} builds version {version}, but the stack says "
                            f"version: {args.version}")
+    return wheels[0]
+
+
+def _install_wheel(args: argparse.Namespace, wheel: Path) -> None:
     _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
-          str(wheels[0])], f"installing {wheels[0].name}")
+          str(wheel)], f"installing {wheel.name}")
     # what pip records for `pip install NAME @ git+URL@COMMIT` (PEP 610): doctor compares the commit
-    dist = wheels[0].name.split("-")[0]
+    dist, version = wheel.name.split("-")[:2]
     info = next(_purelib().glob(f"{dist}-{version}.dist-info"), None)
     if info is not None:
         (info / "direct_url.json").write_text(json.dumps(
             {"url": args.git, "vcs_info": {"vcs": "git", "commit_id": args.commit}}) + "\n")
-    print(f"{args.component}: installed {wheels[0].name} built from {args.git}@{args.commit}")
+    print(f"{args.component}: installed {wheel.name} built from {args.git}@{args.commit}")
 
 
 #: What `needs:` names, and how the builder shows it has it (the toolkit of a CANN or CUDA devel base).
@@ -344,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build-env", type=Path, metavar="DIR",
                     help="--mode build-env: where to install the --build-req lines; --mode pip, build: where a "
                     "build-env step installed them")
+    ap.add_argument("--wheel-out", type=Path, metavar="DIR",
+                    help="--mode pip: build the wheel into DIR and stop (a stage of its own builds it beside the "
+                    "venv's pins)")
+    ap.add_argument("--wheel-in", type=Path, metavar="DIR",
+                    help="--mode pip: install the one wheel in DIR (built by --wheel-out in another stage)")
     ap.add_argument("--build", action="append", default=[], metavar="CMD", help="--mode build: a build command")
     ap.add_argument("--wheels", default="dist/*.whl", help="--mode build: the wheels it leaves (glob in the tree)")
     ap.add_argument("--needs", action="append", default=[], choices=sorted(TOOLKITS),
@@ -365,10 +380,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "sdist":
             _install_sdist(args, tmp)
             return 0
+        if args.mode == "pip" and args.wheel_in:
+            _install_wheel(args, _one_wheel(args, args.wheel_in, f"--wheel-in {args.wheel_in}"))
+            return 0
         tree = _tree(args, tmp / "tree")
         applied = _patch(args, tree)
-        if args.mode == "pip":
-            _install_wheel(args, tree, tmp)
+        if args.mode == "pip" and args.wheel_out:
+            wheel = _build_wheel(args, tree, tmp, args.wheel_out)
+            print(f"{args.component}: built {wheel.name} from {args.git}@{args.commit} into {args.wheel_out}")
+        elif args.mode == "pip":
+            _install_wheel(args, _build_wheel(args, tree, tmp, tmp / "wheel"))
         elif args.mode == "build":
             _install_built(args, tree, tmp)
         else:

@@ -172,6 +172,11 @@ class Kind:
         """Its wheel is built in an isolated build environment whose PEP 518 requirements the lock pins."""
         return False
 
+    def builds_apart(self, c: PinnedComponent) -> bool:
+        """Its wheel's build needs nothing of the venv (an isolated PEP 517 build): it can run in a stage of its own,
+        beside the venv's pins, and the builder only installs the wheel."""
+        return False
+
     def pin_warnings(self, c: PinnedComponent, stack: StackView) -> list[str]:
         """What `trainbox stack check` should say about a pin that validates but is not fully pinned."""
         return []
@@ -409,6 +414,9 @@ class GitKind(Kind):
 
     def needs_build_env(self, c: PinnedComponent) -> bool:
         return c.install is not False and self.mode(c) == "pip" and c.build_isolation
+
+    def builds_apart(self, c: PinnedComponent) -> bool:
+        return self.needs_build_env(c)  # `install: pip` in isolation; `build:` commands build against the venv
 
     def builder_packages(self, c: PinnedComponent) -> list[str]:
         # a plain `docker build` without staged trees fetches the commit with git in the builder
