@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ..specs import grammar
 from .recipe import VISIBLE_DEVICES_VARS, Input, Recipe, all_inputs, check_value, load_recipe, refs
 from ..runtime.errors import TrainboxError
-from .ports import RUN_BASES, STRIDE
+from .ports import RUN_BASES, STRIDE, run_ports
 from ..specs.sets import parse_assignments
 
 # Host paths a bind mount must not cover inside the container.
@@ -160,9 +160,10 @@ def _derive_ports(inputs: dict[str, Input], sets: dict[str, str], cards: list[in
     moves by PORT_STRIDE per slot, the slot being the job's first card (0 for cards 0-3, 4 for 4-7).
     Returns the job's port inputs and their values (set, derived or the default)."""
     slot = min(cards) if cards else 0
+    moved = run_ports(slot)
     for name, base in PORT_INPUTS.items():
         if slot and name in inputs and name not in sets and str(inputs[name].default) == str(base):
-            sets[name] = str(base + PORT_STRIDE * slot)
+            sets[name] = str(moved[name])
     return {n: str(sets.get(n, spec.default)) for n, spec in inputs.items()
             if spec.kind == "port" and sets.get(n, spec.default) not in (None, "")}
 

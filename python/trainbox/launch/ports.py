@@ -31,3 +31,8 @@ RAY_WORKER_PORTS = (17000, 20479)
 # defaults (GCS 6379, dashboard 8265, client server 10001): no planned port may be one of them.
 SLURM_DAEMON_PORTS = (6817, 6818, 6819, 6820, 16817, 16818, 16819)
 RAY_DEFAULT_PORTS = (6379, 8265, 10001)
+
+
+def run_ports(slot: int, names=NAMES) -> dict[str, int]:
+    """`trainbox run`'s ports for slot `slot` (a job's first card; a CPU trial's free slot): base + STRIDE * slot."""
+    return {n: RUN_BASES[n] + STRIDE * slot for n in names}

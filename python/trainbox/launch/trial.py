@@ -151,13 +151,13 @@ def _free_ports(inputs: dict[str, Input], values: dict[str, str]) -> dict[str, s
     derived from this process, so two trials starting together also probe different slots first."""
     import socket
 
-    from .ports import RUN_BASES, RUN_SLOTS, STRIDE
+    from .ports import RUN_BASES, RUN_SLOTS, run_ports
 
     names = [n for n in RUN_BASES if n in inputs and n not in values]
     start = os.getpid() % RUN_SLOTS
     for k in range(RUN_SLOTS):
         slot = (start + k) % RUN_SLOTS
-        ports = {n: RUN_BASES[n] + STRIDE * slot for n in names}
+        ports = run_ports(slot, names)
         try:
             for port in ports.values():
                 with socket.socket() as sock:
