@@ -13,6 +13,7 @@ build (online, and a bundle with its SHA256SUMS rewritten): tests/test_sources_d
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -209,6 +210,57 @@ def test_build_requirements_installed_in_a_step_before_the_build(offline_pip, tm
                           capture_output=True, text=True, timeout=600, env=bare)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "installed demo-1.0" in proc.stdout and not marker.exists()
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_a_wheel_built_in_one_stage_is_installed_in_another(offline_pip, tmp_path):
+    """The image's wheel-<name> stage builds with --wheel-out (nothing installed), the builder installs that wheel
+    with --wheel-in (no tree, no build code, no build requirements) and records its commit (PEP 610)."""
+    venv, wheelhouse, lines = offline_pip
+    _tree(tmp_path)
+    py = [str(venv / "bin" / "python"), "-m", "trainbox.runtime.install_source", "--component", "demo"]
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python"), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheelhouse),
+               PIP_CONSTRAINT="", PIP_CONFIG_FILE=os.devnull)
+    git = ["--mode", "pip", "--git", "https://example.invalid/demo.git", "--commit", "a" * 40, "--version", "1.0"]
+    out = tmp_path / "wheel"
+    # the module's venv: the tests before this one installed demo
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-y", "-q", "demo"], capture_output=True,
+                   timeout=300, env=env)
+    proc = subprocess.run([*py, *git, "--sources-dir", str(tmp_path / "sources"), "--wheel-out", str(out),
+                           *(a for ln in lines for a in ("--build-req", ln))],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [p.name for p in out.iterdir()] == ["demo-1.0-py3-none-any.whl"] and "built demo-1.0" in proc.stdout
+    site = next(venv.glob("lib/python*/site-packages"))
+    assert not list(site.glob("demo-*.dist-info"))  # built, not installed
+    bare = {k: v for k, v in env.items() if k != "PIP_FIND_LINKS"}
+    proc = subprocess.run([*py, *git, "--wheel-in", str(out)], capture_output=True, text=True, timeout=600, env=bare)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    direct = json.loads((site / "demo-1.0.dist-info" / "direct_url.json").read_text())
+    assert direct["vcs_info"]["commit_id"] == "a" * 40 and "installed demo-1.0" in proc.stdout
+
+
+def _wheel_dir(tmp: Path, names: list[str]) -> Path:
+    out = tmp / "wheels"
+    out.mkdir()
+    for n in names:
+        (out / n).write_bytes(b"")
+    return out
+
+
+@pytest.mark.parametrize("wheels, words", [
+    ([], "gave 0 wheels"),
+    (["demo-1.0-py3-none-any.whl", "demo-1.1-py3-none-any.whl"], "gave 2 wheels"),
+    (["demo-2.0-py3-none-any.whl"], "builds version 2.0, but the stack says version: 1.0"),
+])
+def test_wheel_in_takes_exactly_the_one_wheel_of_the_pinned_version(tmp_path, wheels, words):
+    proc = subprocess.run([sys.executable, "-m", "trainbox.runtime.install_source", "--component", "demo",
+                           "--mode", "pip", "--git", "https://example.invalid/demo.git", "--commit", "a" * 40,
+                           "--version", "1.0", "--wheel-in", str(_wheel_dir(tmp_path, wheels))],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python")))
+    assert proc.returncode == 1 and words in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 
 
 @pytest.mark.parametrize("args, words", [
