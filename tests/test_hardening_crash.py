@@ -33,6 +33,19 @@ def trainbox(*args: str, env: dict | None = None, timeout: float = 120) -> subpr
                           env=full, timeout=timeout, cwd=REPO_ROOT)
 
 
+def in_process(capsys, *args: str) -> subprocess.CompletedProcess:
+    """`trainbox ARGS` through main() in this process, as a CompletedProcess for one_line(): for the commands
+    whose one line and exit status are the point and that read no TRAINBOX_* setting at import (a CLI process
+    costs 0.2-0.7 s of CPU; the tests above and below keep the real entry point)."""
+    from hangguard import finishes
+    from trainbox.cli import main
+
+    capsys.readouterr()
+    rc = finishes(main, list(args))  # a hang fails the test, as a subprocess's timeout did
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["trainbox", *args], rc, out, err)
+
+
 def one_line(proc: subprocess.CompletedProcess, rc: int = 2) -> str:
     """The command failed with `rc` and said why in exactly one line on stderr (no traceback), its last; notes
     it printed before it got there (`trainbox: base ... cannot be pulled; building on ...`) may precede it."""
@@ -159,39 +172,42 @@ def _stack_chain(tmp_path: Path, depth: int) -> Path:
 
 
 @pytest.mark.parametrize("depth", [17, 3000])
-def test_a_deep_extends_chain_is_refused_in_one_line_at_once(tmp_path, depth):
+def test_a_deep_extends_chain_is_refused_in_one_line_at_once(tmp_path, depth, capsys):
     """80 levels took 124 s (each level loaded its whole chain again, and the rules every ancestor: cubic), 301
     past 90 s, 3000 a RecursionError. One past the limit and 3000 bracket them: any chain over 16 files is refused
-    at its 17th, so 80 and 301 ran the same path as 17 (16 CLI runs of the inner loop's CPU, dropped)."""
+    at its 17th, so 80 and 301 ran the same path as 17 (16 CLI runs of the inner loop's CPU, dropped). The image
+    build runs as its own process (its cache is TRAINBOX_CACHE's, read at import); the others through main()."""
     top = _stack_chain(tmp_path, depth)
     t0 = time.monotonic()
-    for args in (["render", str(top), "-o", str(tmp_path / "out")], ["stack", "show", str(top)],
-                 ["image", "build", str(top), "--dry-run"]):
-        err = one_line(trainbox(*args, env={"TRAINBOX_CACHE": str(tmp_path / "cache")}, timeout=60))
+    for proc in (in_process(capsys, "render", str(top), "-o", str(tmp_path / "out")),
+                 in_process(capsys, "stack", "show", str(top)),
+                 trainbox("image", "build", str(top), "--dry-run", env={"TRAINBOX_CACHE": str(tmp_path / "cache")},
+                          timeout=60)):
+        err = one_line(proc)
         assert f"s{depth}.yaml: extends: a chain of more than 16 files" in err, err
-    proc = trainbox("stack", "validate", str(top), timeout=60)
+    proc = in_process(capsys, "stack", "validate", str(top))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "a chain of more than 16" in proc.stderr
     assert time.monotonic() - t0 < 60  # a hang guard: 80 levels took 124 s, 301 never ended
     assert not (tmp_path / "out").exists()
 
 
-def test_an_extends_chain_within_the_limit_loads_in_linear_time(tmp_path):
+def test_an_extends_chain_within_the_limit_loads_in_linear_time(tmp_path, capsys):
     top = _stack_chain(tmp_path, 15)
     t0 = time.monotonic()
-    proc = trainbox("stack", "validate", str(top), timeout=60)
+    proc = in_process(capsys, "stack", "validate", str(top))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert time.monotonic() - t0 < 60  # a hang guard: the cubic load of 15 levels took minutes
     st = load_stack(top)
     assert st.name == "s15" and st.lock_is_fresh() and st.components["torch"].version == "2.13.0+cpu"
 
 
-def test_a_deep_recipe_extends_chain_is_refused(tmp_path):
+def test_a_deep_recipe_extends_chain_is_refused(tmp_path, capsys):
     shutil.copy(RECIPE, tmp_path / "r0.yaml")
     for i in range(1, 302):
         (tmp_path / f"r{i}.yaml").write_text(f"extends: r{i - 1}\ndescription: level {i}\n")
     with pytest.raises(RecipeError, match="r301.yaml: extends: a chain of more than 16 files"):
         load_recipe(tmp_path / "r301.yaml")
-    err = one_line(trainbox("launch", "show", str(tmp_path / "r301.yaml"), timeout=60))
+    err = one_line(in_process(capsys, "launch", "show", str(tmp_path / "r301.yaml")))
     assert "a chain of more than 16 files" in err
     assert load_recipe(tmp_path / "r15.yaml").description == "level 15"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k8s_schema import crd_dir, manifest_errors
+from k8s_schema import crd_dir, load_docs, manifest_errors
 from trainbox.launch.k8s import ACCELERATOR_TYPE, NPU_RESOURCE, SCRIPT_DIR
 from trainbox.launch.targets import RenderOptions, render_target, resolve_for
 from trainbox.launch.recipe import all_inputs, list_recipes, load_recipe
@@ -70,7 +70,7 @@ def test_manifest_is_valid_against_the_upstream_crd(name, target, nodes):
     opts = _node_type(job)
     text = render_target(job, target, opts)
     assert manifest_errors(text) == []
-    cm, obj = yaml.safe_load_all(text)
+    cm, obj = load_docs(text)
     assert cm["kind"] == "ConfigMap" and cm["data"]["job.sh"].startswith("#!/usr/bin/env bash")
     pods = [c for c in _containers(obj)]
     for c in pods:
@@ -148,7 +148,7 @@ def test_wrong_kind_for_a_recipe_is_refused():
 def test_the_validator_catches_what_it_should():
     """A test that cannot fail is a defect: unknown keys and wrong types are reported."""
     job = resolve_for("pytorchjob", "cpu-ddp", nodes=2)
-    cm, obj = yaml.safe_load_all(render_target(job, "pytorchjob"))
+    cm, obj = load_docs(render_target(job, "pytorchjob"))
     obj["spec"]["surprise"] = 1
     obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "two"
     obj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["bogus"] = 1
@@ -189,11 +189,11 @@ def _recipe(tmp_path: Path, stack: str, launcher: str, text: str) -> Path:
 def test_hostile_recipe_input_stays_a_value(target, tmp_path):
     stack, launcher = HOSTILE_CASES[target]
     benign = resolve_for(target, str(_recipe(tmp_path, stack, launcher, "plain words")), sets={"NOTE": "ok"})
-    b_docs = list(yaml.safe_load_all(render_target(benign, target)))
+    b_docs = list(load_docs(render_target(benign, target)))
     hostile = resolve_for(target, str(_recipe(tmp_path, stack, launcher, HOSTILE.replace("\n", " "))),
                           sets={"NOTE": HOSTILE})
     text = render_target(hostile, target)
-    docs = list(yaml.safe_load_all(text))
+    docs = list(load_docs(text))
     assert len(docs) == 2 and [d["kind"] for d in docs] == [d["kind"] for d in b_docs]
     assert _key_paths(docs) == _key_paths(b_docs)  # never a new key
     assert manifest_errors(text) == []
@@ -237,7 +237,7 @@ def test_pods_train_with_only_the_operator_variables(operator, cpu_image, tmp_pa
                           "pytorchjob", "--nodes", "2", "--nproc-per-node", "1", "--image", cpu_image,
                           "--set", "STEPS=20"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    cm, obj = yaml.safe_load_all(out.stdout)
+    cm, obj = load_docs(out.stdout)
     job_dir = tmp_path / "job"  # what kubelet makes of the ConfigMap volume
     job_dir.mkdir()
     (job_dir / "job.sh").write_text(cm["data"]["job.sh"])

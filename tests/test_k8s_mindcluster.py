@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import pytest
-import yaml
 
+from k8s_schema import load_docs
 from trainbox.launch.k8s import ACCELERATOR_TYPES, NPU_RESOURCE
 from trainbox.launch.targets import RenderOptions, render_target, resolve_for
 from trainbox.launch.recipe import all_inputs, load_recipe
@@ -24,7 +24,7 @@ def _inputs(name: str) -> dict[str, str]:
 
 def _render(name: str, target: str, accelerator: str | None = None, **kw) -> dict:
     job = resolve_for(target, name, sets=_inputs(name), image="registry.example/trainbox/x@sha256:" + "0" * 64, **kw)
-    _cm, obj = yaml.safe_load_all(render_target(job, target, RenderOptions(accelerator)))
+    _cm, obj = load_docs(render_target(job, target, RenderOptions(accelerator)))
     return obj
 
 

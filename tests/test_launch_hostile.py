@@ -22,9 +22,10 @@ from trainbox.runtime.dist import hccl_socket_port_env
 from trainbox.launch import StackInfo, load_stack_info, render_script
 from trainbox.launch.recipe import all_inputs, list_recipes, load_recipe
 
-# Stand-ins for the programs a job runs (see the module docstring).
+# Stand-ins for the programs a job runs (see the module docstring). Standard library only, so `-S`: no site
+# (its .pth imports were half of each stand-in's start-up CPU, and a job starts several).
 STUB = """\
-#!{python}
+#!{python} -S
 import json, os, signal, subprocess, sys, time
 name = os.path.basename(sys.argv[0])
 if name == "python3" and len(sys.argv) > 1 and sys.argv[1] in ("-c", "-"):

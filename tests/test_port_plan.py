@@ -6,6 +6,7 @@ from their first card (all 16 card slots)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -17,6 +18,9 @@ RUN_RECIPE = "relax-qwen3-4b-4npu-colocate"  # NPU, Ray + torch: MASTER_PORT, RA
 RAY_HEAD_PORTS = 8  # a Ray head listens on RAY_PORT .. RAY_PORT+7 (GCS and its workers' fixed ports)
 
 
+# The renders and resolves below are the same for every test here: made once per worker (they were 4 of this
+# file's 5 s of CPU); each test still reads the product's values, and fails with them.
+@functools.lru_cache(maxsize=None)
 def _slurm_formulas() -> dict[str, tuple[int, int, int]]:
     """name -> (base, stride, slots) as the rendered sbatch scripts compute them."""
     text = render_target(resolve_for("slurm", "cpu-ddp", nodes=2), "slurm") + \
@@ -44,7 +48,7 @@ def _hccl_blocks(master: int) -> set[int]:
 
 
 def _slurm_jobs() -> list[dict[str, int]]:
-    formulas = _slurm_formulas()
+    formulas = dict(_slurm_formulas())
     assert set(formulas) == {"MASTER_PORT", "RAY_PORT", "RAY_DASHBOARD_PORT"}, formulas
     (slots,) = {f[2] for f in formulas.values()}
     return [{n: base + stride * s for n, (base, stride, _) in formulas.items()} for s in range(slots)]
@@ -53,6 +57,11 @@ def _slurm_jobs() -> list[dict[str, int]]:
 def _docker_jobs() -> list[dict[str, int]]:
     """`trainbox run` jobs of a 4-card Ray recipe with every first card: the ports move with it (a job on cards
     4-7 against one on 0-3), as job.resolve derives them."""
+    return [dict(j) for j in _docker_jobs_once()]
+
+
+@functools.lru_cache(maxsize=None)
+def _docker_jobs_once() -> tuple[dict[str, int], ...]:
     from trainbox.launch.recipe import all_inputs, load_recipe
 
     inputs = all_inputs(load_recipe(RUN_RECIPE))
@@ -62,7 +71,7 @@ def _docker_jobs() -> list[dict[str, int]]:
         job = resolve_for("docker", RUN_RECIPE, devices=f"{first}-{first + 3}")
         out.append({n: int(job.sets.get(n) or inputs[n].default) for n in names})
     assert len({j["MASTER_PORT"] for j in out}) == len(out)
-    return out
+    return tuple(out)
 
 
 def _blocks_of(jobs) -> set[int]:
