@@ -114,6 +114,24 @@ def test_honest_aliases_and_merge_keys_still_load():
         parse_yaml(path.read_text(), str(path))
 
 
+
+def test_a_document_parsed_again_is_a_copy_and_a_refusal_is_made_again():
+    """parse_yaml keeps what it parsed (by text): a caller that edits its result must not change the next one's,
+    and a refused document is refused again, naming the second caller's file."""
+    text = "pins: [a, b]\nbase: {version: 1}\n"
+    first = parse_yaml(text, "one.yaml")
+    first["pins"].append("c")
+    first["base"]["version"] = 2
+    second = parse_yaml(text, "two.yaml")
+    assert second == {"pins": ["a", "b"], "base": {"version": 1}}
+    second["pins"].clear()
+    assert parse_yaml(text, "three.yaml") == {"pins": ["a", "b"], "base": {"version": 1}}
+    bad = "version: 1\nversion: 2\n"
+    for where in ("a.yaml", "b.yaml"):
+        with pytest.raises(TrainboxError, match=rf"^{where}:2:1: malformed YAML: duplicate key 'version'"):
+            parse_yaml(bad, where)
+
+
 def _stack_dir(tmp_path: Path) -> Path:
     d = tmp_path / "stacks"
     d.mkdir()

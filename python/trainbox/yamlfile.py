@@ -9,9 +9,11 @@ of the line a comment), each as one TrainboxError line instead of a traceback.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
+import threading
 from pathlib import Path
 
 import yaml
@@ -160,8 +162,33 @@ def _tokens_too_deep(text: str) -> bool:
     return False
 
 
+# Documents parsed before, by their text: one command loads a stack's lock, its parent's and the stacks it extends
+# several times over (resolve, findings, render), and parsing with the checks above is the costly part of loading
+# a stack (13 ms for relax.yaml, a copy of the result 0.3 ms). Only successes are kept, so every refusal is made
+# (and worded for its own `where`) again; each caller gets a copy of its own, so none sees another's edits.
+_PARSED: dict[str, object] = {}
+_PARSED_MAX = 128  # documents; a stack or lock is KiBs to tens of KiB
+_PARSED_TEXT_MAX = 256 << 10  # a larger document is parsed each time
+_PARSED_LOCK = threading.Lock()
+
+
 def parse_yaml(text: str, where: str, error: type[TrainboxError] = TrainboxError):
     """Parse YAML text (duplicate keys and cut-short values refused); errors name `where` (a path) and the line."""
+    with _PARSED_LOCK:
+        hit = _PARSED.get(text, _PARSED)
+    if hit is not _PARSED:
+        return copy.deepcopy(hit)
+    data = _parse_yaml(text, where, error)
+    if len(text) <= _PARSED_TEXT_MAX:
+        kept = copy.deepcopy(data)  # before the caller can change `data`
+        with _PARSED_LOCK:
+            if len(_PARSED) >= _PARSED_MAX:
+                _PARSED.pop(next(iter(_PARSED)))  # the oldest first
+            _PARSED[text] = kept
+    return data
+
+
+def _parse_yaml(text: str, where: str, error: type[TrainboxError]):
     try:
         if _tokens_too_deep(text):
             raise RecursionError
