@@ -71,6 +71,11 @@ def limit_requirements(stack_name: str, sets: dict[str, str] | None = None, plan
     return [t if isinstance(t, bytes) else Path(t).read_bytes() for t in texts]
 
 
+def _locked(deps: bytes) -> bool:
+    """Whether a rendered deps.txt pins anything (a dependency lock applies) or is comments only."""
+    return any(ln.strip() and not ln.lstrip().startswith(b"#") for ln in deps.splitlines())
+
+
 def plain_pip_install(stack_name: str, wheelhouse: str | None, sets: dict[str, str] | None = None,
                       plan=None, pins_only: bool = False) -> tuple[float, float]:
     """(venv seconds, pip seconds): the stack's hash-pinned requirements (limit_requirements) installed with plain
@@ -84,7 +89,7 @@ def plain_pip_install(stack_name: str, wheelhouse: str | None, sets: dict[str, s
 
     stack = load_stack(stack_name, sets=sets)
     texts = limit_requirements(stack_name, sets, plan)
-    locked = pins_only or any(ln.strip() and not ln.lstrip().startswith(b"#") for ln in texts[1].splitlines())
+    locked = pins_only or _locked(texts[1])
     if not locked:
         # No dependency lock applies (a stack without one, or pins moved by --set): the build installs the pins
         # hash-checked, then resolves their dependencies. The limit is then what a user without trainbox runs to
@@ -158,7 +163,7 @@ def bench_workload(args, client, created: list[str]) -> dict:
     # where the build resolves the pins' dependencies itself, also the limit as measured before 2026-11-28: the
     # pins alone (twinkle: 62 of the 103 distributions the build installs)
     deps = limit_requirements(args.workload, sets, planned)[1]
-    pins_only = limit if any(ln.strip() and not ln.startswith(b"#") for ln in deps.splitlines()) else \
+    pins_only = limit if _locked(deps) else \
         sum(plain_pip_install(args.workload, args.wheelhouse, sets, plan=planned, pins_only=True))
     print(f"bench: cold build of {args.workload} on {base} (layer cache ignored)", file=sys.stderr)
     opts.force, opts.no_cache = True, True
