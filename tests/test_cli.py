@@ -125,6 +125,31 @@ def test_unknown_argument_shows_the_subcommands_usage(capsys):
     assert "usage: trainbox image build" in capsys.readouterr().err
 
 
+def test_one_parser_serves_every_command_of_a_process_and_reads_the_environment_per_command(capsys, monkeypatch):
+    """`main` builds its parser once per process; what a command takes from the environment is read when that
+    command runs, not when the parser was built (TRAINBOX_REGISTRY set after a first command still counts)."""
+    import trainbox.image.push as pushmod
+
+    from trainbox import cli
+    from trainbox.runtime.errors import TrainboxError
+
+    monkeypatch.delenv("TRAINBOX_REGISTRY", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        main(["image", "push", "cpu"])
+    assert exc.value.code == 2 and "--registry REG is required" in capsys.readouterr().err
+    seen = []
+
+    def push_stand_in(stack, registry, say):  # records what the command gave it; no engine, no registry
+        seen.append((stack, registry))
+        raise TrainboxError("stand-in push")
+
+    monkeypatch.setattr(pushmod, "push", push_stand_in)
+    monkeypatch.setenv("TRAINBOX_REGISTRY", "127.0.0.1:5999")
+    assert main(["image", "push", "cpu"]) == 2 and "stand-in push" in capsys.readouterr().err
+    assert seen == [("cpu", "127.0.0.1:5999")]
+    assert cli._parser() is cli._parser()
+
+
 def test_deprecated_spellings_still_work_with_a_note(capsys, tmp_path):
     assert main(["render", "--stack", "cpu", "--check"]) == 0
     err = capsys.readouterr().err

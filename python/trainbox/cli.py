@@ -10,6 +10,7 @@ statuses, deprecated spellings) and its helpers live in trainbox/commands/_args.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
@@ -57,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@functools.lru_cache(maxsize=1)
+def _parser() -> argparse.ArgumentParser:
+    """The parser a command runs with, built once per process: building it imports and registers every command
+    group, and parsing leaves no state in it (defaults that read the environment are read by the handlers), so a
+    process that runs many commands (the tests run hundreds) pays for it once."""
+    return build_parser()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Whatever it raises ends here as one line on stderr and the documented exit status:
     130 for Ctrl-C (also during argument parsing or imports), 141 when the reader of stdout went away, 2 for
@@ -70,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str] | None) -> int:
-    parser = build_parser()
+    parser = _parser()
     args = parser.parse_args(argv)
     args._argv = list(sys.argv[1:] if argv is None else argv)  # `run --detach` starts the same command again
     finish(args)

@@ -128,7 +128,7 @@ def _register_push(isub) -> None:
         "registry stored is recorded in the build report and shown by `image ls`; the cluster targets of `launch "
         "render` then name REG/trainbox/STACK@sha256:..., which every node can pull.")
     add_stack(pu)
-    pu.add_argument("--registry", metavar="REG", default=os.environ.get("TRAINBOX_REGISTRY"),
+    pu.add_argument("--registry", metavar="REG", default=None,
                     help="registry host[:port][/path] (default: $TRAINBOX_REGISTRY); a registry on 127.0.0.1 is "
                     "plain HTTP to the engine, any other needs TLS or the engine's insecure-registries")
     pu.add_argument("--platform", metavar="P[,P]", default=None,
@@ -247,6 +247,7 @@ def _ls(args: argparse.Namespace) -> int:
 def _push(args: argparse.Namespace) -> int:
     from trainbox.image.push import push
 
+    args.registry = args.registry or os.environ.get("TRAINBOX_REGISTRY")  # read here: the parser is built once
     if not args.registry:
         args._cmd_parser.error("--registry REG is required (or set TRAINBOX_REGISTRY)")
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
