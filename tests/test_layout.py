@@ -7,6 +7,7 @@ side's stages in order (specs <- supply <- image <- launch <- smoke <- commands 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -32,9 +33,18 @@ HOST_MODULES = sorted(".".join(p.relative_to(PKG.parent).with_suffix("").parts) 
                       and p.relative_to(PKG).as_posix() not in ("cli.py", "commands/_args.py", "commands/doctor.py"))
 
 
-def _imports(path: Path, root: Path = PKG):
+def _imports(path: Path, root: Path = PKG) -> tuple[tuple[str, bool], ...]:
     """(module, top_level) for every import in a file of the package at `root`, relative imports resolved to
-    absolute names."""
+    absolute names. Read once per file version: several tests here walk the whole package."""
+    return _imports_of(path, root, path.stat().st_mtime_ns)
+
+
+@functools.cache
+def _imports_of(path: Path, root: Path, _mtime_ns: int) -> tuple[tuple[str, bool], ...]:
+    return tuple(_walk_imports(path, root))
+
+
+def _walk_imports(path: Path, root: Path):
     rel = path.relative_to(root.parent).with_suffix("")
     parts = list(rel.parts)
     pkg = parts[:-1]  # the package a relative import starts from (for __init__.py, its own package)
