@@ -70,6 +70,26 @@ def test_layer_order_is_cache_aware():
     assert pos == sorted(pos), list(zip(order, pos))
 
 
+@pytest.mark.parametrize("name", list_stacks())
+def test_a_source_step_mounts_its_own_tree_and_the_runtime_package_alone(name):
+    """What a step bind-mounts is in its cache key. A source step (install_source) mounts its own component's staged
+    tree (a stage of its own, so that the other components of the stack stay out: MindSpeed's wheel is then one
+    build for every stack that pins the same commit) and the runtime package, not all of python/ (an edit to a host
+    module would rebuild every source component, sglang's build included)."""
+    text = render_stack(load_stack(name)).dockerfile
+    runs = [re.sub(r"\s+", " ", r) for r in re.sub(r"\\\n", " ", text).splitlines() if r.startswith("RUN ")]
+    steps = [r for r in runs if "trainbox.runtime.install_source" in r]
+    for run in steps:
+        key = re.search(r"--component (\S+) ", run).group(1)
+        sources = re.findall(r"--mount=type=bind,(\S*)target=/tmp/trainbox/sources(\S*) ", run)
+        assert sources in ([], [(f"from=sources-{key},", f"/{key}")]), (key, sources)
+        assert "source=python," not in run and "source=build/sources," not in run, run
+        assert "source=python/trainbox/runtime,target=/tmp/trainbox/python/trainbox/runtime " in run, run
+    for key in {re.search(r"--component (\S+) ", r).group(1) for r in steps if "from=sources-" in r}:
+        # the pattern copies the staged tree, and nothing where a plain `docker build` staged none
+        assert f"FROM scratch AS sources-{key}\nCOPY build/sources/[{key[0]}]{key[1:]} /\n" in text, key
+
+
 def test_builder_stage_only_where_build_only_work_happens():
     """cpu patches nothing and builds nothing from source: the venv is made in the final stage itself, with no
     builder and no copy of it between stages. npu-910b patches megatron-core: it has a builder, and the final stage
