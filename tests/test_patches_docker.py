@@ -1,5 +1,5 @@
 """The patch series in real image builds: applied in the NPU template image, and a moved pin fails the build
-at the patch step, naming the patch and the hunk."""
+at the patch step, naming the patch and the hunk (on a test stack that extends cpu: see MOVED_PIN_STACK)."""
 
 from __future__ import annotations
 
@@ -35,15 +35,31 @@ def test_npu_template_image_carries_the_patched_megatron(npu_image):
     assert proc.stdout.split() == ["cpu", "True"]
 
 
-def test_moved_pin_fails_the_image_build_at_the_patch_step():
-    from docker_helpers import NPU_OVERRIDES, build_options, ensure_base, wheelhouse_dir
+#: the stack the moved pin is tried on: cpu and megatron-core with npu-910b's patch series. On cpu's torch layer (the
+#: cpu image's, cached), so the build reaches the patch step after installing megatron-core alone; on npu-910b the
+#: moved pin reinstalls torch_npu, triton-ascend, transformers and the rest first (5 minutes of a cold CI run), and
+#: the patch step it then fails at is the same partial (templates/partials) with the same series.
+MOVED_PIN_STACK = """name: megatron-on-cpu
+description: the cpu stack with megatron-core and npu-910b's patch series (a test stack)
+extends: cpu
+components:
+  megatron-core:
+    source: pypi
+    version: 0.15.3
+    patches: megatron-core
+"""
+
+
+def test_moved_pin_fails_the_image_build_at_the_patch_step(tmp_path):
+    from docker_helpers import build_options, ensure_base, wheelhouse_dir
 
     from trainbox.image.build import build
 
-    sets = dict(NPU_OVERRIDES, **{"megatron-core.version": "0.16.0"})
+    stack = tmp_path / "megatron-on-cpu.yaml"
+    stack.write_text(MOVED_PIN_STACK)
     with pytest.raises(BuildFailed) as ei:
-        build(build_options(stack="npu-910b", base=ensure_base(), sets=sets, wheelhouse=str(wheelhouse_dir()),
-                            labels={"trainbox.test": "1"}))
+        build(build_options(stack=str(stack), base=ensure_base(), sets={"megatron-core.version": "0.16.0"},
+                            wheelhouse=str(wheelhouse_dir()), labels={"trainbox.test": "1"}))
     msg = str(ei.value)
     assert "apply_patches.py" in msg  # the failing step is the patch step
     assert "0002-tensor_parallel-random-track-the-RNG-of-the-current-.patch does not apply" in msg
