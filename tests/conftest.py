@@ -35,25 +35,36 @@ os.environ["PYTHONPATH"] = os.pathsep.join([_PKG] + [p for p in os.environ.get("
 # rest fill the workers as they free up.
 OWN_IMAGE_MODULES = {"test_arm64_docker", "test_cann_bake_docker", "test_cli_docker", "test_cpu_mode_docker",
                      "test_deps_pass_docker", "test_patches_docker", "test_recipe_args_megatron",
-                     "test_relax_imports", "test_repro_docker", "test_sources_docker", "test_supply_bundle",
-                     "test_supply_unpack"}
+                     "test_repro_docker", "test_sources_docker", "test_supply_bundle", "test_supply_unpack",
+                     "test_trial_twinkle_docker"}
+# Modules that use one workload image and nothing of the engine queue's (not the cpu image, not the registry): one
+# queue per image, beside "engine". One queue, not one each: where no smoke built the image, the first of them
+# builds it and removes it again when it is done, which must not happen under another's feet.
+IMAGE_QUEUES = {"test_relax_imports": "relax-image", "test_relax_image": "relax-image",
+                "test_relax_own_tests": "relax-image", "test_swift_npu_fixes": "test_recipe_args_megatron"}
+# A docker test in a module of the engine queue that uses only images it makes and removes itself (marker
+# `own_images`) waits in its module's own queue instead.
+
 # The longest queues go out first (`make test` passes --no-loadscope-reorder, so xdist hands out the groups in the
 # order of the collection): one that starts late becomes the run's tail, with one core idle. Longest first, as
-# measured in a parallel `make test` (2026-11-27, seconds of its tests under load): engine 1072, arm64 376,
-# teardown 332, cpu mode 223, deps pass 171, bundle 159, sources 155, megatron patches 135, repro 98, relax 92,
-# megatron recipe args 70. An order, not a result: a queue missing here only starts later.
-LONG_FIRST = ("engine", "test_arm64_docker", "test_dist_teardown", "test_cpu_mode_docker", "test_deps_pass_docker",
-              "test_supply_bundle", "test_sources_docker", "test_megatron_patches", "test_repro_docker",
-              "test_relax_imports", "test_recipe_args_megatron")
+# measured in a cold `.ci/run` (2026-11-28, seconds of each queue's tests on 4 workers and 2 cores): engine 1965
+# (about 400 of it the relax, twinkle-a3, swift and SBOM-document tests, which have left it), arm64 1024, relax
+# image 350, teardown 304, cann bake 323 (120 now), megatron patches 118, deps pass 111, cpu mode 92, trial twinkle
+# 80, recipe args megatron 70. An order, not a result: a queue missing here only starts later.
+LONG_FIRST = ("engine", "test_arm64_docker", "relax-image", "test_dist_teardown", "test_cann_bake_docker",
+              "test_megatron_patches", "test_deps_pass_docker", "test_cpu_mode_docker", "test_trial_twinkle_docker",
+              "test_supply_bundle", "test_sources_docker", "test_repro_docker", "test_recipe_args_megatron")
 
 
 def _queue(item) -> str | None:
     """The xdist group a test waits in (see above), None for a test that may run on any worker."""
     module = item.module.__name__.rpartition(".")[2]
     if "docker" in item.keywords:
-        return module if module in OWN_IMAGE_MODULES else "engine"
+        if module in OWN_IMAGE_MODULES or "own_images" in item.keywords:
+            return module
+        return IMAGE_QUEUES.get(module, "engine")
     if "slow" in item.keywords or "network" in item.keywords:
-        return module
+        return IMAGE_QUEUES.get(module, module)
     return None
 
 

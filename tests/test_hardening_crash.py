@@ -380,6 +380,7 @@ def sbom_images():
 
 
 @pytest.mark.docker
+@pytest.mark.own_images  # the tiny images of sbom_images alone
 def test_image_sbom_refuses_each_malformed_document_in_one_line(sbom_images):
     for name, (_raw, words) in sorted(BAD_SBOMS.items()):
         err = one_line(trainbox("image", "sbom", sbom_images[name]))
@@ -393,6 +394,7 @@ def test_image_sbom_refuses_each_malformed_document_in_one_line(sbom_images):
 
 
 @pytest.mark.docker
+@pytest.mark.own_images  # the tiny images of sbom_images alone
 def test_image_sbom_prints_control_characters_escaped(sbom_images):
     proc = trainbox("image", "sbom", sbom_images["control characters"])
     assert proc.returncode == 0, proc.stderr
