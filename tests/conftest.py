@@ -74,7 +74,8 @@ def pytest_collection_modifyitems(config, items):
         queue = _queue(item)
         if queue:
             item.add_marker(pytest.mark.xdist_group(queue))
-    if getattr(config.option, "dist", "no") == "loadgroup":
+    # xdist's workers, whose collection order is the one the groups go out in, see dist "no" and loadgroup True
+    if getattr(config.option, "dist", "no") == "loadgroup" or getattr(config.option, "loadgroup", False):
         rank = {g: i for i, g in enumerate(LONG_FIRST)}
         items.sort(key=lambda it: rank.get(_queue(it), len(LONG_FIRST)))  # stable: the rest keep their order
     _skip_docker_without_engine(items)
