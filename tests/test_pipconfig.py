@@ -99,3 +99,35 @@ def test_pypi_index_follows_pips_index_url(monkeypatch):
     assert sources.index_url("pypi", {}) == "https://mirror.example/simple"
     monkeypatch.setenv("TRAINBOX_PYPI_URL", "https://override.example/simple")
     assert sources.index_url("pypi", {}) == "https://override.example/simple"
+
+
+def test_pips_answer_is_kept_until_a_file_it_reads_changes(tmp_path, monkeypatch):
+    """`pip config list` once; the next process takes the kept answer without starting pip, and asks pip again
+    when a configuration file pip reads changes (here the XDG_CONFIG_HOME one) or one is added."""
+    from trainbox import paths
+
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    conf = tmp_path / "xdg" / "pip" / "pip.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text("[install]\nindex-url = https://first.example/simple\n")
+    ran = []
+    real_run = pipconfig.subprocess.run
+    monkeypatch.setattr(pipconfig.subprocess, "run", lambda argv, **kw: ran.append(argv) or real_run(argv, **kw))
+
+    def index_url():
+        pipconfig.pip_config.cache_clear()  # a new process
+        s = pipconfig.pip_config().get("index-url")
+        return s.value if s else None
+
+    try:
+        assert index_url() == "https://first.example/simple" and len(ran) == 1
+        assert index_url() == "https://first.example/simple" and len(ran) == 1  # the kept answer
+        conf.write_text("[install]\nindex-url = https://second.example/simple\n")
+        assert index_url() == "https://second.example/simple" and len(ran) == 2
+        monkeypatch.setenv("PIP_INDEX_URL", "https://env.example/simple")  # the environment is in the key too
+        assert index_url() == "https://env.example/simple" and len(ran) == 3
+        (tmp_path / "cache" / "pip-config.json").write_text("{not json")  # a broken memo: pip is asked
+        assert index_url() == "https://env.example/simple" and len(ran) == 4
+    finally:
+        pipconfig.pip_config.cache_clear()

@@ -12,6 +12,9 @@ from, so that a command can say in one line where a wheel came from.
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -20,6 +23,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import paths
 from ..specs.dists import canon, is_dist_of, sha256_file
 
 _LINE = re.compile(r"^(?P<section>[^.=]*)\.(?P<key>[A-Za-z0-9_-]+)='(?P<value>.*)'$")
@@ -102,13 +106,56 @@ def parse(text: str) -> PipConfig:
 
 @functools.lru_cache(maxsize=1)
 def pip_config() -> PipConfig:
-    """This user's pip configuration (one `pip config list`, once per process); empty when pip cannot say."""
+    """This user's pip configuration (`pip config list`, once per process, and run again only when what it reads
+    changed: see _inputs); empty when pip cannot say."""
+    key = hashlib.sha256(json.dumps(_inputs(), sort_keys=True).encode()).hexdigest()
+    memo = paths.CACHE_DIR / "pip-config.json"
+    try:
+        kept = json.loads(memo.read_text(encoding="utf-8"))
+        if kept.get("key") == key and isinstance(kept.get("list"), str):
+            return parse(kept["list"])
+    except (OSError, ValueError, AttributeError):
+        pass
     try:
         proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
                               timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return PipConfig()
-    return parse(proc.stdout) if proc.returncode == 0 else PipConfig()
+    if proc.returncode != 0:
+        return PipConfig()
+    try:  # a memo only: a cache that cannot be written costs the next command the same 0.5 s again
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        paths.write_atomic(memo, json.dumps({"key": key, "list": proc.stdout}))
+    except OSError:
+        pass
+    return parse(proc.stdout)
+
+
+def _inputs() -> dict:
+    """What `pip config list`'s answer depends on. pip's start-up alone is ~0.5 s of CPU, most of a dry-run build:
+    its answer is kept (pip-config.json in the cache) under a key of the interpreter, pip's own files, the
+    environment pip reads (PIP_*, the XDG directories, HOME) and the state of every file pip 23-25 reads its
+    configuration from on Linux (pip._internal.configuration.get_configuration_files): each XDG_CONFIG_DIRS
+    entry's pip/pip.conf and /etc/pip.conf, sys.prefix's pip.conf, ~/.pip/pip.conf, the XDG_CONFIG_HOME one and
+    PIP_CONFIG_FILE. Editing any of them, or moving pip, asks pip again."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(("PIP_", "XDG_")) or k == "HOME"}
+    xdg_dirs = (os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep)
+    xdg_home = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    files = [os.path.join(d, "pip", "pip.conf") for d in xdg_dirs] + ["/etc/pip.conf"]
+    files += [os.path.join(sys.prefix, "pip.conf"), os.path.expanduser("~/.pip/pip.conf"),
+              os.path.join(xdg_home, "pip", "pip.conf")]
+    files += [os.environ["PIP_CONFIG_FILE"]] if os.environ.get("PIP_CONFIG_FILE") else []
+    spec = importlib.util.find_spec("pip")
+    files += [spec.origin] if spec is not None and spec.origin else []
+    return {"python": sys.executable, "env": env, "files": {f: _state(f) for f in files}}
+
+
+def _state(path: str) -> list | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev]
 
 
 def find_local(name: str, version: str, sha256s, config: PipConfig | None = None) -> tuple[Path, str] | None:
