@@ -126,6 +126,27 @@ def test_registry_ids_are_unique_and_documented():
     assert {c.id for c in doctor.CHECKS if not c.quick} == {"torch.import"}
 
 
+def test_the_parser_imports_no_check_and_the_report_keeps_its_order_whichever_area_comes_first():
+    """Every trainbox command builds a parser that holds `doctor`'s arguments: that must not import the checks
+    (they cost ~0.1 s a process). A host module imports an area (npu, hccl) before the others: the report keeps
+    the areas' order (core.AREAS) all the same."""
+    code = """if True:
+        import sys, trainbox.cli as cli
+        cli._parser()
+        print(sorted(m for m in sys.modules if m.startswith("trainbox.runtime.doctor")))
+        import trainbox.runtime.doctor.hccl, trainbox.runtime.doctor.npu
+        from trainbox.runtime import doctor
+        print(list(doctor.CHECK_IDS))
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded, ids = proc.stdout.splitlines()
+    assert eval(loaded) == ["trainbox.runtime.doctor", "trainbox.runtime.doctor.cli"]
+    assert eval(ids) == list(doctor.CHECK_IDS)
+    areas = [doctor.core.AREAS.index(c.func.__module__.rpartition(".")[2]) for c in doctor.CHECKS]
+    assert areas == sorted(areas) and len(set(areas)) == len(doctor.core.AREAS)
+
+
 def test_crashing_check_becomes_a_fail(make, monkeypatch):
     def boom(ctx):
         raise KeyError("nope")

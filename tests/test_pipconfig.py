@@ -5,6 +5,8 @@ wheelhouse and index from there when the command line names none, saying so in o
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import types
 
 import pytest
 
@@ -112,8 +114,9 @@ def test_pips_answer_is_kept_until_a_file_it_reads_changes(tmp_path, monkeypatch
     conf.parent.mkdir(parents=True)
     conf.write_text("[install]\nindex-url = https://first.example/simple\n")
     ran = []
-    real_run = pipconfig.subprocess.run
-    monkeypatch.setattr(pipconfig.subprocess, "run", lambda argv, **kw: ran.append(argv) or real_run(argv, **kw))
+    counting = types.SimpleNamespace(run=lambda argv, **kw: ran.append(argv) or subprocess.run(argv, **kw),
+                                     TimeoutExpired=subprocess.TimeoutExpired)
+    monkeypatch.setattr(pipconfig, "subprocess", counting)  # pipconfig's own name: no other caller is counted
 
     def index_url():
         pipconfig.pip_config.cache_clear()  # a new process

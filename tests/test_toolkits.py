@@ -87,8 +87,10 @@ def test_every_toolkit_has_the_one_interface_and_each_device_its_toolkit():
 
 
 def test_the_cann_toolkit_reaches_its_record_bake_rules_base_launch_and_doctor():
-    from trainbox.runtime.doctor.core import CHECKS
+    from trainbox.runtime.doctor.core import registered
     from trainbox.specs.rules import RULES
+
+    CHECKS = registered()
 
     assert cann.ENV_RECORD is cann_env and cann.ENV_RECORD_FILE == npu.CANN_ENV_FILE and callable(cann.bake)
     assert set(cann.RULES) <= {r.id for r in RULES}

@@ -57,14 +57,24 @@ TRAINBOX_DOCTOR_ROOT makes every absolute path the checks look at (/dev, /usr/lo
 
 from __future__ import annotations
 
-# Area modules register their checks on import; this order is the order of the report.
-# isort: off
-from . import packages, npu, cuda, ray, hccl, system  # noqa: F401  (registration)
-# isort: on
-from .core import (  # noqa: F401  (the doctor's public names)
-    CHECKS, FAIL, PASS, SKIP, WARN, Check, Context, Result, check, format_text, main, report, run_checks,
-    summarize, versions_match,
-)
-from .packages import explain_import_failure  # noqa: F401
+# The package itself imports nothing: `trainbox doctor`'s arguments (cli.py) are read by every trainbox command's
+# parser, which must not pay for the checks (~0.1 s). The doctor's names below are looked up on first use (PEP 562),
+# every area's checks registered first (core.registered(), in the order of the report).
+_CORE = {"CHECKS", "FAIL", "PASS", "SKIP", "WARN", "Check", "Context", "Result", "check", "format_text", "main",
+         "report", "run_checks", "summarize", "versions_match"}
 
-CHECK_IDS = tuple(c.id for c in CHECKS)
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _CORE or name in ("CHECK_IDS", "explain_import_failure"):
+        core = importlib.import_module(f"{__name__}.core")
+        checks = core.registered()
+        if name == "CHECK_IDS":
+            return tuple(c.id for c in checks)
+        if name == "explain_import_failure":
+            return importlib.import_module(f"{__name__}.packages").explain_import_failure
+        return getattr(core, name)
+    if name in ("core", "cli", "packages", "npu", "cuda", "ray", "hccl", "system"):  # `doctor.core` before import
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

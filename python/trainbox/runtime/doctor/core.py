@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import importlib
 import json
 import os
 import platform as _platform
@@ -177,6 +178,8 @@ class Check:
 
 
 CHECKS: list[Check] = []
+#: the area modules of the doctor, in the order of the report; each registers its checks when it is imported
+AREAS = ("packages", "npu", "cuda", "ray", "hccl", "system")
 
 
 def check(id: str, quick: bool = True):
@@ -185,14 +188,28 @@ def check(id: str, quick: bool = True):
     def deco(func):
         doc = (func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else ""
         CHECKS.append(Check(id, func, quick, doc))
+        # the report's order whichever area was imported first (a host module imports npu and hccl alone); stable
+        CHECKS.sort(key=lambda c: _rank(c.func.__module__.rpartition(".")[2]))
         return func
 
     return deco
 
 
+def _rank(area: str) -> int:
+    return AREAS.index(area) if area in AREAS else len(AREAS)
+
+
+def registered() -> list[Check]:
+    """Every area's checks, in the report's order (the areas are imported on first use, not with the package:
+    `trainbox doctor`'s arguments are part of every trainbox command's parser)."""
+    for area in AREAS:
+        importlib.import_module(f"{__package__}.{area}")
+    return CHECKS
+
+
 def run_checks(ctx: Context, only: list | None = None) -> list[Result]:
     results = []
-    for chk in CHECKS:
+    for chk in registered():
         if only and chk.id not in only:
             continue
         if ctx.quick and not chk.quick:
