@@ -621,6 +621,38 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+SWALLOWED_INTERRUPT = """
+import argparse, signal, sys
+from trainbox import cli
+from trainbox.runtime.errors import TrainboxError
+
+class Swallowing:  # Ctrl-C where it cannot be raised (as in a regex pydantic-core calls): "Exception ignored"
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+
+def func(args):
+    obj = Swallowing()
+    del obj
+    if sys.argv[1] == "fails":
+        raise TrainboxError("the lock is invalid (what the lost interrupt left behind)")
+    return 0
+
+parser = argparse.ArgumentParser(prog="trainbox")
+parser.set_defaults(func=func, command="demo")
+cli._parser = lambda: parser
+sys.exit(cli.main([]))
+"""
+
+
+@pytest.mark.parametrize("then", ["fails", "ends"])
+def test_an_interrupt_a_library_swallowed_is_still_130_and_one_line(then):
+    """Seen once in `render --check`: Ctrl-C inside pydantic-core's pattern check of a lock was printed as
+    "Exception ignored" and lost, and the command said the lock was invalid (exit 2)."""
+    proc = subprocess.run([sys.executable, "-c", SWALLOWED_INTERRUPT, then], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO_ROOT / "python")), timeout=120)
+    assert (proc.returncode, proc.stderr) == (130, "trainbox: interrupted\n")
+
+
 @pytest.mark.parametrize("args", [["stack", "validate"], ["render", "--check"], ["launch", "check"]])
 def test_ctrl_c_in_other_commands_is_130_and_one_line(tmp_path, args):
     """The dispatcher's own answer, wherever the interrupt lands (here: soon after the command starts)."""

@@ -10,6 +10,7 @@ statuses, deprecated spellings) and its helpers live in trainbox/commands/_args.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import os
@@ -70,12 +71,50 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. Whatever it raises ends here as one line on stderr and the documented exit status:
     130 for Ctrl-C (also during argument parsing or imports), 141 when the reader of stdout went away, 2 for
     invalid input, a file system that refuses a write (full, read-only) or input nested too deep."""
+    with _noted_interrupts():
+        try:
+            return _dispatch(argv)
+        except KeyboardInterrupt as exc:
+            return _interrupted(exc)
+        except BrokenPipeError:
+            return _pipe_closed()
+
+
+# Ctrl-C that lands inside code called from a compiled library (pydantic-core calling a Python regex while it
+# checks a lock) is printed as "Exception ignored" and lost there, and the command then fails for a reason it
+# never had ("the lock is invalid") with exit 2. Each interrupt is noted as it arrives, the "ignored" report of
+# one is left out, and the command's end (an error, or even success) is answered as the interrupt.
+_SIGINTS: list[int] = []
+
+
+@contextlib.contextmanager
+def _noted_interrupts():
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # ignored (nohup, &), or not ours
+        yield
+        return
+
+    def note(signum, frame):
+        _SIGINTS.append(signum)
+        raise KeyboardInterrupt
+
+    def unraisable(report, prev=sys.unraisablehook):
+        if not (_SIGINTS and isinstance(report.exc_value, KeyboardInterrupt)):
+            prev(report)
+
+    _SIGINTS.clear()
+    before = sys.unraisablehook
+    signal.signal(signal.SIGINT, note)
+    sys.unraisablehook = unraisable
     try:
-        return _dispatch(argv)
-    except KeyboardInterrupt as exc:
-        return _interrupted(exc)
-    except BrokenPipeError:
-        return _pipe_closed()
+        yield
+    finally:
+        sys.unraisablehook = before
+        if signal.getsignal(signal.SIGINT) is note:  # _interrupted() may have set SIG_IGN: leave that
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _dispatch(argv: list[str] | None) -> int:
@@ -89,14 +128,27 @@ def _dispatch(argv: list[str] | None) -> int:
     try:
         rc = args.func(args)
         sys.stdout.flush()
+        if _SIGINTS:
+            raise KeyboardInterrupt
+    except Exception as exc:  # noqa: BLE001 - re-raised below unless an interrupt caused it
+        if not _SIGINTS:
+            return _failed(args, exc)
+        return _interrupted(KeyboardInterrupt())
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc)
+    return int(rc or 0)
+
+
+def _failed(args, exc: Exception) -> int:
+    """A command's exception as one line and its exit status."""
+    try:
+        raise exc
     except TrainboxError as exc:
         return _error(str(exc), exc.exit_code)
     except ModuleNotFoundError as exc:
         # Host-only commands inside the image, or a host without the [build] extra.
         return _error(f"`trainbox {args.command}` needs the Python module {exc.name!r}, which is not installed "
                       "here; install the host tools with `pip install 'trainbox[build]'`", EXIT_USAGE)
-    except KeyboardInterrupt as exc:
-        return _interrupted(exc)
     except BrokenPipeError:
         return _pipe_closed()
     except OSError as exc:  # a full disk, a read-only cache, TRAINBOX_CACHE naming a file: the path and the fix
@@ -113,7 +165,6 @@ def _dispatch(argv: list[str] | None) -> int:
         return _error(f"internal error in `trainbox {args.command}`: {type(exc).__name__}: {what} (a bug in "
                       "trainbox: please report it with the command; TRAINBOX_DEBUG=1 prints the traceback)",
                       EXIT_PROBLEMS)
-    return int(rc or 0)
 
 
 def _error(message: str, code: int) -> int:
