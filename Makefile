@@ -103,7 +103,7 @@ registry:
 # every core (pytest-xdist): these tests share no fixed port, image or cache directory.
 TEST_FAST_JOBS ?= auto
 test-fast: ensure-installed
-	$(PYTEST) -q -ra -n $(TEST_FAST_JOBS) -m "$(FAST_MARKS)"
+	$(PYTEST) -q -ra -n $(TEST_FAST_JOBS) --dist loadgroup -m "$(FAST_MARKS)"
 
 # The workload stacks' git components come from the seeds' upstream trees: beside a checkout that has
 # ../shared/upstream (CI), smoke reaches them through writable mirrors (ci/upstream-mirrors.sh); elsewhere

@@ -44,6 +44,10 @@ IMAGE_QUEUES = {"test_relax_imports": "relax-image", "test_relax_image": "relax-
                 "test_relax_own_tests": "relax-image", "test_swift_npu_fixes": "test_recipe_args_megatron"}
 # A docker test in a module of the engine queue that uses only images it makes and removes itself (marker
 # `own_images`) waits in its module's own queue instead.
+# Fast modules whose module-scoped fixture costs seconds of CPU (every recipe's scripts through shellcheck, the
+# NPU scenarios' child processes): one worker each, so that the fixture is made once and not on every worker
+# (`make test-fast` passes --dist loadgroup too).
+ONE_WORKER_MODULES = {"test_recipes", "test_runtime_npu"}
 
 # The longest queues go out first (`make test` passes --no-loadscope-reorder, so xdist hands out the groups in the
 # order of the collection): one that starts late becomes the run's tail, with one core idle. Longest first, as
@@ -65,7 +69,7 @@ def _queue(item) -> str | None:
         return IMAGE_QUEUES.get(module, "engine")
     if "slow" in item.keywords or "network" in item.keywords:
         return IMAGE_QUEUES.get(module, module)
-    return None
+    return module if module in ONE_WORKER_MODULES else None
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group into the test's id
