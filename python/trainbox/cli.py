@@ -101,12 +101,13 @@ def _noted_interrupts():
         _SIGINTS.append(signum)
         raise KeyboardInterrupt
 
-    def unraisable(report, prev=sys.unraisablehook):
+    before = sys.unraisablehook
+
+    def unraisable(report):
         if not (_SIGINTS and isinstance(report.exc_value, KeyboardInterrupt)):
-            prev(report)
+            before(report)
 
     _SIGINTS.clear()
-    before = sys.unraisablehook
     signal.signal(signal.SIGINT, note)
     sys.unraisablehook = unraisable
     try:

@@ -60,6 +60,8 @@ from __future__ import annotations
 # The package itself imports nothing: `trainbox doctor`'s arguments (cli.py) are read by every trainbox command's
 # parser, which must not pay for the checks (~0.1 s). The doctor's names below are looked up on first use (PEP 562),
 # every area's checks registered first (core.registered(), in the order of the report).
+#: the area modules, in the order of the report; each registers its checks when it is imported (core.registered())
+AREAS = ("packages", "npu", "cuda", "ray", "hccl", "system")
 _CORE = {"CHECKS", "FAIL", "PASS", "SKIP", "WARN", "Check", "Context", "Result", "check", "format_text", "main",
          "report", "run_checks", "summarize", "versions_match"}
 
@@ -75,6 +77,6 @@ def __getattr__(name: str):
         if name == "explain_import_failure":
             return importlib.import_module(f"{__name__}.packages").explain_import_failure
         return getattr(core, name)
-    if name in ("core", "cli", "packages", "npu", "cuda", "ray", "hccl", "system"):  # `doctor.core` before import
+    if name in ("core", "cli") + AREAS:  # `doctor.core` before anything imported it
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,6 +11,7 @@ import re
 import sys
 
 from ... import __version__
+from . import AREAS
 from .. import emulation as _emulation
 from ..apply_patches import canon_name
 from ..manifest import ManifestError, load_manifest, manifest_path
@@ -178,8 +179,6 @@ class Check:
 
 
 CHECKS: list[Check] = []
-#: the area modules of the doctor, in the order of the report; each registers its checks when it is imported
-AREAS = ("packages", "npu", "cuda", "ray", "hccl", "system")
 
 
 def check(id: str, quick: bool = True):
