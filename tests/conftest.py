@@ -7,15 +7,13 @@ missing engine is a failure: CI must prove the real builds every time.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/docker_helpers.py
+sys.path.insert(0, str(Path(__file__).parent))  # tests/docker_helpers.py, tests/engine_guard.py
 # Test this checkout's package, also in subprocesses, whichever checkout the editable install points at
 # (git worktrees share one interpreter).
 _PKG = str(Path(__file__).resolve().parents[1] / "python")
@@ -24,6 +22,8 @@ sys.path.insert(0, _PKG)
 # test's device, backend and rank layout do not depend on where it runs. tests/gpu/check_cuda.py covers CUDA.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ["PYTHONPATH"] = os.pathsep.join([_PKG] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+import engine_guard  # noqa: E402  (found through the path above)
 
 
 # `make test` runs everything in one pytest-xdist run (--dist loadgroup). The docker tests that use the cpu image,
@@ -102,50 +102,14 @@ def _skip_docker_without_engine(items):
             item.add_marker(skip)
 
 
-# One disk holds the engine's build cache, the images the tests build and pytest's temporary directories (bundles,
-# wheelhouses). A full `make test` builds dozens of images: left alone, the build cache alone grows by tens of GB
-# and a full disk fails every later build (it failed CI's last 2% once). Before each docker test, when either place
-# has less than LOW_DISK_GIB free, untagged images are removed and the build cache is cut back. 15 GiB: above what
-# the largest single docker test writes (a workload image and a bundle, a few GB); at 25 it cut the cache before
-# most docker tests of a full run on this 100 GB disk, and the builds after each cut ran cold.
-LOW_DISK_GIB = float(os.environ.get("TRAINBOX_TEST_LOW_DISK_GIB", "15"))
 _docker_root: list[str] = []
 _engine: list = []
-
-
-def _free_gib(path: str) -> float:
-    try:
-        return shutil.disk_usage(path).free / 2**30
-    except OSError:
-        return float("inf")
-
-
-def _free_disk_when_low(client) -> str:
-    if not _docker_root:
-        out = client.run("info", "--format", "{{.DockerRootDir}}", check=False).stdout.decode().strip()
-        _docker_root.append(out if out.startswith("/") else "/var/lib/docker")
-
-    def free() -> float:
-        return min(_free_gib(_docker_root[0]), _free_gib(tempfile.gettempdir()))
-
-    before = free()
-    if before >= LOW_DISK_GIB:
-        return ""
-    # In steps, least recently used first, so that what this run builds stays warm: untagged images, then the
-    # build cache down to 20 GB, and to 10 GB only when that was not enough (10 GB at once left later builds cold).
-    # Only untagged images older than an hour: a docker test in another queue may be using one it just made
-    # (test_cli_docker's prune test failed so once).
-    client.run("image", "prune", "-f", "--filter", "until=1h", timeout=600, check=False)
-    after, cut = free(), "untagged images over an hour old removed"
-    for keep in ("20GB", "10GB"):
-        if after >= LOW_DISK_GIB:
-            break
-        client.run("builder", "prune", "-f", "--keep-storage", keep, timeout=600, check=False)
-        after, cut = free(), f"build cache cut to {keep}"
-    return f"low disk before a docker test: {before:.1f} GiB free; {cut}: {after:.1f} GiB free"
+_held: list = []  # this worker's hold on the engine, from a docker test's setup to its teardown (engine_guard)
 
 
 def pytest_runtest_setup(item):
+    """Before a docker test's fixtures: cut the disk when it runs low (tests/engine_guard.py), then hold the engine
+    shared until the test's teardown, so that no other worker's cut runs under its builds."""
     if "docker" not in item.keywords:
         return
     if not _engine:
@@ -154,9 +118,22 @@ def pytest_runtest_setup(item):
         _engine.append(_client_or_reason()[0])
     if _engine[0] is None:
         return
-    said = _free_disk_when_low(_engine[0])
+    if not _docker_root:
+        out = _engine[0].run("info", "--format", "{{.DockerRootDir}}", check=False).stdout.decode().strip()
+        _docker_root.append(out if out.startswith("/") else "/var/lib/docker")
+    said = engine_guard.free_disk_when_low(_engine[0], _docker_root[0])
+    _held.append(engine_guard.EngineUse())
     if said:  # a warning: shown in the run's summary, also from an xdist worker (whose own output is dropped)
         warnings.warn(LowDiskCut(said), stacklevel=1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    try:
+        yield
+    finally:  # after the teardown, also when the setup failed
+        while _held:
+            _held.pop().release()
 
 
 class LowDiskCut(UserWarning):
