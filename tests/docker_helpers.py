@@ -103,10 +103,10 @@ def _host_bundle() -> Path:
 @functools.cache
 def marker_ca_bundle() -> Path:
     """The host's CA bundle plus a marker certificate no image may contain (written once per user)."""
-    from trainbox.paths import CACHE_DIR
+    from trainbox.paths import cache_dir
 
     data = _host_bundle().read_bytes().rstrip(b"\n") + b"\n" + MARKER_CA.read_bytes()
-    out = CACHE_DIR / "test" / "ca-bundle-with-marker.pem"
+    out = cache_dir() / "test" / "ca-bundle-with-marker.pem"
     out.parent.mkdir(parents=True, exist_ok=True)
     if not out.exists() or out.read_bytes() != data:
         out.write_bytes(data)
@@ -267,9 +267,9 @@ def build_npu_template_outcome():
 
 
 def _report_path(stack: str) -> Path:
-    from trainbox.paths import CACHE_DIR
+    from trainbox.paths import cache_dir
 
-    p = CACHE_DIR / "test" / "reports" / f"{stack}-{os.getpid()}.json"
+    p = cache_dir() / "test" / "reports" / f"{stack}-{os.getpid()}.json"
     p.parent.mkdir(parents=True, exist_ok=True)
     return p
 

@@ -47,7 +47,7 @@ def test_emulation_problem_reads_binfmt_misc(tmp_path, monkeypatch, text, proble
 
 
 def test_an_arm64_plan_names_its_platform_in_tag_label_and_manifest(tmp_path, monkeypatch):
-    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     stack = load_stack("cpu")
     base = buildplan.BuildBase(requested="debian:bookworm-slim", used="local/debian:bookworm-arm64",
                           substituted="local/debian:bookworm-arm64")
@@ -75,7 +75,7 @@ def _stages(dockerfile: str) -> list[str]:
 def test_a_cross_build_compiles_the_venv_natively(tmp_path, monkeypatch, stack_name):
     """With the build machine's twin of the base, an arm64 plan compiles the venv's bytecode in a stage of the build
     platform (qemu would take minutes over torch) and copies only the .pyc into the image; without it, as before."""
-    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     stack = load_stack(stack_name)
     base = buildplan.BuildBase(requested=stack.base.image, used="local/debian:bookworm-arm64",
                                substituted="local/debian:bookworm-arm64")

@@ -58,11 +58,11 @@ def arm64_base():
 def arm64_wheels():
     """`image wheelhouse cpu --platform linux/arm64`: every arm64 pin and locked dependency, fetched natively and
     hash-checked here (kept between runs), so that the emulated pip only installs."""
-    from trainbox.paths import CACHE_DIR
+    from trainbox.paths import cache_dir
     from trainbox.specs.stack import load_stack
     from trainbox.supply.wheelhouse import fill
 
-    dest = CACHE_DIR / "test" / "wheels-arm64"
+    dest = cache_dir() / "test" / "wheels-arm64"
     out = fill(load_stack("cpu"), PLAT, dest, say=lambda m: None)
     assert out["deps_locked"], out
     assert any(n.startswith("torch-2.10.0-") and n.endswith("_aarch64.whl") for n in out["added"] + out["kept"])

@@ -82,10 +82,8 @@ def test_group_help_and_top_level(capsys):
 def test_json_outputs_parse_and_carry_a_schema(path, capsys, monkeypatch, tmp_path):
     from tests.test_cli_stack import offline_lock
 
-    from trainbox.image import plan as buildplan
-
     monkeypatch.setattr(lockmod, "lock_stack", offline_lock)  # `stack lock` asks no index here
-    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")  # where a dry run stages its context
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))  # where a dry run stages its context
     argv, want = OFFLINE_JSON[path]
     if path == "smoke":
         argv = argv + ["-o", str(tmp_path / "smoke")]

@@ -246,11 +246,11 @@ def test_capabilities_for_npu_name_the_alternative(clean_env):
 
 def _torch_npu_venv():
     """A venv that sees the host's torch plus the real torch-npu wheel of the same version (cached)."""
-    from trainbox.paths import CACHE_DIR
+    from trainbox.paths import cache_dir
 
     version = metadata.version("torch").split("+")[0]
     name = f"torch-npu-{version}-py{sys.version_info.major}{sys.version_info.minor}"
-    root = CACHE_DIR / "test-venvs"
+    root = cache_dir() / "test-venvs"
     root.mkdir(parents=True, exist_ok=True)
     venv = root / name
     with open(root / f"{name}.lock", "w") as lock:

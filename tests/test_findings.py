@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainbox.image import plan as buildplan, build as image_build
+from trainbox.image import build as image_build
 from trainbox.supply import lock as lockmod
 from trainbox.cli import main
 from trainbox.paths import REPO_ROOT, STACKS_DIR
@@ -31,7 +31,7 @@ FINDING = re.compile(r"^\s*(\S+): \[torch-npu-cann\] error: (.*)$", re.M)
 def own_cache(tmp_path, monkeypatch):
     """A dry run stages its context under the cache: each test its own, never the user's (~/.cache/trainbox),
     which a build running beside the tests would share."""
-    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
 
 
 @pytest.fixture
@@ -218,7 +218,7 @@ def test_the_dry_run_hashes_a_moved_pin_as_the_build_does(tmp_path, monkeypatch)
     """`image build npu-910b --profile ci/smoke-offline.yaml --dry-run` refused the moved torch-npu pin ("no sha256 ...
     run stack lock") that the build hashes from its index. Now both take the hash from the index (here the
     stand-in), and both refuse the same way when the index has no such release."""
-    monkeypatch.setattr(lockmod, "CACHE_DIR", tmp_path / "cache")  # no remembered lock for these overrides
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))  # no remembered lock for these overrides
     sha = "b" * 64
 
     def index_stand_in(index, url, project):  # PyPI's JSON API, for torch-npu only (named stand-in)

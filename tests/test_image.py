@@ -214,7 +214,7 @@ def test_check_wheelhouse_serves_pinned(tmp_path):
 def test_sha256_memo_notices_changes(tmp_path, monkeypatch):
     from trainbox.specs import dists
 
-    monkeypatch.setattr(dists, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     f = tmp_path / "a.whl"
     f.write_bytes(b"one")
     assert dists.sha256_file(f, remember=True) == hashlib.sha256(b"one").hexdigest()
@@ -259,7 +259,7 @@ def test_content_hash_covers_every_input(tmp_path):
 
 
 def test_staged_context_holds_inputs_and_links_wheels(tmp_path, monkeypatch):
-    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     whdir = tmp_path / "wh"
     whdir.mkdir()
     _fake_wheel(whdir, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
@@ -338,7 +338,7 @@ def test_dry_run_prints_plan_and_a_command_that_runs_as_is(capsys, monkeypatch, 
     monkeypatch.setenv("TRAINBOX_DOCKER", str(fake))
     monkeypatch.setattr(engine, "_CLIENT", None)
     monkeypatch.setattr(trainbox.paths, "REPORTS_DIR", tmp_path / "reports")
-    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None: (True, ""))
     rc = main(["image", "build", "cpu", "--base", "local/debian:bookworm", "--dry-run",
                "--pip-index-url", "https://user:pw@mirror.example/simple", "--platform", "linux/amd64"])
@@ -374,7 +374,7 @@ def test_dry_run_offline_without_an_engine(capsys, monkeypatch, tmp_path, engine
     for k, v in engine_env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(engine, "_CLIENT", None)
-    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None: (False, "stand-in: offline"))
     from trainbox.supply import pipconfig
 
@@ -406,7 +406,7 @@ def test_plan_is_pure(monkeypatch, tmp_path):
     monkeypatch.setattr(subprocess, "run", refuse)
     monkeypatch.setattr(subprocess, "Popen", refuse)
     monkeypatch.setattr(urllib.request, "urlopen", refuse)
-    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     stack = load_stack("cpu")
     base = buildplan.BuildBase(requested="debian:bookworm-slim", used="debian:bookworm-slim")
     inp = buildplan.PlanInputs(platform="linux/amd64", ca_bundle="/etc/ssl/certs/ca-certificates.crt")
@@ -456,7 +456,7 @@ def test_a_given_base_is_a_substitute_in_the_label_the_manifest_and_the_plan(tmp
     both say substitute (the label used to be set only when the build fell back by itself)."""
     from trainbox.specs.stack import load_stack
 
-    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     stack = load_stack("npu-910b", base="local/debian:bookworm")
     base = image_build.choose_base(stack, None, lambda _msg: None, dry_run=True)
     plan = buildplan.make_plan(stack, base, buildplan.PlanInputs(platform="linux/amd64"))
@@ -474,10 +474,7 @@ def test_planning_leaves_the_loaded_stack_as_it_was(monkeypatch, tmp_path, wheel
     that does not answer dropped): each on a new stack, so the stack loading returned is read, never written."""
     import copy
 
-    from trainbox.supply import lock as lockmod
-
-    monkeypatch.setattr(buildplan, "CACHE_DIR", tmp_path / "cache")
-    monkeypatch.setattr(lockmod, "CACHE_DIR", tmp_path / "cache")  # no override lock remembered: resolved afresh
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(image_build, "url_answers", lambda url, timeout, cafile=None:
                         (False, "stand-in: unreachable") if "pytorch" in url else (True, ""))
     _fake_wheel(wheelhouse, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")

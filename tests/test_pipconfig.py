@@ -106,9 +106,7 @@ def test_pypi_index_follows_pips_index_url(monkeypatch):
 def test_pips_answer_is_kept_until_a_file_it_reads_changes(tmp_path, monkeypatch):
     """`pip config list` once; the next process takes the kept answer without starting pip, and asks pip again
     when a configuration file pip reads changes (here the XDG_CONFIG_HOME one) or one is added."""
-    from trainbox import paths
-
-    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     conf = tmp_path / "xdg" / "pip" / "pip.conf"
     conf.parent.mkdir(parents=True)

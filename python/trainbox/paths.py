@@ -20,7 +20,12 @@ LAUNCHERS_DIR = REPO_ROOT / "launchers"
 REPORTS_DIR = REPO_ROOT / "build" / "reports"
 # Where the rendered Dockerfiles and their files live, relative to the checkout (and to a build context).
 GENERATED_DIR = "build/generated"
-CACHE_DIR = Path(os.environ.get("TRAINBOX_CACHE") or Path.home() / ".cache" / "trainbox")
+
+
+def cache_dir() -> Path:
+    """trainbox's cache (TRAINBOX_CACHE, default ~/.cache/trainbox), read when asked: a test or a wrapper that sets
+    the variable in the process moves it for every module, as a new process would."""
+    return Path(os.environ.get("TRAINBOX_CACHE") or Path.home() / ".cache" / "trainbox")
 
 
 def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> Path:

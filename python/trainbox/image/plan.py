@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from ..paths import CACHE_DIR, GENERATED_DIR, REPO_ROOT
+from ..paths import GENERATED_DIR, REPO_ROOT, cache_dir
 from ..specs.findings import Reported
 from ..specs.platforms import tag_suffix
 from ..specs.stack import Stack
@@ -305,7 +305,7 @@ def source_plan(manifest: dict) -> list[dict]:
 def plan_dir(stack_name: str) -> Path:
     """Where a stack's builds stage their context (a stable path: BuildKit then re-sends only what changed),
     the lock that keeps two builds of the stack apart, and the index-URL secret."""
-    return CACHE_DIR / "build" / stack_name
+    return cache_dir() / "build" / stack_name
 
 
 # -- staging --------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..paths import CACHE_DIR
+from ..paths import cache_dir
 from ..image.toolkits import cann, for_device
 from ..runtime.errors import TrainboxError, describe_os_error
 from .job import Job, resolve
@@ -55,8 +55,7 @@ def mount_arg(source: str, target: str, readonly: bool) -> str:
 
 
 def jobs_dir() -> Path:
-    env = os.environ.get("TRAINBOX_CACHE")
-    return (Path(env) if env else CACHE_DIR) / "jobs"
+    return cache_dir() / "jobs"
 
 
 def logs_dir() -> Path:

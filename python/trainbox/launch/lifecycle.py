@@ -37,10 +37,9 @@ NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-
 
 def runs_dir() -> Path:
     """$TRAINBOX_CACHE/runs (the cache trainbox.launch.docker keeps job scripts and logs in)."""
-    from ..paths import CACHE_DIR
+    from ..paths import cache_dir
 
-    env = os.environ.get("TRAINBOX_CACHE")
-    return (Path(env) if env else CACHE_DIR) / "runs"
+    return cache_dir() / "runs"
 
 
 def new_name(recipe: str, name: str | None = None) -> str:

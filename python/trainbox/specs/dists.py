@@ -16,7 +16,7 @@ from packaging.utils import parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from ..yamlfile import json_loads
-from ..paths import CACHE_DIR, write_atomic
+from ..paths import cache_dir, write_atomic
 from ..runtime.apply_patches import canon_name as canon  # PEP 503 names: the runtime's one copy
 
 #: File names pip installs from: wheels and the two sdist formats.
@@ -84,7 +84,7 @@ def sha256_file(path: Path, remember: bool = False) -> str:
     if not remember:
         return _hash(path)
     st = path.stat()
-    cache = CACHE_DIR / "sha256.json"
+    cache = cache_dir() / "sha256.json"
     key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
     try:
         memo = json_loads(cache.read_text())

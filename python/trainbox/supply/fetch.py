@@ -1,7 +1,7 @@
 """`trainbox fetch`: every source a stack needs, in trainbox's content-addressed cache, verified (host module).
 
-Wheels and archives are kept by sha256 (CACHE_DIR/sources/sha256/<hex>/), git commits in one bare repository per
-URL (CACHE_DIR/sources/git/), each fetched with the user's own git and its configuration (url.<base>.insteadOf
+Wheels and archives are kept by sha256 ($TRAINBOX_CACHE/sources/sha256/<hex>/), git commits in one bare repository per
+URL ($TRAINBOX_CACHE/sources/git/), each fetched with the user's own git and its configuration (url.<base>.insteadOf
 mirrors, credential helpers, proxies). `image build` calls `fetch_sources` for what is missing and `stage` to put
 the trees and archives into its build context under build/sources/<component>/, where the Dockerfile
 bind-mounts them (no .git, no credential ever reaches a layer).

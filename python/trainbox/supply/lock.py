@@ -32,7 +32,7 @@ from ..specs.dists import canon, dist_key, norm_version
 from ..runtime.errors import TrainboxError
 from .index import IndexUnreachable, artifacts_for, project_files, versions
 from ..specs.component import Component, broken_seal, check_lock, intact, seal
-from ..paths import CACHE_DIR, write_atomic
+from ..paths import cache_dir, write_atomic
 from ..specs.platforms import PLATFORM_MACHINE
 from ..specs.stack import Stack, load_stack
 from .wheelhouse import WheelFile
@@ -428,7 +428,7 @@ def lock_overrides(stack: Stack, plat: str, wheels: list[WheelFile], wheelhouse:
         [stack.name, plat, stack.pins_digest(), sorted(stack.overrides.items()),
          {k: c.pin_for(plat).sha256 for k, c in sorted(stack.components.items())},
          sorted((w.name, w.sha256) for w in wheels)], sort_keys=True).encode()).hexdigest()[:24]
-    memo = CACHE_DIR / "override-locks" / f"{stack.name}-{key}.json"
+    memo = cache_dir() / "override-locks" / f"{stack.name}-{key}.json"
     origin = f"resolved for the overrides {', '.join(sorted(stack.overrides))} ({memo})"
     try:
         # the cache is a directory like any other: a memo outside the lock grammar or its seal is not used

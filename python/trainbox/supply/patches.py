@@ -23,7 +23,8 @@ from pathlib import Path
 
 from ..runtime.apply_patches import Patch
 from ..runtime.errors import TrainboxError
-from ..paths import CACHE_DIR, PATCHES_DIR
+from .. import paths
+from ..paths import PATCHES_DIR
 from .fetch import fetch, pin_from_component
 from . import pins
 from .pins import Pin
@@ -277,7 +278,7 @@ def resolve_component(component: str, stack: str | None = None) -> tuple[str, Pi
 
 
 def default_edit_dir(component: str) -> Path:
-    return Path(CACHE_DIR) / "edit" / component
+    return paths.cache_dir() / "edit" / component
 
 
 def edit(

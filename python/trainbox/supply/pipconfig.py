@@ -109,7 +109,7 @@ def pip_config() -> PipConfig:
     """This user's pip configuration (`pip config list`, once per process, and run again only when what it reads
     changed: see _inputs); empty when pip cannot say."""
     key = hashlib.sha256(json.dumps(_inputs(), sort_keys=True).encode()).hexdigest()
-    memo = paths.CACHE_DIR / "pip-config.json"
+    memo = paths.cache_dir() / "pip-config.json"
     try:
         kept = json.loads(memo.read_text(encoding="utf-8"))
         if kept.get("key") == key and isinstance(kept.get("list"), str):

@@ -2,9 +2,9 @@
 
 A pin is exact: a PyPI distribution by version *and* sha256 (any of the artifacts the stack pins, wheel or
 sdist), a git repository by 40-hex commit, or a URL by sha256. Artifacts land in
-CACHE_DIR/sources/sha256/<hex>/<filename> only after their hash matched (download to a temporary
+$TRAINBOX_CACHE/sources/sha256/<hex>/<filename> only after their hash matched (download to a temporary
 directory, verify, rename), so the cache never holds a partial or unverified file; git repositories are
-kept as bare mirrors under CACHE_DIR/sources/git/. Everything already cached is used without the network.
+kept as bare mirrors under $TRAINBOX_CACHE/sources/git/. Everything already cached is used without the network.
 
 This module knows how to fetch (from an index, a git repository, a URL); trainbox.supply.fetch picks the way for a
 pin by its `source:` (`fetch`, `pin_from_component`).
@@ -34,7 +34,7 @@ from ..runtime.unpack import MemberRefused, extract_tar, extract_zip
 from .gitobjects import ObjectError, tree_of, verify_tree
 from .index import project_files, ssl_context
 from .pins import DEFAULT_INDEX, Fetched, Pin
-from ..paths import CACHE_DIR
+from .. import paths
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 
@@ -63,7 +63,7 @@ def index_url(name: str, indexes: dict[str, str] | None) -> str:
 
 
 def _cache(cache_dir: Path | None) -> Path:
-    return Path(cache_dir or CACHE_DIR) / "sources"
+    return Path(cache_dir or paths.cache_dir()) / "sources"
 
 
 def cached_artifact(sha256: str, cache_dir: Path | None = None) -> Path | None:
