@@ -35,8 +35,9 @@ def trainbox(*args: str, env: dict | None = None, timeout: float = 120) -> subpr
 
 def in_process(capsys, *args: str) -> subprocess.CompletedProcess:
     """`trainbox ARGS` through main() in this process, as a CompletedProcess for one_line(): for the commands
-    whose one line and exit status are the point and that read no TRAINBOX_* setting at import (a CLI process
-    costs 0.2-0.7 s of CPU; the tests above and below keep the real entry point)."""
+    whose one line and exit status are the point (a CLI process costs 0.3-0.9 s of CPU; the hostile YAML, Ctrl-C,
+    deep manifest and crash tests keep the real entry point). TRAINBOX_CACHE is read when a command uses the
+    cache, so a test sets it with monkeypatch.setenv."""
     from hangguard import finishes
     from trainbox.cli import main
 
@@ -164,13 +165,14 @@ def test_an_alias_bomb_in_each_kind_of_file_is_refused(tmp_path):
     assert time.monotonic() - t0 < 60  # a hang guard: the old loader took minutes
 
 
-def test_an_alias_bomb_in_a_stack_is_one_line_from_the_command_line(tmp_path):
+def test_an_alias_bomb_in_a_stack_is_one_line_from_the_command_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     d = _stack_dir(tmp_path)
     (d / "cpu.yaml").write_text((STACKS_DIR / "cpu.yaml").read_text() + "junk:\n"
                                 + "".join(f"  {ln}\n" for ln in _laughs().splitlines()))
     for args in (["render", str(d / "cpu.yaml"), "-o", str(tmp_path / "out")], ["stack", "show", str(d / "cpu.yaml")],
                  ["image", "build", str(d / "cpu.yaml"), "--dry-run"]):
-        err = one_line(trainbox(*args, env={"TRAINBOX_CACHE": str(tmp_path / "cache")}, timeout=60))
+        err = one_line(in_process(capsys, *args))
         assert "cpu.yaml: malformed YAML" in err and "aliases" in err
     assert not (tmp_path / "out").exists()
 
@@ -190,17 +192,16 @@ def _stack_chain(tmp_path: Path, depth: int) -> Path:
 
 
 @pytest.mark.parametrize("depth", [17, 3000])
-def test_a_deep_extends_chain_is_refused_in_one_line_at_once(tmp_path, depth, capsys):
+def test_a_deep_extends_chain_is_refused_in_one_line_at_once(tmp_path, depth, capsys, monkeypatch):
     """80 levels took 124 s (each level loaded its whole chain again, and the rules every ancestor: cubic), 301
     past 90 s, 3000 a RecursionError. One past the limit and 3000 bracket them: any chain over 16 files is refused
-    at its 17th, so 80 and 301 ran the same path as 17 (16 CLI runs of the inner loop's CPU, dropped). The image
-    build runs as its own process (its cache is TRAINBOX_CACHE's, read at import); the others through main()."""
+    at its 17th, so 80 and 301 ran the same path as 17 (16 CLI runs of the inner loop's CPU, dropped)."""
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     top = _stack_chain(tmp_path, depth)
     t0 = time.monotonic()
     for proc in (in_process(capsys, "render", str(top), "-o", str(tmp_path / "out")),
                  in_process(capsys, "stack", "show", str(top)),
-                 trainbox("image", "build", str(top), "--dry-run", env={"TRAINBOX_CACHE": str(tmp_path / "cache")},
-                          timeout=60)):
+                 in_process(capsys, "image", "build", str(top), "--dry-run")):
         err = one_line(proc)
         assert f"s{depth}.yaml: extends: a chain of more than 16 files" in err, err
     proc = in_process(capsys, "stack", "validate", str(top))
@@ -255,11 +256,11 @@ BAD_META = {
 
 
 @pytest.mark.parametrize("name", sorted(BAD_META))
-def test_a_hostile_bundle_json_is_refused_in_one_line(tmp_path, name):
+def test_a_hostile_bundle_json_is_refused_in_one_line(tmp_path, name, capsys, monkeypatch):
     data, words = BAD_META[name]
     bad = _bundle_with_meta(tmp_path / "b.tar", data)
-    err = one_line(trainbox("image", "build", "cpu", "--bundle", str(bad), "--dry-run",
-                            env={"TRAINBOX_CACHE": str(tmp_path / "cache")}))
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
+    err = one_line(in_process(capsys, "image", "build", "cpu", "--bundle", str(bad), "--dry-run"))
     assert f"--bundle {bad}: bundle.json" in err and words in err, err
     assert not (tmp_path / "cache" / "build").exists()
 
@@ -448,18 +449,20 @@ def _left(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name != "filler")
 
 
-def test_run_dry_run_with_the_cache_on_a_full_disk(small_fs):
+def test_run_dry_run_with_the_cache_on_a_full_disk(small_fs, capsys, monkeypatch):
     cache = small_fs("16k", fill=True)
-    err = one_line(trainbox("run", "cpu-ddp", "--dry-run", env={"TRAINBOX_CACHE": str(cache)}))
+    monkeypatch.setenv("TRAINBOX_CACHE", str(cache))
+    err = one_line(in_process(capsys, "run", "cpu-ddp", "--dry-run"))
     assert "no space left" in err and "TRAINBOX_CACHE" in err, err
     assert not [p for p in _left(cache) if p.endswith(".tmp")], _left(cache)  # no half-written script
 
 
 @pytest.mark.parametrize("args", [["run", "cpu-ddp", "--dry-run"], ["image", "build", "cpu", "--dry-run"],
                                   ["render", "cpu", "--check"]])
-def test_a_read_only_cache_is_one_line(small_fs, args):
+def test_a_read_only_cache_is_one_line(small_fs, args, capsys, monkeypatch):
     cache = small_fs(ro=True)
-    proc = trainbox(*args, env={"TRAINBOX_CACHE": str(cache)})
+    monkeypatch.setenv("TRAINBOX_CACHE", str(cache))
+    proc = in_process(capsys, *args)
     if args[0] == "render":  # a command that writes nothing to the cache works without it
         assert proc.returncode == 0, proc.stderr
         return
@@ -467,9 +470,10 @@ def test_a_read_only_cache_is_one_line(small_fs, args):
     assert "read-only" in err and f"trainbox's cache is {cache}" in err and "TRAINBOX_CACHE" in err, err
 
 
-def test_image_build_dry_run_on_a_full_cache_leaves_no_half_staged_context(small_fs):
+def test_image_build_dry_run_on_a_full_cache_leaves_no_half_staged_context(small_fs, capsys, monkeypatch):
     cache = small_fs("256k", fill=True)
-    err = one_line(trainbox("image", "build", "cpu", "--dry-run", env={"TRAINBOX_CACHE": str(cache)}))
+    monkeypatch.setenv("TRAINBOX_CACHE", str(cache))
+    err = one_line(in_process(capsys, "image", "build", "cpu", "--dry-run"))
     assert "no space left" in err and f"trainbox's cache is {cache}" in err, err
     assert not (cache / "build" / "cpu" / "context").exists(), _left(cache)
 
@@ -477,8 +481,9 @@ def test_image_build_dry_run_on_a_full_cache_leaves_no_half_staged_context(small
 @pytest.mark.parametrize("value", ["/etc/passwd", "/dev/null"])
 @pytest.mark.parametrize("args", [["run", "cpu-ddp", "--dry-run"], ["image", "build", "cpu", "--dry-run"],
                                   ["fetch", "cpu", "--offline"]])
-def test_trainbox_cache_naming_a_file(value, args):
-    proc = trainbox(*args, env={"TRAINBOX_CACHE": value})
+def test_trainbox_cache_naming_a_file(value, args, capsys, monkeypatch):
+    monkeypatch.setenv("TRAINBOX_CACHE", value)
+    proc = in_process(capsys, *args)
     err = one_line(proc)
     assert value in err, err
 
@@ -530,9 +535,9 @@ def test_fetch_bundle_refuses_what_is_not_a_regular_file(tmp_path, target):
 
 
 @pytest.mark.parametrize("target", ["/proc/self/mem", "/proc/self/environ", "/dev/zero"])
-def test_image_build_bundle_refuses_what_is_not_a_regular_file(tmp_path, target):
-    err = one_line(trainbox("image", "build", "cpu", "--bundle", target, "--dry-run",
-                            env={"TRAINBOX_CACHE": str(tmp_path / "cache")}))
+def test_image_build_bundle_refuses_what_is_not_a_regular_file(tmp_path, target, capsys, monkeypatch):
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
+    err = one_line(in_process(capsys, "image", "build", "cpu", "--bundle", target, "--dry-run"))
     assert "not a bundle file" in err, err
 
 
@@ -714,16 +719,16 @@ def test_ctrl_c_during_a_real_run_stops_the_container(tmp_path):
 
 # ----------------------------------------------------------------------------- more writes on a full disk
 
-def test_launch_render_on_a_full_disk_leaves_no_half_script(small_fs):
+def test_launch_render_on_a_full_disk_leaves_no_half_script(small_fs, capsys):
     out = small_fs("16k", fill=True)
-    err = one_line(trainbox("launch", "render", "cpu-ddp", "-o", str(out / "job.sh")))
+    err = one_line(in_process(capsys, "launch", "render", "cpu-ddp", "-o", str(out / "job.sh")))
     assert "cannot write the script there" in err, err
     assert _left(out) == [], _left(out)
 
 
-def test_render_on_a_full_disk_is_one_line_and_all_or_nothing(small_fs):
+def test_render_on_a_full_disk_is_one_line_and_all_or_nothing(small_fs, capsys):
     out = small_fs("16k", fill=True)
-    err = one_line(trainbox("render", "cpu", "-o", str(out)))
+    err = one_line(in_process(capsys, "render", "cpu", "-o", str(out)))
     assert str(out) in err, err
     assert not [p for p in _left(out) if Path(out, p).is_file()], _left(out)
 
@@ -772,9 +777,9 @@ def test_doctor_with_a_deep_manifest_fails_its_check_not_the_command(tmp_path, c
 
 
 @pytest.mark.parametrize("target", ["/proc/self/mem", "/proc/self/environ"])
-def test_an_unreadable_ca_bundle_is_one_line(tmp_path, target):
-    err = one_line(trainbox("image", "build", "cpu", "--dry-run", "--ca-bundle", target,
-                            env={"TRAINBOX_CACHE": str(tmp_path / "cache")}))
+def test_an_unreadable_ca_bundle_is_one_line(tmp_path, target, capsys, monkeypatch):
+    monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
+    err = one_line(in_process(capsys, "image", "build", "cpu", "--dry-run", "--ca-bundle", target))
     assert f"--ca-bundle {target}" in err, err
 
 
