@@ -7,6 +7,7 @@ missing engine is a failure: CI must prove the real builds every time.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -24,6 +25,13 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ["PYTHONPATH"] = os.pathsep.join([_PKG] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 import engine_guard  # noqa: E402  (found through the path above)
+
+# The suite runs as from a terminal, where Ctrl-C stops a command: a run started in the background of a
+# non-interactive shell (`make test &` in a script) inherits SIGINT ignored, every child process inherits that
+# too, and the tests that send a child SIGINT then saw it ignored (three failed so). A handled signal is reset to
+# its default in a child at exec, so handling it here gives every child the disposition a terminal's has.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # `make test` runs everything in one pytest-xdist run (--dist loadgroup). The docker tests that use the cpu image,
