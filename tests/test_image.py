@@ -519,3 +519,25 @@ def test_json_of_a_real_build_is_its_report_and_nothing_on_failure(capsys, no_en
     assert main(["image", "build", "cpu", "--json"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "no Docker engine answers" in err  # no half a JSON document on stdout
+
+
+# ----------------------------------------------------------------------------- a build cache naming a lost layer
+
+@pytest.mark.parametrize("error, stale", [
+    ("layer does not exist", True),  # CI's engine, 2026-11-28: the same build failed so on every try
+    ("stat /var/lib/docker/overlay2/1r3k5ul68yuyfhh9ameoxc3hz: no such file or directory", True),
+    ("process \"/bin/bash -o pipefail -c pip install\" did not complete successfully: exit code: 1", False),
+    ("open /tmp/trainbox/requirements.txt: no such file or directory", False),
+])
+def test_a_build_failing_on_a_lost_cache_layer_says_how_to_drop_the_cache(tmp_path, error, stale):
+    """The fix is said where the cause is the engine's build cache, and only there."""
+    from types import SimpleNamespace
+
+    step = SimpleNamespace(name="exporting to image", log=["exporting layers", "exporting layers 5.9s done"])
+    result = SimpleNamespace(failed=step, error=error, output_tail=step.log, returncode=1)
+    report_path = tmp_path / "report.json"
+    with pytest.raises(buildrun.BuildFailed) as exc:
+        buildrun._fail(SimpleNamespace(tag="trainbox/cpu:abc"), result, {"stack": "cpu"}, report_path)
+    said = "`docker builder prune -af`" in str(exc.value)
+    assert said == stale, str(exc.value)
+    assert ("fix" in json.loads(report_path.read_text())["error"]) == stale

@@ -184,17 +184,30 @@ def _text(src: Path | bytes) -> str:
     return src.decode() if isinstance(src, bytes) else Path(src).read_text()
 
 
+# The engine's build cache naming a layer the engine no longer has: what a prune beside a running build, or an
+# engine stopped mid-write, leaves behind (moby/moby#39547). Every later build that reuses that cache entry fails
+# at its export the same way, until the cache is dropped; the images themselves are sound.
+_STALE_CACHE = re.compile(r"layer does not exist|/overlay2/[^:\s]+: no such file or directory")
+STALE_CACHE_FIX = ("the engine's build cache names a layer the engine no longer has (left by a prune or an engine "
+                   "stop during a build): run `docker builder prune -af` (images stay; the next build runs cold), "
+                   "then build again")
+
+
 def _fail(plan: BuildPlan, result: BuildResult, report: dict, report_path: Path, secrets: list[str] = ()) -> None:
     failed = result.failed
     report["error"] = {"step": failed.name if failed else None, "message": result.error,
                        "last_lines": list(failed.log)[-25:] if failed else result.output_tail[-25:]}
+    stale = bool(_STALE_CACHE.search(result.error or ""))
+    if stale:
+        report["error"]["fix"] = STALE_CACHE_FIX
     write_report(report, report_path, secrets)
     lines = report["error"]["last_lines"] or result.output_tail[-25:]
     where = f"step {failed.name}" if failed else "the build"
+    fix = f"\n  {STALE_CACHE_FIX}" if stale else ""
     # a step's output can hold the index credentials (a command that printed them): masked like pip masks them
     raise BuildFailed(redact(
         f"building {plan.tag} failed at {where}: {result.error or 'exit ' + str(result.returncode)}\n"
-        "  last lines of its output:\n    " + "\n    ".join(lines) + f"\n  report: {report_path}", secrets))
+        "  last lines of its output:\n    " + "\n    ".join(lines) + f"\n  report: {report_path}" + fix, secrets))
 
 
 def dockerfile_order(steps: list[Step], dockerfile: str) -> list[Step]:
