@@ -297,3 +297,17 @@ def test_a_cpu_trial_takes_a_port_slot_that_is_free(tmp_path, monkeypatch):
         port = int(plan_trial("cpu-ddp").job.sets["MASTER_PORT"])
     assert port != held and (port - RUN_BASES["MASTER_PORT"]) % STRIDE == 0
     assert plan_trial("cpu-ddp", sets={"MASTER_PORT": "16555"}).job.sets["MASTER_PORT"] == "16555"  # the caller's
+
+
+def test_two_cpu_trials_planned_before_either_job_listens_take_different_slots():
+    """The smoke's swift trial failed with EADDRINUSE on 16460: two trials found the same slot free, since neither
+    job listened yet when the other probed. A trial holds its slot's claim until its job has ended; here both plans
+    come from one process (the same first slot) with nothing listening, and the second must move on. Once the
+    first's claim is let go (its job ended), its slot is free again."""
+    first = plan_trial("cpu-ddp")
+    second = plan_trial("cpu-ddp")
+    a, b = first.job.sets["MASTER_PORT"], second.job.sets["MASTER_PORT"]
+    assert a != b, (a, b)
+    first.port_claim.release()
+    assert plan_trial("cpu-ddp").job.sets["MASTER_PORT"] == a
+    second.port_claim.release()

@@ -79,6 +79,7 @@ class TrialPlan:
     script_path: Path
     argv: list[str] = field(default_factory=list)
     container: str = ""
+    port_claim: PortClaim | None = None  # CPU mode's port slot, held until the job has ended
 
 
 def _made_paths(spec: dict, d: Path) -> dict[str, str]:
@@ -133,39 +134,84 @@ def plan_trial(name: str, *, image: str | None = None, devices: str | None = Non
     if ov.code:
         values[recipe.code.input] = str(rdir / "code")  # the overlay's edited copy of the image's tree
     values.update(sets or {})
+    claim = None
     if mode == "cpu":
-        values.update(_free_ports(base.inputs, values))
+        ports, claim = _free_ports(base.inputs, values)
+        values.update(ports)
     job = resolve(str(rfile), sets=values, devices=devices if mode == "device" else None,
                   check_paths=False)
     script = job_script(job)
     script_path = write_job_script(f"{recipe.name}-trial", script)
     plan = TrialPlan(recipe.name, ov, img, note, mode, spec, adir, made, rdir, rfile, job, script_path)
     plan.container = f"trainbox-trial-{recipe.name}-{os.getpid()}"[:120]
+    plan.port_claim = claim
     return plan
 
 
-def _free_ports(inputs: dict[str, Input], values: dict[str, str]) -> dict[str, str]:
+class PortClaim:
+    """A port slot's lock file, held (flock) while the trial's job may listen on the slot's ports. Another trial on
+    this host skips a claimed slot: a bind probe alone let two trials that started together (the smoke runs two at
+    once) both find a slot free before either job listened, and the second failed with EADDRINUSE."""
+
+    def __init__(self, fd: int | None):
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops its lock
+            self._fd = None
+
+    def __del__(self):
+        self.release()
+
+
+def _claim_slot(slot: int) -> PortClaim | None:
+    """The slot's claim, None when another trial holds it; a claim of nothing where the lock cannot be kept (a
+    read-only cache: the bind probe alone decides, as before)."""
+    import fcntl
+
+    try:
+        d = trial_root() / "ports"
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(str(d / f"slot-{slot}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return PortClaim(None)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return PortClaim(fd)
+
+
+def _free_ports(inputs: dict[str, Input], values: dict[str, str]) -> tuple[dict[str, str], PortClaim | None]:
     """CPU mode has no card to give the job its port slot (job.py: the first card's), so two trials on one host
     (the smoke runs two stacks at once) took the same MASTER_PORT and the second failed to listen: each port input
-    the caller did not set takes the first slot of `trainbox run`'s range that is free here now, starting from one
-    derived from this process, so two trials starting together also probe different slots first."""
+    the caller did not set takes the first slot of `trainbox run`'s range that no other trial has claimed and that
+    is free here now, starting from one derived from this process. The claim is held until the job has ended."""
     import socket
 
     from .ports import RUN_BASES, RUN_SLOTS, run_ports
 
     names = [n for n in RUN_BASES if n in inputs and n not in values]
+    if not names:
+        return {}, None
     start = os.getpid() % RUN_SLOTS
     for k in range(RUN_SLOTS):
         slot = (start + k) % RUN_SLOTS
+        claim = _claim_slot(slot)
+        if claim is None:
+            continue
         ports = run_ports(slot, names)
         try:
             for port in ports.values():
                 with socket.socket() as sock:
                     sock.bind(("", port))  # free now (a bind, not a connect: nothing is sent anywhere)
         except OSError:
+            claim.release()
             continue
-        return {n: str(v) for n, v in ports.items()}
-    return {}  # every slot busy: the recipe's defaults, and torchrun says which port it could not take
+        return {n: str(v) for n, v in ports.items()}, claim
+    return {}, None  # every slot busy: the recipe's defaults, and torchrun says which port it could not take
 
 
 def _cpu_job(job: Job) -> Job:
@@ -368,7 +414,11 @@ def run_trial(plan: TrialPlan, say, verbose: bool = False) -> dict:
         os.makedirs(d, exist_ok=True)
     say(f"trial {plan.recipe}: {plan.image} in {plan.mode} mode, {plan.overlay.ranks} rank(s), "
         f"recipe {plan.recipe_file}")
-    rc, output, timed_out, wall = run_job(plan, client.docker, say, verbose)
+    try:
+        rc, output, timed_out, wall = run_job(plan, client.docker, say, verbose)
+    finally:
+        if plan.port_claim is not None:
+            plan.port_claim.release()
     prune_runs(plan.recipe)
     mon = read_monitor(plan.run_dir / "monitor")
     res = judge(mon, rc, plan.overlay.steps, output, timed_out)
