@@ -6,9 +6,10 @@ full disk fails every later build (it failed CI's last 2% once). Before a docker
 than LOW_DISK_GIB free, untagged images are removed and the build cache is cut back.
 
 A cut must not run beside a build: a prune can remove what a running build is about to export, and the build
-then fails at "exporting to image" with a missing layer (moby/moby#39547; seen here too). So a docker test holds
-the engine shared from its setup to its teardown, and a cut holds it alone. Two flock(2) files: the lock itself and a gate that a cut holds while it waits, so that a worker's next
-docker test waits behind the cut instead of starving it (four workers rarely leave the engine free at once).
+then fails at "exporting to image" with a missing layer (moby/moby#39547). So a docker test holds the engine
+shared from its setup to its teardown, and a cut holds it alone. Two flock(2) files: the lock itself and a gate
+that a cut holds while it waits, so that a worker's next docker test waits behind the cut instead of starving it
+(four workers rarely leave the engine free at once).
 """
 
 from __future__ import annotations
