@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .runtime.errors import cache_root  # the default's one spelling, the runtime's (the image has no paths.py)
+
 REPO_ROOT = Path(os.environ.get("TRAINBOX_ROOT") or Path(__file__).resolve().parents[2])
 STACKS_DIR = REPO_ROOT / "build" / "stacks"
 TEMPLATES_DIR = REPO_ROOT / "build" / "templates"
@@ -25,7 +27,7 @@ GENERATED_DIR = "build/generated"
 def cache_dir() -> Path:
     """trainbox's cache (TRAINBOX_CACHE, default ~/.cache/trainbox), read when asked: a test or a wrapper that sets
     the variable in the process moves it for every module, as a new process would."""
-    return Path(os.environ.get("TRAINBOX_CACHE") or Path.home() / ".cache" / "trainbox")
+    return Path(cache_root())
 
 
 def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> Path:

@@ -16,7 +16,9 @@ class TrainboxError(Exception):
     exit_code = 2
 
 
-def _cache_dir() -> str:
+def cache_root() -> str:
+    """trainbox's cache: TRAINBOX_CACHE, default ~/.cache/trainbox, read when asked (the host's paths.cache_dir()
+    is this one; the image has no trainbox.paths)."""
     import os
 
     return os.environ.get("TRAINBOX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trainbox")
@@ -46,7 +48,7 @@ def describe_os_error(exc: OSError, path: str | None = None) -> str:
     what = _OS_FIX.get(code) or " ".join(str(exc.strerror or exc).split())
     path = exc.filename if isinstance(exc.filename, str) else None if path is None else str(path)
     line = f"{path}: {what}" if path else what
-    cache = os.path.abspath(_cache_dir())
+    cache = os.path.abspath(cache_root())
     if path and (os.path.abspath(path) + "/").startswith(cache + "/"):
         line += (f" (trainbox's cache is {cache}: set TRAINBOX_CACHE to a writable directory with free space, "
                  "or fix this one)")
