@@ -71,10 +71,7 @@ def _stages(dockerfile: str) -> list[str]:
     return [line for line in dockerfile.splitlines() if line.startswith("FROM ")]
 
 
-@pytest.mark.parametrize("stack_name", ["cpu", "twinkle"])  # the venv made in the final stage / in a builder
-def test_a_cross_build_compiles_the_venv_natively(tmp_path, monkeypatch, stack_name):
-    """With the build machine's twin of the base, an arm64 plan compiles the venv's bytecode in a stage of the build
-    platform (qemu would take minutes over torch) and copies only the .pyc into the image; without it, as before."""
+def _cross_plans(tmp_path, monkeypatch, stack_name):
     monkeypatch.setenv("TRAINBOX_CACHE", str(tmp_path / "cache"))
     stack = load_stack(stack_name)
     base = buildplan.BuildBase(requested=stack.base.image, used="local/debian:bookworm-arm64",
@@ -83,14 +80,27 @@ def test_a_cross_build_compiles_the_venv_natively(tmp_path, monkeypatch, stack_n
     cross = buildplan.make_plan(stack, base, buildplan.PlanInputs(platform="linux/arm64",
                                                                   native_base="local/debian:bookworm"))
     assert cross.content_hash != plain.content_hash
-    assert "AS pyc" not in plain.dockerfile and "NATIVE_BASE_IMAGE" not in plain.dockerfile
-    venv_stage = "builder" if stack_name == "twinkle" else "venv"
-    assert "FROM --platform=$BUILDPLATFORM ${NATIVE_BASE_IMAGE} AS pyc" in _stages(cross.dockerfile)
+    assert "AS native" not in plain.dockerfile and "NATIVE_BASE_IMAGE" not in plain.dockerfile
     assert "ARG NATIVE_BASE_IMAGE=local/debian:bookworm\n" in cross.dockerfile
-    # twinkle's final stage continues its builder (nothing build-only in it), cpu's its venv stage
-    assert _stages(cross.dockerfile)[-1] == f"FROM {venv_stage} AS final"
+    assert _stages(cross.dockerfile)[0] == "FROM --platform=$BUILDPLATFORM ${NATIVE_BASE_IMAGE} AS native"
+    # what does not depend on the machine runs natively: /etc/hosts and trainbox's own files
+    assert {"FROM native AS hosts", "FROM native AS files"} <= set(_stages(cross.dockerfile))
+    assert {"FROM ${BASE_IMAGE} AS hosts", "FROM system AS files"} <= set(_stages(plain.dockerfile))
+    return plain, cross
+
+
+VENV_COMPILE = "-m compileall -q -f \\\n            --invalidation-mode"  # partials/venv_compile.j2
+
+
+def test_a_cross_build_with_a_builder_compiles_the_venv_natively(tmp_path, monkeypatch):
+    """Where the venv is made in a builder (twinkle: patches, git sources), the cross build compiles its bytecode in
+    a native stage (qemu would take minutes over torch) and copies only the .pyc into the image."""
+    plain, cross = _cross_plans(tmp_path, monkeypatch, "twinkle")
+    assert "FROM native AS pyc" in _stages(cross.dockerfile) and "AS pyc" not in plain.dockerfile
+    # twinkle's final stage continues its builder (nothing build-only in it)
+    assert _stages(cross.dockerfile)[-1] == "FROM builder AS final"
     pyc = cross.dockerfile[cross.dockerfile.index(" AS pyc\n"):cross.dockerfile.index(_stages(cross.dockerfile)[-1])]
-    assert f"COPY --from={venv_stage} /opt/venv/lib /opt/venv/lib" in pyc
+    assert "COPY --from=builder /opt/venv/lib /opt/venv/lib" in pyc
     # every source of the venv's lib, not only those newer than SOURCE_DATE_EPOCH (the steps that copied them here
     # stamped them all), with the flags of the venv's own steps
     assert "find /opt/venv/lib -name '*.py' ! -type d -print0" in pyc
@@ -101,11 +111,51 @@ def test_a_cross_build_compiles_the_venv_natively(tmp_path, monkeypatch, stack_n
     # the emulated compile (the venv's own Python, on the target platform) is gone; the plain plan keeps it
     assert "/opt/venv/bin/python -m compileall" in plain.dockerfile
     assert "/opt/venv/bin/python -m compileall" not in cross.dockerfile
-    venv_compile = "-m compileall -q -f \\\n            --invalidation-mode"  # partials/venv_compile.j2
-    assert cross.dockerfile.count(venv_compile) == 1
+    assert cross.dockerfile.count(VENV_COMPILE) == 1
     # the venv's pip, torch's own layer, the other pins; and the venv step again at the head of each build-env stage
     # (the builder's very step: BuildKit runs it once)
-    assert plain.dockerfile.count(venv_compile) == 3 + plain.dockerfile.count(" AS build-env-")
+    assert plain.dockerfile.count(VENV_COMPILE) == 3 + plain.dockerfile.count(" AS build-env-")
+
+
+def test_a_cross_build_without_a_builder_makes_the_venv_natively(tmp_path, monkeypatch):
+    """cpu (no builder, every dependency locked): the whole venv is made natively, with the target's wheels (pip's
+    --platform), each pin step into a tree of its own; under emulation only the checks run."""
+    plain, cross = _cross_plans(tmp_path, monkeypatch, "cpu")
+    stages = _stages(cross.dockerfile)
+    assert stages[-4:] == ["FROM native AS venv", "FROM venv AS venv-torch", "FROM venv AS venv-pins",
+                           "FROM system AS final"], stages
+    assert "AS pyc" not in cross.dockerfile
+    final = cross.dockerfile[cross.dockerfile.index(stages[-1]):]
+    assert final.index("COPY --from=venv /opt/venv /opt/venv") < final.index("COPY --from=venv-torch /out/ /") \
+        < final.index("COPY --from=venv-pins /out/ /")
+    emulated_runs = [b for b in final.split("\nRUN ")[1:]]
+    assert len(emulated_runs) == 1 and "-m pip check" in emulated_runs[0] and "pip install" not in emulated_runs[0]
+    # pip's --platform: aarch64's manylinux tags, binary wheels only; every pin step hash-checked, into its own tree
+    assert "platform = manylinux2014_aarch64" in cross.dockerfile and "only-binary = :all:" in cross.dockerfile
+    venv = cross.dockerfile[cross.dockerfile.index(stages[-3]):cross.dockerfile.index(stages[-1])]
+    assert venv.count("--require-hashes --no-deps \\\n      --target /out.pip -r") == 2
+    assert venv.count("-s /out -p /") == 2  # bytecode naming the paths the sources have in the image
+    # each step is fed the target's own lines: markers already evaluated for aarch64 (pip would take the build
+    # machine's), and torch only in its own layer's file
+    files = {k.rsplit("/", 1)[1]: v.decode() for k, v in cross.files.items() if "/linux-arm64/" in k}
+    assert set(files) == {"torch.txt", "requirements.txt", "deps.txt"}
+    assert "torch==2.10.0 --hash=sha256:" in files["torch.txt"] and "x86_64" not in "".join(files.values())
+    assert "torch==" not in files["requirements.txt"] and "numpy==2.3.5 --hash=" in files["requirements.txt"]
+    assert not any(k.startswith("build/generated/cpu/linux-") for k in plain.files)
+
+
+def test_requirements_for_a_platform_keep_its_lines_without_their_marker():
+    from trainbox.specs.platforms import requirements_for
+
+    text = ("# header\n"
+            'a==1 ; platform_machine == "aarch64" --hash=sha256:aa\n'
+            'a==2 ; platform_machine == "x86_64" --hash=sha256:bb\n'
+            'b==3 ; platform_machine == "x86_64" or platform_machine == "aarch64" --hash=sha256:cc\n'
+            "c==4 --hash=sha256:dd\n")
+    assert requirements_for(text, "linux/arm64") == "# header\na==1 --hash=sha256:aa\nb==3 --hash=sha256:cc\n" \
+        "c==4 --hash=sha256:dd\n"
+    assert requirements_for(text, "linux/amd64") == "# header\na==2 --hash=sha256:bb\nb==3 --hash=sha256:cc\n" \
+        "c==4 --hash=sha256:dd\n"
 
 
 def test_native_twin_is_trainboxs_own_base_for_this_machine(monkeypatch):

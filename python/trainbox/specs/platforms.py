@@ -18,6 +18,24 @@ def platform_marker(plats: list[str], all_plats: list[str]) -> str:
     return " ; " + " or ".join(f'platform_machine == "{PLATFORM_MACHINE[p]}"' for p in plats)
 
 
+_MARKER_RE = re.compile(r' ; (platform_machine == "[^"]+"(?: or platform_machine == "[^"]+")*)(?= |\Z)')
+
+
+def requirements_for(text: str, plat: str) -> str:
+    """A generated requirement file narrowed to the machine `plat` names: the lines whose platform marker (the only
+    marker trainbox writes, platform_marker's) holds there, without it. pip evaluates markers for the machine it
+    runs on, so a cross build's native pip (`--platform`) needs the target's lines spelled out."""
+    machine = PLATFORM_MACHINE[plat]
+    out = []
+    for line in text.splitlines():
+        m = _MARKER_RE.search(line)
+        if m is None:
+            out.append(line)
+        elif f'platform_machine == "{machine}"' in m.group(1).split(" or "):
+            out.append(line[:m.start()] + line[m.end():])
+    return "".join(f"{ln}\n" for ln in out)
+
+
 def host_platform() -> str:
     m = _platform.machine().lower()
     return "linux/arm64" if m in ("aarch64", "arm64") else "linux/amd64"
