@@ -123,7 +123,7 @@ def test_an_interrupted_bootstrap_leaves_no_tree_behind(tmp_path, sig):
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert list(work.iterdir()) == [], "the debootstrap tree was left behind"
-    ps = subprocess.run(["pgrep", "-f", f"sleep 300"], capture_output=True, text=True)
+    ps = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True)
     mine = [p for p in ps.stdout.split() if Path(f"/proc/{p}/environ").exists()
             and str(work).encode() in Path(f"/proc/{p}/environ").read_bytes()]
     assert not mine, "debootstrap was left running"

@@ -67,6 +67,4 @@ def not_a_command(module: str) -> int:
 
 
 if __name__ == "__main__":  # `python3 -m` on a library module must fail loudly, not pass silently
-    from trainbox.runtime.errors import not_a_command
-
     raise SystemExit(not_a_command(__spec__.name))

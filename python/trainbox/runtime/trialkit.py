@@ -118,7 +118,7 @@ def _set(target: dict, dotted: str, value) -> None:
 
 def make_model(spec: dict, tokenizer, out: str) -> str:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     arch = spec["arch"]
     config = AutoConfig.for_model(arch)
