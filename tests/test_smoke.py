@@ -415,9 +415,10 @@ def test_expected_findings_name_real_doctor_checks():
 class FakeBuild:
     """Stand-in for `trainbox image build`: records its argv and writes the build report it would write."""
 
-    def __init__(self, ok=True):
+    def __init__(self, ok=True, error=None):
         self.calls: list[list[str]] = []
         self.ok = ok
+        self.error = error or {"step": "[builder 5/7] RUN pip install", "message": "exit code: 1"}
 
     def __call__(self, argv, timeout, log=None, stream=False):
         self.calls.append(argv)
@@ -429,7 +430,7 @@ class FakeBuild:
             rep = {"tag": "trainbox/s:0123456789ab", "ok": self.ok, "skipped": False, "wall_s": 3.0,
                    "base": {"requested": base, "used": base, "substituted": None}}
             if not self.ok:
-                rep["error"] = {"step": "[builder 5/7] RUN pip install", "message": "exit code: 1"}
+                rep["error"] = self.error
             report.write_text(json.dumps(rep))
             return smoke.Proc(argv, 0 if self.ok else 1, "", "", 3.0)
         return smoke.Proc(argv, 0, "", "", 0.1)
@@ -482,6 +483,14 @@ def test_build_failure_names_the_dockerfile_step(tmp_path, monkeypatch):
         sr, {"base": {"image": "debian:x"}})
     assert res.status == smoke.FAIL and res.reason == "failed at [builder 5/7] RUN pip install: exit code: 1"
     assert sr.image is None and sr.base["decision"] == "own"
+    # what the build knew to do about its failure (trainbox.image.run: a lost cache layer) reaches the smoke's line
+    from trainbox.image.run import STALE_CACHE_FIX
+
+    lost = {"step": "[final 2/7] RUN pip install", "message": "failed to export: layer does not exist",
+            "fix": STALE_CACHE_FIX}
+    res = smoke.Smoke(options(tmp_path), run=FakeBuild(ok=False, error=lost), say=lambda m: None).step_build(
+        stack_result(), {"base": {"image": "debian:x"}})
+    assert res.reason == f"failed at {lost['step']}: {lost['message']}; fix: {STALE_CACHE_FIX}", res.reason
 
 
 def test_set_and_profile(tmp_path):

@@ -97,6 +97,8 @@ class ImageSteps:
                 res.reason = f"failed at {err['step']}: {err.get('message') or ''}".strip()
             else:
                 res.reason = failure_message(proc, "trainbox image build")
+            if err.get("fix"):  # what the build knew to do about it (a lost cache layer: drop the cache)
+                res.reason += f"; fix: {err['fix']}"
             return res
         if not rep or not rep.get("tag"):
             res.status = FAIL
