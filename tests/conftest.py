@@ -23,6 +23,10 @@ sys.path.insert(0, _PKG)
 # test's device, backend and rank layout do not depend on where it runs. tests/gpu/check_cuda.py covers CUDA.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ["PYTHONPATH"] = os.pathsep.join([_PKG] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+# torchrun's agent makes /tmp/torchelastic_XXXX for its workers' logs on every run, and never removes it (hundreds
+# piled up on a host that ran the suite): the tests redirect no worker's output, so torchrun gets no log dir at all
+# (PET_LOG_DIR is --log-dir's variable; os.devnull is torch's own "none").
+os.environ.setdefault("PET_LOG_DIR", os.devnull)
 
 import engine_guard  # noqa: E402  (found through the path above)
 
