@@ -9,12 +9,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -225,13 +222,34 @@ def test_check_1_reports_and_starts(cpu_image):
     assert "trainbox-entrypoint: FAIL system.shm" in proc.stderr
 
 
+# The entrypoint in the image, run twice by the venv's Python: once for its CPU time (user + system of the child,
+# which a loaded machine barely changes, unlike wall time), once with Python's import log for what it imported.
+_OVERHEAD = """
+import json, os, resource, subprocess, sys
+p = subprocess.run(["trainbox-entrypoint", "true"], capture_output=True, text=True)
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+q = subprocess.run(["trainbox-entrypoint", "true"], capture_output=True, text=True,
+                   env=dict(os.environ, PYTHONPROFILEIMPORTTIME="1"))
+mods = {ln.rsplit("|", 1)[1].strip().split(".")[0] for ln in q.stderr.splitlines()
+        if ln.startswith("import time:") and "|" in ln and "imported package" not in ln}
+print(json.dumps({"rc": [p.returncode, q.returncode], "cpu_s": ru.ru_utime + ru.ru_stime,
+                  "imported": sorted(m for m in mods if m not in sys.stdlib_module_names)}))
+"""
+
+
 @pytest.mark.slow
-def test_startup_overhead(cpu_image):
-    """The bench's measurement, with a loose bound for a loaded CI machine (the goal is < 100 ms)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    try:
-        import entrypoint_overhead
-    finally:
-        sys.path.pop(0)
-    res = entrypoint_overhead.measure(cpu_image, runs=7, docker=DOCKER)
-    assert statistics.median(res["with"]) - statistics.median(res["without"]) < 0.3, res
+def test_startup_overhead_stays_small(cpu_image):
+    """What keeps the entrypoint's overhead small (the goal is < 100 ms of wall time, which bench/
+    entrypoint_overhead.py measures: a wall-clock bound here failed on a loaded CI machine, 0.30 s at a median of
+    0.57 s without it): it imports nothing beyond the standard library and trainbox's runtime (no torch, no
+    numpy), and it costs a fraction of a second of CPU (about 0.03 s on these machines; importing torch alone
+    costs over 1 s)."""
+    proc = drun(cpu_image, "-c", _OVERHEAD, opts=("--entrypoint", "/opt/venv/bin/python"))
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert res["rc"] == [0, 0], res
+    # site's own hooks run in every Python of the image: setuptools' .pth (distutils-precedence) and Debian's
+    # sitecustomize, which looks for apport's hook
+    assert set(res["imported"]) <= {"trainbox", "_distutils_hack", "sitecustomize", "apport_python_hook"}, res
+    assert "trainbox" in res["imported"], res  # the log saw the entrypoint's own imports
+    assert res["cpu_s"] < 0.5, res
