@@ -3,7 +3,8 @@ tighter than a hang guard (hangguard.FLOOR_S):
   - a `timeout=` keyword (subprocess.run, Popen.wait/communicate, a helper's) or a `timeout` parameter's default;
   - a deadline, `time.monotonic() + N` (or time.time, time.perf_counter);
   - an elapsed time compared with a number: `time.monotonic() - t0 < N`, or a name assigned from such a
-    difference or from a helper that returns one (`took = time.monotonic() - t0; assert took < N`).
+    difference or from a helper that returns one (`took = time.monotonic() - t0; assert took < N`);
+  - a bench measurement (bench/'s `measure()` or `main()`) run by a test, whose figures are wall time.
 What a test hands the product as its own input (`base_available(..., timeout=3)`, the limit whose effect the test
 checks) is not a wait of the test's and is listed in PRODUCT_INPUTS; what else is no wait (a retry's per-try
 timeout inside a poll that is itself bounded by a hang guard, a stand-in's copy of a product signature) carries
@@ -27,6 +28,9 @@ CLOCKS = {"monotonic", "time", "perf_counter", "monotonic_ns", "perf_counter_ns"
 # callees whose `timeout=` is the product's input under test, not a wait of the test's
 PRODUCT_INPUTS = {"base_available", "registry_reachable", "init_distributed", "bootstrap", "set_timeout"}
 TIMEOUT_PARAMS = {"timeout", "timeout_s", "wait_s", "within"}
+# bench/'s modules, which tests may import for their pure helpers (bench/build.py's verdict), never to measure
+BENCH_MODULES = {p.stem for p in (TESTS.parent / "bench").glob("*.py")}
+MEASURES = {"measure", "main"}
 
 
 def _is_clock(node: ast.AST) -> bool:
@@ -69,8 +73,8 @@ def scan(source: str, filename: str = "<test>") -> list[str]:
     lines = source.splitlines()
     found: list[str] = []
 
-    def flag(node: ast.AST, what: str) -> None:
-        line = f"{filename}:{node.lineno}: {what} (a hang guard is at least {FLOOR_S} s)"
+    def flag(node: ast.AST, what: str, why: str = f"a hang guard is at least {FLOOR_S} s") -> None:
+        line = f"{filename}:{node.lineno}: {what} ({why})"
         if "# not a wait" not in lines[node.lineno - 1] and line not in found:  # (nested scopes are walked twice)
             found.append(line)
 
@@ -106,6 +110,13 @@ def scan(source: str, filename: str = "<test>") -> list[str]:
                         flag(n, f"an elapsed time compared with {bound:g} s")
                         break
 
+    # a bench measurement run by a test (its figures are wall time however the test compares them)
+    bench = {(a.asname or a.name) for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+             if a.name in BENCH_MODULES}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in MEASURES and \
+                isinstance(n.func.value, ast.Name) and n.func.value.id in bench:
+            flag(n, f"bench/{n.func.value.id}'s {n.func.attr}()", "a speed figure belongs in bench/, not in a test")
     for n in ast.walk(tree):
         if isinstance(n, ast.Call) and _callee(n) not in PRODUCT_INPUTS:
             for kw in n.keywords:
@@ -193,6 +204,25 @@ def test_the_scan_catches_a_planted_limit(name):
     # and the same code with the limit raised to a hang guard is let through
     generous = re.sub(r"((?:<=?|\+) |timeout=)\d+", r"\g<1>600", textwrap.dedent(PLANTED[name]))
     assert generous != textwrap.dedent(PLANTED[name]) and scan(generous) == [], generous
+
+
+def test_the_scan_catches_a_bench_measurement():
+    """The startup-overhead test once ran bench/entrypoint_overhead.py's measurement and bounded the wall-time
+    difference of two medians (0.3 s): it failed in a loaded CI, and no clock appeared in the test itself."""
+    planted = textwrap.dedent("""
+        import statistics
+        import entrypoint_overhead as eo
+        def test_x(image):
+            res = eo.measure(image, runs=7)
+            assert statistics.median(res["with"]) - statistics.median(res["without"]) < 0.3
+        """)
+    assert len(scan(planted)) == 1, scan(planted)
+    helper = textwrap.dedent("""
+        import build as bench
+        def test_x():
+            assert bench.verdict(130.0, 100.0, 1.3).endswith("within)")
+        """)
+    assert "build" in BENCH_MODULES and scan(helper) == [], scan(helper)
 
 
 def test_the_scan_lets_through_what_is_no_wait_of_the_tests():
