@@ -92,13 +92,7 @@ class ImageSteps:
                                reason=f"{sr.base.get('reason')}; the build substituted {b['substituted']}")
         if not proc.ok or (rep is not None and not rep.get("ok")):
             res.status = FAIL
-            err = (rep or {}).get("error") or {}
-            if err.get("step"):
-                res.reason = f"failed at {err['step']}: {err.get('message') or ''}".strip()
-            else:
-                res.reason = failure_message(proc, "trainbox image build")
-            if err.get("fix"):  # what the build knew to do about it (a lost cache layer: drop the cache)
-                res.reason += f"; fix: {err['fix']}"
+            res.reason = _build_failure((rep or {}).get("error") or {}, proc)
             return res
         if not rep or not rep.get("tag"):
             res.status = FAIL
@@ -294,3 +288,13 @@ class ImageSteps:
             res.reason = "; ".join(r["summary"] if r["result"] == PASS else f"{r['result'].upper()} {r['summary']}"
                                    for r in rows)
         return res
+
+
+def _build_failure(err: dict, proc) -> str:
+    """A failed build's line: the step and engine message from its report (else the CLI's error), and what the
+    build knew to do about it (a lost cache layer: drop the cache)."""
+    if err.get("step"):
+        line = f"failed at {err['step']}: {err.get('message') or ''}".strip()
+    else:
+        line = failure_message(proc, "trainbox image build")
+    return line + (f"; fix: {err['fix']}" if err.get("fix") else "")
