@@ -128,7 +128,7 @@ def test_a_cross_build_without_a_builder_makes_the_venv_natively(tmp_path, monke
     final = cross.dockerfile[cross.dockerfile.index(stages[-1]):]
     assert final.index("COPY --from=venv /opt/venv /opt/venv") < final.index("COPY --from=venv-torch /out/ /") \
         < final.index("COPY --from=venv-pins /out/ /")
-    emulated_runs = [b for b in final.split("\nRUN ")[1:]]
+    emulated_runs = final.split("\nRUN ")[1:]
     assert len(emulated_runs) == 1 and "-m pip check" in emulated_runs[0] and "pip install" not in emulated_runs[0]
     # pip's --platform: aarch64's manylinux tags, binary wheels only; every pin step hash-checked, into its own tree
     assert "platform = manylinux2014_aarch64" in cross.dockerfile and "only-binary = :all:" in cross.dockerfile
