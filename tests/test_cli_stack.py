@@ -278,6 +278,80 @@ def test_pip_resolver_says_how_far_it_is_and_keeps_its_last_lines(monkeypatch):
     assert rc != 0 and tail == ["Collecting x", "(stopped: no result after 0.5 s)"], (rc, tail)
 
 
+def _pip_stand_in(monkeypatch, first_error: str):
+    """A stand-in for pip's resolver runs: the wheel-only run fails with `first_error`, a native run (no
+    --only-binary) writes a report of one sdist. Returns the commands it was given."""
+    cmds = []
+
+    def run(cmd, env, what, say):
+        cmds.append(cmd)
+        if "--only-binary=:all:" in cmd:
+            return 1, ["ERROR: " + first_error]
+        report = {"install": [{"metadata": {"name": "crcmod", "version": "1.7"},
+                               "download_info": {"archive_info": {"hashes": {"sha256": "ab" * 32}}}}]}
+        Path(cmd[cmd.index("--report") + 1]).write_text(json.dumps(report))
+        return 0, []
+
+    monkeypatch.setattr(lockmod, "_run_pip", run)
+    return cmds
+
+
+def test_an_sdist_only_requirement_is_resolved_again_natively_on_the_host_platform(monkeypatch):
+    """pip reads no sdist with --platform (crcmod, oss2 ... publish no wheel), so the wheel-only resolution cannot
+    lock a closure holding one; on this host's own platform and the stack's Python the closure is resolved again
+    without --platform, as the image build's pip would. Only for pip's "no matching distribution": a conflict,
+    or a pin whose index is down, is not retried."""
+    from trainbox.specs.platforms import host_platform
+
+    stack = load_stack("cpu")
+    monkeypatch.setattr(lockmod, "builds_for", lambda st, plat: plat == host_platform())
+    cmds = _pip_stand_in(monkeypatch, "No matching distribution found for crcmod==1.7")
+    out = lockmod._pip_resolve(stack, host_platform(), None, set())
+    assert out == {"crcmod": {"version": "1.7", "sha256": ["ab" * 32]}}
+    assert len(cmds) == 2 and not any(a.startswith("--platform") or a.startswith("--only-binary") for a in cmds[1])
+    # a pin the lock found without a wheel: straight to the native resolution; for another platform, no pip at all
+    cmds = _pip_stand_in(monkeypatch, "not asked")
+    assert lockmod._pip_resolve(stack, host_platform(), None, set(), sdists=["crcmod"]) == out
+    assert len(cmds) == 1 and "--only-binary=:all:" not in cmds[0]
+    other = "linux/arm64" if host_platform() == "linux/amd64" else "linux/amd64"
+    with pytest.raises(lockmod.SdistOnly, match="crcmod is published as an sdist only"):
+        lockmod._pip_resolve(stack, other, None, set(), sdists=["crcmod"])
+    assert len(cmds) == 1
+    for error, skip in (("ResolutionImpossible: numpy", set()),
+                        ("No matching distribution found for torch==2.13.0+cpu", {"pytorch-cpu"})):
+        cmds = _pip_stand_in(monkeypatch, error)
+        with pytest.raises(lockmod.TrainboxError) as exc:
+            lockmod._pip_resolve(stack, host_platform(), None, skip)
+        assert error in str(exc.value) and len(cmds) == 1
+
+
+@pytest.mark.parametrize("files, sdist_only", [
+    (["crcmod-1.7.tar.gz", "crcmod-1.7.win32-py3.1.msi"], True),
+    (["crcmod-1.7.tar.gz", "crcmod-1.7-py3-none-any.whl"], False),  # a wheel fits: pip's own error stands
+])
+def test_an_sdist_only_requirement_of_another_platform_leaves_its_closure_unlocked(monkeypatch, files, sdist_only):
+    """Another platform's closure with an sdist-only requirement cannot be resolved from here: the lock says so
+    (incomplete, with the fix: lock on that platform) instead of failing for a pin that is fine. The index is a
+    stand-in answering the project's files."""
+    from trainbox.specs.platforms import host_platform
+
+    other = "linux/arm64" if host_platform() == "linux/amd64" else "linux/amd64"
+    stack = load_stack("cpu")
+    cmds = _pip_stand_in(monkeypatch, "No matching distribution found for crcmod==1.7")
+    monkeypatch.setattr(lockmod, "project_files", lambda index, url, name, *a, **k: [
+        {"filename": f, "hashes": {"sha256": "cd" * 32}} for f in files])
+    rep = lockmod.LockReport()
+    assert lockmod._lock_deps(stack, other, {}, True, None, [], rep) is None
+    assert len(cmds) == 1
+    if sdist_only:
+        assert rep.problems == [] and rep.incomplete == [
+            f"{other}: dependencies not locked: crcmod is published as an sdist only, and pip resolves sdists for "
+            f"its own platform alone; lock on a {other} host with Python 3.11 to lock them (the image build "
+            "resolves them against the hash-checked pins)"], rep
+    else:
+        assert rep.incomplete == [] and "No matching distribution found for crcmod" in rep.problems[0], rep
+
+
 def test_lock_runs_the_stacks_side_by_side_sharing_the_index_answers(stacks, capsys, monkeypatch):
     """A parent and its dependants are locked two at a time where pip reads metadata only (each lock is mostly
     pip waiting on the index), reported in the plan's order, and each project's index page is asked once per

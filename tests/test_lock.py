@@ -72,3 +72,29 @@ def test_lock_fills_hashes_and_deps(tmp_path, capsys):
     assert stack.lock_is_fresh()
     assert stack.components["numpy"].pin_for("linux/amd64").sha256
     assert "sympy" in stack.locked_deps("linux/amd64")  # torch's dependency closure
+
+
+def test_an_sdist_only_pin_gets_its_closure_locked_on_this_platform(tmp_path):
+    """crcmod 1.7 is published as an sdist only (oss2 needs it; twinkle and swift pin oss2): the wheel-only
+    resolution cannot see it, and the closure was left unlocked on every platform. This host's platform is
+    resolved again as the image's pip would (sdist metadata built here); the other is reported unlocked, with
+    how to lock it, and the lock is written."""
+    from trainbox.specs.platforms import host_platform
+    from trainbox.supply.lock import builds_for
+
+    shutil.copy(STACKS_DIR / "cpu.yaml", tmp_path / "cpu.yaml")
+    data = yaml.safe_load((tmp_path / "cpu.yaml").read_text())
+    data["components"]["crcmod"] = {"source": "pypi", "version": "1.7"}
+    (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(data))
+    stack = load_stack(tmp_path / "cpu.yaml")
+    here, other = host_platform(), ({"linux/amd64", "linux/arm64"} - {host_platform()}).pop()
+    if not builds_for(stack, here):
+        pytest.skip(f"this interpreter is not the stack's Python {stack.python} on Linux")
+    rep = lock_stack(stack)
+    assert rep.problems == [], rep.problems
+    deps = rep.lock["platforms"][here]["deps"]
+    assert "sympy" in deps and all(d["sha256"] for d in deps.values()), deps  # torch's closure, hashed
+    crcmod = rep.lock["platforms"][here]["components"]["crcmod"]
+    assert crcmod["version"] == "1.7" and len(crcmod["sha256"]) == 1  # the sdist's
+    assert any(n.startswith(f"{other}: dependencies not locked: crcmod is published as an sdist only")
+               for n in rep.incomplete), rep.incomplete

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import platform as _platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,10 +31,10 @@ import yaml
 from ..yamlfile import json_loads
 from ..specs.dists import canon, dist_key, norm_version
 from ..runtime.errors import TrainboxError
-from .index import IndexUnreachable, artifacts_for, project_files, versions
+from .index import IndexUnreachable, artifacts_for, project_files, versions, wheel_fits
 from ..specs.component import Component, broken_seal, check_lock, intact, seal
 from ..paths import cache_dir, write_atomic
-from ..specs.platforms import PLATFORM_MACHINE
+from ..specs.platforms import PLATFORM_MACHINE, host_platform
 from ..specs.stack import Stack, load_stack
 from .wheelhouse import WheelFile
 
@@ -110,8 +111,9 @@ def _pip_for(machine: str) -> list[str]:
 
 
 def _pip_resolve(stack: Stack, platform: str, wheelhouse: Path | None, skip: set[str],
-                 say: Callable[[str], None] | None = None) -> dict[str, dict]:
-    """The closure pip would install for the stack's pypi pins on one platform: {name: {version, sha256}}."""
+                 say: Callable[[str], None] | None = None, sdists: list[str] | None = None) -> dict[str, dict]:
+    """The closure pip would install for the stack's pypi pins on one platform: {name: {version, sha256}}.
+    `sdists`: pins known to have no wheel, for which the wheel-only resolution is not even tried."""
     reqs = []
     for c in stack.installed_components.values():
         # an sdist compiled against the base's toolkit has no wheel for pip to read: its requirements are pins
@@ -122,7 +124,61 @@ def _pip_resolve(stack: Stack, platform: str, wheelhouse: Path | None, skip: set
         reqs.append(f"{c.dist_name}{extras}=={pin.version}")
     # an index already found unreachable would only cost pip's retries
     indexes = [u for n, u in stack.indexes.items() if n not in skip] or ["https://pypi.org/simple"]
-    return _pip_report(stack, platform, reqs, indexes, wheelhouse, "dependencies", say)
+    sdist = sdists[0] if sdists else None  # a pin without a wheel: the wheel-only resolution cannot succeed
+    if sdist is None:
+        try:
+            return _pip_report(stack, platform, reqs, indexes, wheelhouse, "dependencies", say)
+        except TrainboxError as exc:
+            m = _NO_MATCH_RE.search(str(exc))
+            unseen = {canon(c.dist_name) for c in stack.installed_components.values()
+                      if c.kind.from_index and c.pin_for(platform).index in skip}
+            if not m or canon(m.group(1)) in unseen:  # a conflict, or a pin whose index is down: not an sdist
+                raise
+            sdist = m.group(1)
+            if not builds_for(stack, platform) and not _sdist_only(stack, platform, sdist, indexes):
+                raise  # no release of it at all, or a wheel for the platform: pip's own error stands
+    if not builds_for(stack, platform):
+        raise SdistOnly(f"{platform}: dependencies not locked: {sdist} is published as an sdist only, and pip "
+                        f"resolves sdists for its own platform alone; lock on a {platform} host with Python "
+                        f"{stack.python} to lock them (the image build resolves them against the hash-checked pins)")
+    # An sdist-only pin or dependency (oss2, crcmod, antlr4-python3-runtime ...): pip reads no sdist with
+    # --platform. This host's own platform and Python resolve it as the image build's pip would, building the
+    # sdist's metadata here (pip-compile and uv do the same).
+    if say is not None:
+        say(f"{stack.name} {platform}: {sdist} has no wheel; resolving with this host's pip, which builds sdists' "
+            "metadata")
+    return _pip_report(stack, platform, reqs, indexes, wheelhouse, "dependencies", say, native=True)
+
+
+#: pip's line when no artifact it may use matches a requirement (with --only-binary: an sdist-only release)
+NO_MATCH = "No matching distribution found"
+_NO_MATCH_RE = re.compile(NO_MATCH + r" for ([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+class SdistOnly(TrainboxError):
+    """A requirement of the closure is published without a wheel for the platform, as an sdist: pip resolves no
+    sdist for another platform than its own, so that platform's closure cannot be locked from this host."""
+
+
+def _sdist_only(stack: Stack, platform: str, name: str, indexes: list[str]) -> bool:
+    """Whether `name` (what pip found nothing for) has an sdist and no wheel for `platform` on the first index
+    that knows it."""
+    for url in indexes:
+        try:
+            files = project_files("index", url, name)
+        except TrainboxError:
+            continue
+        names = [f["filename"] for f in files if not f.get("yanked")]
+        return any(not n.endswith(".whl") for n in names) and not any(
+            n.endswith(".whl") and wheel_fits(n, stack.python, platform) for n in names)
+    return False
+
+
+def builds_for(stack: Stack, platform: str) -> bool:
+    """Whether this interpreter's pip can stand for the image's on `platform`: the same platform and the stack's
+    Python (major.minor), CPython on Linux, so that wheel tags and markers are the image's."""
+    return (platform == host_platform() and sys.platform == "linux" and sys.implementation.name == "cpython"
+            and f"{sys.version_info.major}.{sys.version_info.minor}" == stack.python)
 
 
 def _pip_build_resolve(stack: Stack, platform: str, wheelhouse: Path | None,
@@ -134,21 +190,24 @@ def _pip_build_resolve(stack: Stack, platform: str, wheelhouse: Path | None,
 
 
 def _pip_report(stack: Stack, platform: str, reqs: list[str], indexes: list[str], wheelhouse: Path | None,
-                what: str, say: Callable[[str], None] | None = None) -> dict[str, dict]:
-    """pip's resolver (`install --dry-run --report`) for the stack's Python on one platform; `say` gets a line
-    every PIP_HEARTBEAT_S while it runs (how many distributions pip has collected, what it is fetching)."""
+                what: str, say: Callable[[str], None] | None = None, native: bool = False) -> dict[str, dict]:
+    """pip's resolver (`install --dry-run --report`) for the stack's Python on one platform, wheels only; `native`
+    (see `builds_for`): this host's own tags, sdists allowed. `say` gets a line every PIP_HEARTBEAT_S while it
+    runs (how many distributions pip has collected, what it is fetching)."""
     machine = PLATFORM_MACHINE[platform]
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        cmd = [
-            *_pip_for(machine), "install", "--dry-run", "--target", str(Path(tmp) / "t"), "--progress-bar", "off",
-            "--report", str(report), "--only-binary=:all:", "--python-version", stack.python,
-            "--implementation", "cp", "--abi", f"cp{stack.python.replace('.', '')}",
-            # pip takes --platform tags literally: list every glibc the bases may have (2.17 .. 2.39)
-            *[a for g in range(39, 16, -1) for a in ("--platform", f"manylinux_2_{g}_{machine}")],
-            "--platform", f"manylinux2014_{machine}", "--platform", f"linux_{machine}",
-            "--index-url", indexes[0],
-        ]
+        cmd = [*_pip_for(machine), "install", "--dry-run", "--target", str(Path(tmp) / "t"), "--progress-bar", "off",
+               "--report", str(report)]
+        if not native:
+            cmd += [
+                "--only-binary=:all:", "--python-version", stack.python,
+                "--implementation", "cp", "--abi", f"cp{stack.python.replace('.', '')}",
+                # pip takes --platform tags literally: list every glibc the bases may have (2.17 .. 2.39)
+                *[a for g in range(39, 16, -1) for a in ("--platform", f"manylinux_2_{g}_{machine}")],
+                "--platform", f"manylinux2014_{machine}", "--platform", f"linux_{machine}",
+            ]
+        cmd += ["--index-url", indexes[0]]
         if metadata_only():
             # an index that publishes no PEP 658 metadata (a mirror): pip reads each wheel's METADATA with HTTP
             # range requests instead of downloading the wheel (the same file, so the same closure)
@@ -219,13 +278,17 @@ def _run_pip(cmd: list[str], env: dict, what: str, say: Callable[[str], None] | 
 
 
 def _lock_deps(stack: Stack, plat: str, old_plat: dict, resolve_deps: bool, wheelhouse: Path | None,
-               unreachable: list[IndexUnreachable], rep: LockReport, say: Callable[[str], None] | None = None) -> dict | None:
+               unreachable: list[IndexUnreachable], rep: LockReport, say: Callable[[str], None] | None = None,
+               sdists: list[str] | None = None) -> dict | None:
     """The `deps` entry of one platform: the resolved closure, or the old one when it is kept or cannot be
-    resolved from here; None when there is none."""
+    resolved from here; None when there is none. `sdists`: the pins published as sdists only."""
     entry: dict = {}
     if resolve_deps:
         try:
-            deps = _pip_resolve(stack, plat, wheelhouse, {u.index_name for u in unreachable}, say)
+            deps = _pip_resolve(stack, plat, wheelhouse, {u.index_name for u in unreachable}, say, sdists or [])
+        except SdistOnly as exc:
+            rep.incomplete.append(str(exc))
+            deps = None
         except TrainboxError as exc:
             if unreachable:
                 # not a broken pin: the resolver could not see a pinned artifact's metadata from here
@@ -312,49 +375,12 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
                  "indexes": dict(sorted(stack.indexes.items()))}
     for plat in stack.platforms:
         old_plat = (old.get("platforms") or {}).get(plat) or {}
-        comps: dict = {}
         _progress(f"{stack.name} {plat}: the pins' hashes from their indexes", t0)
-        for key, c in sorted(stack.installed_components.items()):
-            if not c.kind.from_index:
-                continue
-            pin = c.pin_for(plat)
-            prev = (old_plat.get("components") or {}).get(key) or {}
-            try:
-                fl = files.get(pin.index, c.dist_name)
-            except IndexUnreachable as exc:
-                unreachable.append(exc)
-                msg = str(exc)
-                if msg not in rep.unreachable:
-                    rep.unreachable.append(msg)
-                kept = pin.sha256 or (prev.get("sha256") if prev.get("version") == pin.version else None)
-                if kept:
-                    comps[key] = {"version": pin.version, "index": pin.index, "sha256": kept}
-                else:
-                    rep.problems.append(f"components.{key} ({plat}): no hash known and index {pin.index!r} "
-                                        "unreachable")
-                continue
-            except TrainboxError as exc:
-                rep.problems.append(f"components.{key}: {exc}")
-                continue
-            arts = artifacts_for(fl, c.dist_name, pin.version, stack.python, plat)
-            if not arts:
-                known = ", ".join(versions(fl)[-8:])
-                rep.problems.append(
-                    f"components.{key}: {c.dist_name}=={pin.version} has no artifact for Python {stack.python} on "
-                    f"{plat} in index {pin.index!r} (recent versions: {known})")
-                continue
-            shas = sorted({a.sha256 for a in arts})
-            if pin.sha256 and not set(pin.sha256) & set(shas):
-                rep.problems.append(f"components.{key} ({plat}): the stack file's sha256 matches none of the "
-                                    f"index's artifacts for {pin.version}: a substituted or re-uploaded file?")
-            if prev.get("sha256") != shas or prev.get("version") != pin.version:
-                rep.changes.append(f"{plat} {key}: {prev.get('version', '-')} -> {pin.version} "
-                                   f"({len(shas)} artifact hash{'es' if len(shas) != 1 else ''})")
-            comps[key] = {"version": pin.version, "index": pin.index, "sha256": shas}
+        comps, sdists = _lock_components(stack, plat, old_plat, files, unreachable, rep)
         entry: dict = {"components": comps}
         if resolve_deps:
             _progress(f"{stack.name} {plat}: the dependency closure (pip's resolver; the longest step)", t0)
-        deps = _lock_deps(stack, plat, old_plat, resolve_deps, wheelhouse, unreachable, rep, say)
+        deps = _lock_deps(stack, plat, old_plat, resolve_deps, wheelhouse, unreachable, rep, say, sdists)
         if deps is not None:
             entry["deps"] = deps
         if stack.build_requirements():
@@ -368,6 +394,54 @@ def lock_stack(stack: Stack, wheelhouse: Path | None = None, resolve_deps: bool 
     rep.lock = seal(new)
     _progress(f"{stack.name}: done", t0)
     return rep
+
+
+def _lock_components(stack: Stack, plat: str, old_plat: dict, files: _Files, unreachable: list[IndexUnreachable],
+                     rep: LockReport) -> tuple[dict, list[str]]:
+    """The `components` entry of one platform (each pin's artifact hashes from its index), and the pins published
+    as sdists only (pip's wheel-only resolution cannot see them)."""
+    comps: dict = {}
+    sdists: list[str] = []
+    for key, c in sorted(stack.installed_components.items()):
+        if not c.kind.from_index:
+            continue
+        pin = c.pin_for(plat)
+        prev = (old_plat.get("components") or {}).get(key) or {}
+        try:
+            fl = files.get(pin.index, c.dist_name)
+        except IndexUnreachable as exc:
+            unreachable.append(exc)
+            msg = str(exc)
+            if msg not in rep.unreachable:
+                rep.unreachable.append(msg)
+            kept = pin.sha256 or (prev.get("sha256") if prev.get("version") == pin.version else None)
+            if kept:
+                comps[key] = {"version": pin.version, "index": pin.index, "sha256": kept}
+            else:
+                rep.problems.append(f"components.{key} ({plat}): no hash known and index {pin.index!r} "
+                                    "unreachable")
+            continue
+        except TrainboxError as exc:
+            rep.problems.append(f"components.{key}: {exc}")
+            continue
+        arts = artifacts_for(fl, c.dist_name, pin.version, stack.python, plat)
+        if not arts:
+            known = ", ".join(versions(fl)[-8:])
+            rep.problems.append(
+                f"components.{key}: {c.dist_name}=={pin.version} has no artifact for Python {stack.python} on "
+                f"{plat} in index {pin.index!r} (recent versions: {known})")
+            continue
+        shas = sorted({a.sha256 for a in arts})
+        if pin.sha256 and not set(pin.sha256) & set(shas):
+            rep.problems.append(f"components.{key} ({plat}): the stack file's sha256 matches none of the "
+                                f"index's artifacts for {pin.version}: a substituted or re-uploaded file?")
+        if prev.get("sha256") != shas or prev.get("version") != pin.version:
+            rep.changes.append(f"{plat} {key}: {prev.get('version', '-')} -> {pin.version} "
+                               f"({len(shas)} artifact hash{'es' if len(shas) != 1 else ''})")
+        comps[key] = {"version": pin.version, "index": pin.index, "sha256": shas}
+        if not any(a.filename.endswith(".whl") for a in arts):
+            sdists.append(c.dist_name)
+    return comps, sdists
 
 
 def lock_each(stacks: list[Stack], wheelhouse: Path | None = None, resolve_deps: bool = True,
@@ -395,6 +469,11 @@ def lock_each(stacks: list[Stack], wheelhouse: Path | None = None, resolve_deps:
         yield from futures
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+#: the resolver's generation in the override locks' memo key: 2 locks closures holding sdist-only releases on this
+#: host's platform, which generation 1 left unlocked (a memo of 1 would keep such a closure unlocked)
+OVERRIDE_LOCKS = 2
 
 
 def lock_overrides(stack: Stack, plat: str, wheels: list[WheelFile], wheelhouse: str | None,
@@ -425,7 +504,7 @@ def lock_overrides(stack: Stack, plat: str, wheels: list[WheelFile], wheelhouse:
     # The same overrides resolve to the same lock: remember it, so an unchanged rebuild stays a matter
     # of seconds (and the image does not drift with new releases of unpinned dependencies).
     key = hashlib.sha256(json.dumps(
-        [stack.name, plat, stack.pins_digest(), sorted(stack.overrides.items()),
+        [OVERRIDE_LOCKS, stack.name, plat, stack.pins_digest(), sorted(stack.overrides.items()),
          {k: c.pin_for(plat).sha256 for k, c in sorted(stack.components.items())},
          sorted((w.name, w.sha256) for w in wheels)], sort_keys=True).encode()).hexdigest()[:24]
     memo = cache_dir() / "override-locks" / f"{stack.name}-{key}.json"
