@@ -135,7 +135,7 @@ def _pip_resolve(stack: Stack, platform: str, wheelhouse: Path | None, skip: set
             if not m or canon(m.group(1)) in unseen:  # a conflict, or a pin whose index is down: not an sdist
                 raise
             sdist = m.group(1)
-            if not builds_for(stack, platform) and not _sdist_only(stack, platform, sdist, indexes):
+            if not builds_for(stack, platform) and not _sdist_only(stack, platform, sdist, skip):
                 raise  # no release of it at all, or a wheel for the platform: pip's own error stands
     if not builds_for(stack, platform):
         raise SdistOnly(f"{platform}: dependencies not locked: {sdist} is published as an sdist only, and pip "
@@ -160,12 +160,14 @@ class SdistOnly(TrainboxError):
     sdist for another platform than its own, so that platform's closure cannot be locked from this host."""
 
 
-def _sdist_only(stack: Stack, platform: str, name: str, indexes: list[str]) -> bool:
-    """Whether `name` (what pip found nothing for) has an sdist and no wheel for `platform` on the first index
-    that knows it."""
-    for url in indexes:
+def _sdist_only(stack: Stack, platform: str, name: str, skip: set[str]) -> bool:
+    """Whether `name` (what pip found nothing for) has an sdist and no wheel for `platform` on the first of the
+    stack's reachable indexes (not in `skip`) that knows it."""
+    for index, url in stack.indexes.items():
+        if index in skip:
+            continue
         try:
-            files = project_files("index", url, name)
+            files = project_files(index, url, name)
         except TrainboxError:
             continue
         names = [f["filename"] for f in files if not f.get("yanked")]
