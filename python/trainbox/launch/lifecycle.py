@@ -30,6 +30,7 @@ from ..runtime.errors import TrainboxError
 
 STOP_SECONDS = 20  # docker stop's grace, the same the sbatch steps give their containers
 TERMINAL = ("succeeded", "failed", "cancelled", "lost")
+SLURM_SETTLE_SECONDS = 20  # how long a job's end waits for Slurm to leave COMPLETING
 K8S_KINDS = "ascendjobs.mindxdl.gitee.com,jobs.batch.volcano.sh,pytorchjobs.kubeflow.org,rayjobs.ray.io"
 K8S_LABEL = "trainbox.io/job"
 NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
@@ -108,9 +109,18 @@ def finish(name: str, exit_code: int) -> dict:
     it still knows the job)."""
     record = load(name)
     if record["target"].startswith("slurm"):
-        state, raw = slurm_state(record["job_id"])
-        if state in TERMINAL:
-            record.update(state=state, slurm_state=raw)
+        # sbatch --wait returns while Slurm may still say COMPLETING: wait a little for its last word, so the record
+        # does not keep the RUNNING it saw before (its state, from ours, would then contradict Slurm's)
+        deadline = time.monotonic() + SLURM_SETTLE_SECONDS
+        while True:
+            state, raw = slurm_state(record["job_id"])
+            if raw:
+                record.update(slurm_state=raw)
+            if state in TERMINAL:
+                record.update(state=state)
+            if state in TERMINAL or state is None or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
     if record.get("state") not in TERMINAL:
         record["state"] = "cancelled" if record.get("cancel_requested") else \
             "succeeded" if exit_code == 0 else "failed"
@@ -180,6 +190,12 @@ def refresh(record: dict) -> dict:
                 save(record)
         elif not _pid_alive(record.get("pid")):  # Slurm forgot it (MinJobAge) and nothing recorded its end;
             record["state"] = "lost"  # not saved: an unreachable slurmctld answers the same way
+    elif record["target"].startswith("slurm") and record.get("slurm_state") \
+            and SLURM_STATES.get(record["slurm_state"]) not in TERMINAL:
+        new, raw = slurm_state(record["job_id"])  # ended while Slurm still said COMPLETING: its last word now
+        if new in TERMINAL:
+            record.update(state=new, slurm_state=raw)
+            save(record)
     return record
 
 
